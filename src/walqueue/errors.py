@@ -1,0 +1,62 @@
+"""The exception tree of the library (SPEC §1).
+
+Shaped by blame: `InvalidRequest`, `KeyConflict` and `StaleLease` mean the
+caller asked for something the queue cannot do (nothing was written);
+`CorruptStore` means the files on disk are not what this library writes;
+`QueueLocked` and `QueueClosed` are about ownership of the directory.
+`InjectedCrash` is a `BaseException` so that `except Exception` in code under
+test cannot swallow a simulated death.
+"""
+
+from __future__ import annotations
+
+
+class WalQueueError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class InvalidRequest(WalQueueError, ValueError):
+    """An argument (or a record field) is malformed; nothing was written."""
+
+
+class KeyConflict(WalQueueError):
+    """An idempotency key or task id is already taken by a different request."""
+
+
+class StaleLease(WalQueueError):
+    """The lease presented is not the task's current lease.
+
+    `status` and `generation` describe the task as it is now (both `None`
+    for an unknown task), so a caller can tell "already completed by this
+    very lease" (status "completed", same generation) from "lost it".
+    """
+
+    def __init__(self, message: str, *, task_id: str, status: str | None,
+                 generation: int | None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.status = status
+        self.generation = generation
+
+    def __reduce__(self):
+        return (_rebuild_stale_lease, (str(self), self.task_id, self.status, self.generation))
+
+
+def _rebuild_stale_lease(message, task_id, status, generation):
+    return StaleLease(message, task_id=task_id, status=status, generation=generation)
+
+
+class CorruptStore(WalQueueError):
+    """A file in the queue directory is damaged or not in the expected format."""
+
+
+class QueueLocked(WalQueueError):
+    """Another owner holds the directory's lock."""
+
+
+class QueueClosed(WalQueueError):
+    """The Queue was closed (by `close()`, or by a failed write or hook)."""
+
+
+class InjectedCrash(BaseException):  # noqa: N818 - the name is part of the contract
+    """Raised by a test hook to model process death at a named phase."""

@@ -1,0 +1,73 @@
+"""The few file-system calls the library makes, behind one seam.
+
+Everything that touches the queue directory's files goes through a
+`FileSystem`, so tests can substitute a simulated disk that forgets unsynced
+writes on a "power loss". `OsFileSystem` is the real one. The directory lock
+is not part of the seam: it is a property of the live process, not of the
+bytes on disk.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+FILE_MODE = 0o640       # no world access; the group may read (backups, verify)
+DIRECTORY_MODE = 0o750
+
+
+class OsFileSystem:
+    """File operations on the real file system, with short writes handled."""
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def read(self, path: str):
+        """The whole file as a bytes-like object (memory-mapped when non-empty)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return b""
+            return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+
+    def open_append(self, path: str) -> int:
+        """Open (creating if needed) a file for appending; returns a descriptor."""
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+
+    def create(self, path: str) -> int:
+        """Create or truncate a file for writing; returns a descriptor."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+
+    def write(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def rename(self, source: str, target: str) -> None:
+        os.replace(source, target)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def fsync_directory(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

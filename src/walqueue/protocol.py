@@ -1,0 +1,549 @@
+"""The walqueued wire protocol: message types, framing and conversions, with no I/O.
+
+Byte layout of one message, in either direction::
+
+    +----------------------+------------------------------------+
+    | N: uint32 big-endian | N bytes: a msgpack map (msgspec)   |
+    +----------------------+------------------------------------+
+
+A frame is valid if and only if:
+
+1. its 4-byte length N satisfies ``1 <= N <= MAX_BODY_BYTES``
+   (``walqueue.MAX_FRAME_BYTES + 1 MiB``) — checked as soon as the 4 bytes
+   are in, BEFORE any of the body is buffered;
+2. its body decodes as exactly one of the tagged ``Struct``s below (the tag is
+   the ``"type"`` field), with no unknown fields and every field of the
+   declared type.
+
+The first request on a connection is ``Hello`` carrying ``PROTOCOL_VERSION``;
+every request carries a client-chosen integer ``id`` that its answer (or
+answers, see ``more``) echoes, so requests may be pipelined. List answers
+that would not fit in one frame (``Leases``, ``TaskList``) are split into
+several messages with the same id; all but the last have ``more=True``.
+
+Errors cross the wire as ``Error(error=<library exception class name>,
+message=...)``; a ``StaleLease`` also carries the task's current ``task_id``,
+``status`` and ``generation``. ``fatal=True`` means the server closes the
+connection after sending it (bad framing, undecodable or out-of-order message).
+
+Compatibility rule: a new field gets a default and goes at the end of its
+Struct; anything else bumps ``PROTOCOL_VERSION``.
+
+This module does no I/O, reads no clock and keeps no global state beyond the
+encoder and decoders built once at import.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from walqueue import (
+    MAX_FRAME_BYTES,
+    CorruptStore,
+    InvalidRequest,
+    KeyConflict,
+    Lease,
+    QueueClosed,
+    QueueLocked,
+    QueueStats,
+    StaleLease,
+    TaskView,
+    WalQueueError,
+)
+
+PROTOCOL_VERSION = 1
+MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
+LENGTH_PREFIX_BYTES = 4
+MAX_WAIT_SECONDS = 300
+# Answers carrying lists are split so that no single message body grows past
+# this many bytes (well below MAX_BODY_BYTES, so a reader never buffers a
+# huge body just to get the first tasks of a listing).
+CHUNK_BUDGET_BYTES = 1024 * 1024
+
+_LENGTH = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """The peer broke the framing or message rules; the connection must be closed.
+
+    Never crosses the wire under this name: the server answers it as a fatal
+    ``InvalidRequest`` (the peer's code misused the protocol).
+    """
+
+
+class _Message(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
+    """Base of every wire message; the tag is the message's ``type`` field."""
+
+
+# -- requests ---------------------------------------------------------------
+
+
+class Hello(_Message, tag="hello"):
+    id: int
+    version: int
+    client: str = ""
+
+
+class PutItem(msgspec.Struct, forbid_unknown_fields=True):
+    """One task of a ``PutMany`` (the fields of ``walqueue.PutRequest``)."""
+
+    task_id: str
+    payload: dict[str, Any]
+    key: str | None = None
+    available_at: int = 0
+    max_attempts: int = 3
+
+
+class Put(_Message, tag="put"):
+    id: int
+    task_id: str
+    payload: dict[str, Any]
+    key: str | None = None
+    available_at: int = 0
+    max_attempts: int = 3
+
+
+class PutMany(_Message, tag="put_many"):
+    id: int
+    requests: list[PutItem]
+
+
+class Reserve(_Message, tag="reserve"):
+    id: int
+    worker: str
+    lease_seconds: int = 30
+    limit: int = 1
+    wait: float = 0.0
+
+
+class Ack(_Message, tag="ack"):
+    id: int
+    task_id: str
+    worker: str
+    generation: int
+
+
+class Release(_Message, tag="release"):
+    id: int
+    task_id: str
+    worker: str
+    generation: int
+    delay: int = 0
+
+
+class Touch(_Message, tag="touch"):
+    id: int
+    task_id: str
+    worker: str
+    generation: int
+    lease_seconds: int
+
+
+class Revive(_Message, tag="revive"):
+    id: int
+    task_ids: list[str]
+
+
+class Get(_Message, tag="get"):
+    id: int
+    task_id: str
+
+
+class Tasks(_Message, tag="tasks"):
+    id: int
+    status: str | None = None
+
+
+class Stats(_Message, tag="stats"):
+    id: int
+
+
+class Compact(_Message, tag="compact"):
+    id: int
+
+
+Request = Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
+REQUEST_TYPES: tuple[type, ...] = Request.__args__  # type: ignore[attr-defined]
+
+# Requests that may append to the WAL; the others only read state.
+WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact)
+
+
+# -- values carried by answers ------------------------------------------------
+
+
+class WireLease(msgspec.Struct, forbid_unknown_fields=True):
+    task_id: str
+    worker: str
+    generation: int
+    deadline: int
+    attempts: int
+    payload: dict[str, Any]
+
+
+class WireTask(msgspec.Struct, forbid_unknown_fields=True):
+    task_id: str
+    key: str
+    status: str
+    attempts: int
+    max_attempts: int
+    generation: int
+    available_at: int
+    deadline: int | None
+    worker: str | None
+    payload: dict[str, Any] | None
+
+
+class WireStats(msgspec.Struct, forbid_unknown_fields=True):
+    ready: int
+    leased: int
+    completed: int
+    dead: int
+    last_seq: int
+    snapshot_seq: int
+    wal_bytes: int
+
+
+# -- answers ------------------------------------------------------------------
+
+
+class HelloOk(_Message, tag="hello_ok"):
+    id: int
+    version: int
+    server: str
+    max_body_bytes: int
+
+
+class PutOk(_Message, tag="put_ok"):
+    id: int
+    task_id: str
+
+
+class TaskIds(_Message, tag="task_ids"):
+    """Answer to ``PutMany`` and ``Revive``."""
+
+    id: int
+    task_ids: list[str]
+
+
+class Leases(_Message, tag="leases"):
+    """Answer to ``Reserve``; ``more=True`` means another ``Leases`` with this id follows."""
+
+    id: int
+    leases: list[WireLease]
+    more: bool = False
+
+
+class Done(_Message, tag="done"):
+    """Answer to ``Ack`` and ``Release``."""
+
+    id: int
+
+
+class LeaseOk(_Message, tag="lease_ok"):
+    """Answer to ``Touch``."""
+
+    id: int
+    lease: WireLease
+
+
+class TaskOk(_Message, tag="task_ok"):
+    """Answer to ``Get``; ``task`` is None for an unknown task id."""
+
+    id: int
+    task: WireTask | None
+
+
+class TaskList(_Message, tag="task_list"):
+    """Answer to ``Tasks``; ``more=True`` means another ``TaskList`` with this id follows."""
+
+    id: int
+    tasks: list[WireTask]
+    more: bool = False
+
+
+class StatsOk(_Message, tag="stats_ok"):
+    id: int
+    stats: WireStats
+
+
+class Compacted(_Message, tag="compacted"):
+    id: int
+    seq: int
+
+
+class Error(_Message, tag="error"):
+    """A failed request. ``id`` is None when the error is not tied to a request."""
+
+    id: int | None
+    error: str
+    message: str
+    task_id: str | None = None
+    status: str | None = None
+    generation: int | None = None
+    fatal: bool = False
+
+
+Response = (
+    HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_response_decoder = msgspec.msgpack.Decoder(Response)
+
+
+# -- framing ------------------------------------------------------------------
+
+
+def frame(body: bytes) -> bytes:
+    """Prefix ``body`` with its length. Raises ProtocolError if it is out of bounds."""
+    if not 1 <= len(body) <= MAX_BODY_BYTES:
+        raise ProtocolError(f"message body of {len(body)} bytes is outside 1..{MAX_BODY_BYTES}")
+    return _LENGTH.pack(len(body)) + body
+
+
+def encode(message: _Message) -> bytes:
+    """Encode one message as a complete frame (length prefix and body).
+
+    Raises ProtocolError if the body would exceed MAX_BODY_BYTES, and
+    TypeError/OverflowError if a value cannot be encoded as msgpack.
+    """
+    return frame(_encoder.encode(message))
+
+
+def encode_value(value: Any) -> bytes:
+    """Encode one value (e.g. a WireLease) as msgpack, for size-based chunking."""
+    return _encoder.encode(value)
+
+
+class FrameReader:
+    """Splits a byte stream into message bodies, enforcing the length bound.
+
+    ``feed()`` appends received bytes; ``next_body()`` returns the next
+    complete body or None. A length of 0 or above ``max_body_bytes`` raises
+    ProtocolError as soon as its 4 bytes have arrived, so at most one
+    bounded body is ever buffered.
+    """
+
+    def __init__(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max_body_bytes = max_body_bytes
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def wanted_bytes(self) -> int:
+        """How many more bytes complete the frame being read (at least 1)."""
+        if len(self._buffer) < LENGTH_PREFIX_BYTES:
+            return LENGTH_PREFIX_BYTES - len(self._buffer)
+        (length,) = _LENGTH.unpack_from(self._buffer)
+        return max(1, LENGTH_PREFIX_BYTES + length - len(self._buffer))
+
+    def next_body(self) -> bytes | None:
+        """Return the next complete body, or None. Raises ProtocolError on a bad length."""
+        if len(self._buffer) < LENGTH_PREFIX_BYTES:
+            return None
+        (length,) = _LENGTH.unpack_from(self._buffer)
+        if length == 0 or length > self._max_body_bytes:
+            raise ProtocolError(
+                f"frame length {length} is outside 1..{self._max_body_bytes} bytes"
+            )
+        end = LENGTH_PREFIX_BYTES + length
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[LENGTH_PREFIX_BYTES:end])
+        del self._buffer[:end]
+        return body
+
+
+def _peek_id(body: bytes) -> int | None:
+    """Best effort: the integer ``id`` of an undecodable message, for its error answer."""
+    try:
+        value = msgspec.msgpack.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(value, dict):
+        candidate = value.get("id")
+        if type(candidate) is int and 0 <= candidate < 2**64:
+            return candidate
+    return None
+
+
+def decode_request(body: bytes) -> Request:
+    """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``."""
+    try:
+        return _request_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable request: {exc}", _peek_id(body)) from exc
+
+
+def decode_response(body: bytes) -> Response:
+    """Decode one answer body. Raises ProtocolError."""
+    try:
+        return _response_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable answer from the daemon: {exc}") from exc
+
+
+def check_wait(wait: float) -> None:
+    """Raise InvalidRequest unless ``0 <= wait <= MAX_WAIT_SECONDS``."""
+    if not (math.isfinite(wait) and 0 <= wait <= MAX_WAIT_SECONDS):
+        raise InvalidRequest(f"wait must be between 0 and {MAX_WAIT_SECONDS} seconds, got {wait!r}")
+
+
+# -- conversions to and from the library's dataclasses ------------------------
+
+
+def lease_to_wire(lease: Lease) -> WireLease:
+    return WireLease(
+        task_id=lease.task_id,
+        worker=lease.worker,
+        generation=lease.generation,
+        deadline=lease.deadline,
+        attempts=lease.attempts,
+        payload=lease.payload,
+    )
+
+
+def lease_from_wire(wire: WireLease) -> Lease:
+    return Lease(
+        task_id=wire.task_id,
+        worker=wire.worker,
+        generation=wire.generation,
+        deadline=wire.deadline,
+        attempts=wire.attempts,
+        payload=wire.payload,
+    )
+
+
+def task_to_wire(task: TaskView) -> WireTask:
+    return WireTask(
+        task_id=task.task_id,
+        key=task.key,
+        status=task.status,
+        attempts=task.attempts,
+        max_attempts=task.max_attempts,
+        generation=task.generation,
+        available_at=task.available_at,
+        deadline=task.deadline,
+        worker=task.worker,
+        payload=task.payload,
+    )
+
+
+def task_from_wire(wire: WireTask) -> TaskView:
+    return TaskView(
+        task_id=wire.task_id,
+        key=wire.key,
+        status=wire.status,
+        attempts=wire.attempts,
+        max_attempts=wire.max_attempts,
+        generation=wire.generation,
+        available_at=wire.available_at,
+        deadline=wire.deadline,
+        worker=wire.worker,
+        payload=wire.payload,
+    )
+
+
+def stats_to_wire(stats: QueueStats) -> WireStats:
+    return WireStats(
+        ready=stats.ready,
+        leased=stats.leased,
+        completed=stats.completed,
+        dead=stats.dead,
+        last_seq=stats.last_seq,
+        snapshot_seq=stats.snapshot_seq,
+        wal_bytes=stats.wal_bytes,
+    )
+
+
+def stats_from_wire(wire: WireStats) -> QueueStats:
+    return QueueStats(
+        ready=wire.ready,
+        leased=wire.leased,
+        completed=wire.completed,
+        dead=wire.dead,
+        last_seq=wire.last_seq,
+        snapshot_seq=wire.snapshot_seq,
+        wal_bytes=wire.wal_bytes,
+    )
+
+
+def put_item(request: Any) -> PutItem:
+    """Convert a ``PutRequest`` or a mapping with its field names. Raises InvalidRequest."""
+    if isinstance(request, Mapping):
+        unknown = set(request) - set(PutItem.__struct_fields__)
+        if unknown:
+            raise InvalidRequest(f"unknown put_many field(s) {sorted(map(str, unknown))}")
+        if "task_id" not in request or "payload" not in request:
+            raise InvalidRequest("a put_many request needs task_id and payload")
+        fields = dict(request)
+    else:
+        try:
+            fields = {name: getattr(request, name) for name in PutItem.__struct_fields__}
+        except AttributeError as exc:
+            raise InvalidRequest(
+                f"put_many takes PutRequest objects or mappings, got {type(request).__name__}"
+            ) from exc
+    return PutItem(**fields)
+
+
+# -- errors -------------------------------------------------------------------
+
+ERROR_CLASSES: dict[str, type[WalQueueError]] = {
+    cls.__name__: cls
+    for cls in (WalQueueError, KeyConflict, StaleLease, CorruptStore, QueueLocked, QueueClosed, InvalidRequest)
+}
+
+
+def error_to_wire(request_id: int | None, exc: BaseException, *, fatal: bool = False) -> Error:
+    """The wire form of an exception raised while serving a request."""
+    if isinstance(exc, ProtocolError):
+        return Error(id=request_id, error="InvalidRequest", message=str(exc.args[0]), fatal=True)
+    name = type(exc).__name__
+    if name not in ERROR_CLASSES:
+        # Library subclasses we do not know travel as their nearest known base.
+        name = next(
+            (cls.__name__ for cls in type(exc).__mro__ if cls.__name__ in ERROR_CLASSES),
+            "WalQueueError",
+        )
+    error = Error(id=request_id, error=name, message=str(exc), fatal=fatal)
+    if isinstance(exc, StaleLease):
+        error.task_id = getattr(exc, "task_id", None)
+        error.status = getattr(exc, "status", None)
+        error.generation = getattr(exc, "generation", None)
+    return error
+
+
+def make_stale_lease(message: str, task_id: str | None, status: str | None, generation: int | None) -> StaleLease:
+    """Build the library's StaleLease with its §1 attributes, whatever its constructor."""
+    try:
+        exc = StaleLease(message, task_id=task_id, status=status, generation=generation)
+    except TypeError:
+        exc = StaleLease(message)
+    exc.task_id = task_id
+    exc.status = status
+    exc.generation = generation
+    return exc
+
+
+def error_from_wire(error: Error) -> WalQueueError:
+    """The library exception an ``Error`` answer stands for (WalQueueError if unknown)."""
+    if error.error == "StaleLease":
+        return make_stale_lease(error.message, error.task_id, error.status, error.generation)
+    cls = ERROR_CLASSES.get(error.error, WalQueueError)
+    try:
+        return cls(error.message)
+    except TypeError:
+        return WalQueueError(f"{error.error}: {error.message}")

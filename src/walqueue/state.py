@@ -1,0 +1,486 @@
+"""The queue's state machine: tasks, their indexes, and the transitions.
+
+No I/O, no clock, no randomness. `check(record)` decides whether a WAL record
+is valid against the current state and raises the library error that says
+why not; `commit(change)` applies a checked record. `apply(record)` is both,
+and is what recovery calls; the Queue calls `check`, writes the frame, then
+`commit`s the same change, so serving and recovering run the same code.
+
+Invariants kept (and checked when a snapshot is loaded):
+  - keys and task ids are unique and never reused (tombstones stay);
+  - ready: attempts < max_attempts; dead: attempts == max_attempts;
+    generation >= attempts; only leased tasks have a worker and a deadline;
+    only completed tasks have no payload.
+
+Indexes: `_ready` is a heap of (available_at, task_id) and `_leases` a heap
+of (deadline, task_id). Entries are never removed in place; an entry is live
+only while the task still has that status and that time, so stale entries
+are dropped when they surface, and the heaps are filtered when more than
+half of them is stale. Leasing one task among a million ready ones therefore
+costs O(log n).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from typing import Any
+
+from . import validation
+from .codec import canonical_json
+from .errors import InvalidRequest, KeyConflict, StaleLease
+
+READY, LEASED, COMPLETED, DEAD = validation.STATUSES
+MAX_EXPIRE_IDS = 10_000
+
+RECORD_FIELDS = {
+    "put": frozenset({"op", "seq", "tasks"}),
+    "expire": frozenset({"now", "op", "seq", "task_ids"}),
+    "reserve": frozenset({"lease_seconds", "now", "op", "seq", "task_ids", "worker"}),
+    "ack": frozenset({"generation", "now", "op", "seq", "task_id", "worker"}),
+    "release": frozenset({"delay", "generation", "now", "op", "seq", "task_id", "worker"}),
+    "touch": frozenset({"generation", "lease_seconds", "now", "op", "seq", "task_id", "worker"}),
+    "revive": frozenset({"now", "op", "seq", "task_ids"}),
+}
+PUT_TASK_FIELDS = frozenset({"available_at", "key", "max_attempts", "payload", "task_id"})
+ENTRY_FIELDS = frozenset({"attempts", "available_at", "deadline", "generation", "identity", "key",
+                          "max_attempts", "payload", "status", "task_id", "worker"})
+_HEX = frozenset("0123456789abcdef")
+
+
+def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: int) -> str:
+    """The identity of a put request (SPEC §2), with its ORIGINAL available_at."""
+    request = {"available_at": available_at, "max_attempts": max_attempts,
+               "payload": payload, "task_id": task_id}
+    return hashlib.sha256(canonical_json(request)).hexdigest()
+
+
+class Task:
+    __slots__ = ("task_id", "key", "identity", "status", "attempts", "max_attempts",
+                 "generation", "available_at", "deadline", "worker", "payload")
+
+    def __init__(self, task_id, key, identity, status, attempts, max_attempts, generation,
+                 available_at, deadline, worker, payload):
+        self.task_id = task_id
+        self.key = key
+        self.identity = identity
+        self.status = status
+        self.attempts = attempts
+        self.max_attempts = max_attempts
+        self.generation = generation
+        self.available_at = available_at
+        self.deadline = deadline
+        self.worker = worker
+        self.payload = payload
+
+    def entry(self) -> dict:
+        """This task as a snapshot entry (SPEC §4)."""
+        return {"attempts": self.attempts, "available_at": self.available_at,
+                "deadline": self.deadline, "generation": self.generation,
+                "identity": self.identity, "key": self.key,
+                "max_attempts": self.max_attempts, "payload": self.payload,
+                "status": self.status, "task_id": self.task_id, "worker": self.worker}
+
+
+class State:
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}
+        self.task_id_by_key: dict[str, str] = {}
+        self.counts = dict.fromkeys(validation.STATUSES, 0)
+        self.last_seq = 0
+        self._ready: list[tuple[int, str]] = []
+        self._leases: list[tuple[int, str]] = []
+        self._last_loaded = ""  # the task id of the last snapshot entry loaded
+
+    # -- queries --------------------------------------------------------
+
+    def due_ready(self, now: int, limit: int) -> list[str]:
+        """Up to `limit` ready tasks with available_at <= now, in lease order."""
+        return self._peek(self._ready, READY, "available_at", now, limit)
+
+    def expired(self, now: int, limit: int) -> list[str]:
+        """Up to `limit` leased tasks with deadline <= now, by (deadline, task_id)."""
+        return self._peek(self._leases, LEASED, "deadline", now, limit)
+
+    def next_due_time(self) -> int | None:
+        """The earliest available_at of a ready task or deadline of a lease."""
+        times = [self._peek_time(self._ready, READY, "available_at"),
+                 self._peek_time(self._leases, LEASED, "deadline")]
+        times = [time for time in times if time is not None]
+        return min(times) if times else None
+
+    def _peek(self, heap, status, attribute, now, limit) -> list[str]:
+        tasks = self.tasks
+        picked: list[str] = []
+        seen: set[str] = set()
+        kept: list[tuple[int, str]] = []
+        while heap and len(picked) < limit and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            time, task_id = entry
+            task = tasks[task_id]
+            if task.status != status or getattr(task, attribute) != time or task_id in seen:
+                continue  # stale, or a duplicate of an entry already kept
+            seen.add(task_id)
+            picked.append(task_id)
+            kept.append(entry)
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return picked
+
+    def _peek_time(self, heap, status, attribute) -> int | None:
+        tasks = self.tasks
+        while heap:
+            time, task_id = heap[0]
+            task = tasks[task_id]
+            if task.status == status and getattr(task, attribute) == time:
+                return time
+            heapq.heappop(heap)
+        return None
+
+    def plan_put(self, requests: list[dict]) -> tuple[list[str], list[dict]]:
+        """Resolve validated put requests against the store (SPEC §2).
+
+        Returns the task id for each request and the tasks that are new, in
+        request order. Identical retries (same key, same identity) resolve
+        to the existing task; raises KeyConflict for any other collision.
+        """
+        ids: list[str] = []
+        new: list[dict] = []
+        new_by_key: dict[str, tuple[dict, str | None]] = {}
+        new_ids: set[str] = set()
+        for request in requests:
+            key = request["key"]
+            task_id_for_key = self.task_id_by_key.get(key)
+            if task_id_for_key is not None:
+                existing = self.tasks[task_id_for_key]
+                if _identity_of_request(request) != existing.identity:
+                    raise KeyConflict(
+                        f"key {key!r} is already used by task {existing.task_id!r} "
+                        f"with a different request")
+                ids.append(existing.task_id)
+                continue
+            if key in new_by_key:
+                earlier, identity = new_by_key[key]
+                if identity is None:
+                    identity = _identity_of_request(earlier)
+                    new_by_key[key] = (earlier, identity)
+                if _identity_of_request(request) != identity:
+                    raise KeyConflict(f"key {key!r} appears twice in the batch with different requests")
+                ids.append(earlier["task_id"])
+                continue
+            task_id = request["task_id"]
+            if task_id in self.tasks:
+                raise KeyConflict(f"task id {task_id!r} is already used "
+                                  f"(under key {self.tasks[task_id].key!r})")
+            if task_id in new_ids:
+                raise KeyConflict(f"task id {task_id!r} appears twice in the batch under different keys")
+            new_by_key[key] = (request, None)
+            new_ids.add(task_id)
+            new.append(request)
+            ids.append(task_id)
+        return ids, new
+
+    # -- transitions ----------------------------------------------------
+
+    def apply(self, record: Any) -> None:
+        """Check a record against the state and apply it."""
+        self.commit(self.check(record))
+
+    def check(self, record: Any) -> tuple:
+        """Validate a record against the state; return the change to commit.
+
+        Raises InvalidRequest for a malformed record, KeyConflict for a put
+        that collides, StaleLease for a lease that is not current.
+        """
+        if type(record) is not dict:
+            raise InvalidRequest(f"a record must be an object, not {type(record).__name__}")
+        op = record.get("op")
+        fields = RECORD_FIELDS.get(op) if isinstance(op, str) else None
+        if fields is None:
+            raise InvalidRequest(f"unknown op {op!r}")
+        if record.keys() != fields:
+            raise InvalidRequest(
+                f"{op} record has fields {sorted(record)}, expected {sorted(fields)}")
+        seq = validation.integer(record["seq"], "seq", minimum=1)
+        if seq != self.last_seq + 1:
+            raise InvalidRequest(f"seq {seq} does not follow seq {self.last_seq}")
+        return getattr(self, "_check_" + op)(record)
+
+    def commit(self, change: tuple) -> None:
+        op, record, targets = change
+        getattr(self, "_commit_" + op)(record, targets)
+        self.last_seq = record["seq"]
+
+    def _check_put(self, record):
+        tasks = record["tasks"]
+        if type(tasks) is not list or not tasks:
+            raise InvalidRequest("put record needs a non-empty list of tasks")
+        new_ids: set[str] = set()
+        new_keys: set[str] = set()
+        for index, task in enumerate(tasks):
+            where = f"tasks[{index}]"
+            if type(task) is not dict or task.keys() != PUT_TASK_FIELDS:
+                raise InvalidRequest(f"{where} must be an object with fields {sorted(PUT_TASK_FIELDS)}")
+            task_id = validation.name(task["task_id"], f"{where}.task_id")
+            key = validation.name(task["key"], f"{where}.key")
+            validation.integer(task["available_at"], f"{where}.available_at")
+            validation.integer(task["max_attempts"], f"{where}.max_attempts", minimum=1)
+            if type(task["payload"]) is not dict:
+                raise InvalidRequest(f"{where}.payload must be an object")
+            if key in self.task_id_by_key or key in new_keys:
+                raise KeyConflict(f"key {key!r} is already used")
+            if task_id in self.tasks or task_id in new_ids:
+                raise KeyConflict(f"task id {task_id!r} is already used")
+            new_keys.add(key)
+            new_ids.add(task_id)
+        return ("put", record, tasks)
+
+    def _commit_put(self, record, tasks):
+        for fields in tasks:
+            task_id, payload = fields["task_id"], fields["payload"]
+            available_at, max_attempts = fields["available_at"], fields["max_attempts"]
+            task = Task(task_id, fields["key"],
+                        identity_of(task_id, payload, available_at, max_attempts),
+                        READY, 0, max_attempts, 0, available_at, None, None, payload)
+            self.tasks[task_id] = task
+            self.task_id_by_key[task.key] = task_id
+            self.counts[READY] += 1
+            heapq.heappush(self._ready, (available_at, task_id))
+        self._tidy(self._ready, READY)
+
+    def _check_expire(self, record):
+        now = validation.integer(record["now"], "now")
+        targets = self._listed_tasks(record["task_ids"], MAX_EXPIRE_IDS)
+        previous = None
+        for task in targets:
+            if task.status != LEASED or task.deadline > now:
+                raise InvalidRequest(f"task {task.task_id!r} is {task.status} with deadline "
+                                     f"{task.deadline}; it cannot expire at now={now}")
+            order = (task.deadline, task.task_id)
+            if previous is not None and order <= previous:
+                raise InvalidRequest(f"expired task {task.task_id!r} is out of (deadline, task_id) order")
+            previous = order
+        return ("expire", record, targets)
+
+    def _commit_expire(self, record, targets):
+        for task in targets:
+            task.available_at = task.deadline
+            self._end_lease(task)
+        self._tidy(self._ready, READY)
+
+    def _check_reserve(self, record):
+        now = validation.integer(record["now"], "now")
+        lease_seconds = validation.integer(record["lease_seconds"], "lease_seconds", minimum=1)
+        validation.time_plus(now, lease_seconds, "lease_seconds")
+        validation.name(record["worker"], "worker")
+        targets = self._listed_tasks(record["task_ids"], validation.MAX_RESERVE_LIMIT)
+        previous = None
+        for task in targets:
+            if task.status != READY or task.available_at > now:
+                raise InvalidRequest(f"task {task.task_id!r} is {task.status} with available_at "
+                                     f"{task.available_at}; it cannot be reserved at now={now}")
+            order = (task.available_at, task.task_id)
+            if previous is not None and order <= previous:
+                raise InvalidRequest(f"reserved task {task.task_id!r} is out of (available_at, task_id) order")
+            previous = order
+        return ("reserve", record, targets)
+
+    def _commit_reserve(self, record, targets):
+        deadline = record["now"] + record["lease_seconds"]
+        worker = record["worker"]
+        counts = self.counts
+        for task in targets:
+            task.status = LEASED
+            task.attempts += 1
+            task.generation += 1
+            task.worker = worker
+            task.deadline = deadline
+            heapq.heappush(self._leases, (deadline, task.task_id))
+        counts[READY] -= len(targets)
+        counts[LEASED] += len(targets)
+        self._tidy(self._leases, LEASED)
+
+    def _check_ack(self, record):
+        return ("ack", record, [self._current_lease(record)])
+
+    def _commit_ack(self, record, targets):
+        (task,) = targets
+        task.status = COMPLETED
+        task.payload = None
+        task.worker = None
+        task.deadline = None
+        self.counts[LEASED] -= 1
+        self.counts[COMPLETED] += 1
+
+    def _check_release(self, record):
+        task = self._current_lease(record)
+        delay = validation.integer(record["delay"], "delay")
+        validation.time_plus(record["now"], delay, "delay")
+        return ("release", record, [task])
+
+    def _commit_release(self, record, targets):
+        (task,) = targets
+        task.available_at = record["now"] + record["delay"]
+        self._end_lease(task)
+        self._tidy(self._ready, READY)
+
+    def _check_touch(self, record):
+        task = self._current_lease(record)
+        lease_seconds = validation.integer(record["lease_seconds"], "lease_seconds", minimum=1)
+        validation.time_plus(record["now"], lease_seconds, "lease_seconds")
+        return ("touch", record, [task])
+
+    def _commit_touch(self, record, targets):
+        (task,) = targets
+        task.deadline = record["now"] + record["lease_seconds"]
+        heapq.heappush(self._leases, (task.deadline, task.task_id))
+        self._tidy(self._leases, LEASED)
+
+    def _check_revive(self, record):
+        validation.integer(record["now"], "now")
+        targets = self._listed_tasks(record["task_ids"], None)
+        for task in targets:
+            if task.status != DEAD:
+                raise InvalidRequest(f"task {task.task_id!r} is {task.status}, not dead")
+        return ("revive", record, targets)
+
+    def _commit_revive(self, record, targets):
+        now = record["now"]
+        for task in targets:
+            task.status = READY
+            task.attempts = 0
+            task.available_at = now
+            heapq.heappush(self._ready, (now, task.task_id))
+        self.counts[DEAD] -= len(targets)
+        self.counts[READY] += len(targets)
+        self._tidy(self._ready, READY)
+
+    # -- helpers --------------------------------------------------------
+
+    def _listed_tasks(self, task_ids, maximum: int | None) -> list[Task]:
+        if type(task_ids) is not list or not task_ids:
+            raise InvalidRequest("task_ids must be a non-empty list")
+        if maximum is not None and len(task_ids) > maximum:
+            raise InvalidRequest(f"task_ids lists {len(task_ids)} tasks, above {maximum}")
+        targets = []
+        for index, task_id in enumerate(task_ids):
+            task = self.tasks.get(task_id) if type(task_id) is str else None
+            if task is None:
+                validation.name(task_id, f"task_ids[{index}]")
+                raise InvalidRequest(f"task {task_id!r} is unknown")
+            targets.append(task)
+        if len(set(task_ids)) != len(task_ids):
+            raise InvalidRequest("task_ids lists a task more than once")
+        return targets
+
+    def _current_lease(self, record) -> Task:
+        task_id = validation.name(record["task_id"], "task_id")
+        worker = validation.name(record["worker"], "worker")
+        generation = validation.integer(record["generation"], "generation")
+        now = validation.integer(record["now"], "now")
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise StaleLease(f"task {task_id!r} is unknown", task_id=task_id,
+                             status=None, generation=None)
+        if task.status != LEASED:
+            problem = f"is {task.status}"
+        elif task.generation != generation:
+            problem = f"is leased at generation {task.generation}, not {generation}"
+        elif task.worker != worker:
+            problem = f"is leased by another worker, not {worker!r}"
+        elif not now < task.deadline:
+            problem = f"lease expired at {task.deadline} (now={now})"
+        else:
+            return task
+        raise StaleLease(f"task {task_id!r} {problem}: the lease is stale",
+                         task_id=task_id, status=task.status, generation=task.generation)
+
+    def _end_lease(self, task: Task) -> None:
+        """Leased -> ready, or dead once attempts reach max_attempts."""
+        task.worker = None
+        task.deadline = None
+        self.counts[LEASED] -= 1
+        if task.attempts >= task.max_attempts:
+            task.status = DEAD
+        else:
+            task.status = READY
+            heapq.heappush(self._ready, (task.available_at, task.task_id))
+        self.counts[task.status] += 1
+
+    def _tidy(self, heap: list, status: str) -> None:
+        """Drop stale heap entries once they outnumber the live ones."""
+        if len(heap) <= 2 * self.counts[status] + 1024:
+            return
+        attribute = "available_at" if status == READY else "deadline"
+        tasks = self.tasks
+        live = {(time, task_id) for time, task_id in heap
+                if tasks[task_id].status == status and getattr(tasks[task_id], attribute) == time}
+        heap[:] = live
+        heapq.heapify(heap)
+
+    # -- snapshots ------------------------------------------------------
+
+    def entries(self):
+        """Every task as a snapshot entry, in task_id order."""
+        tasks = self.tasks
+        for task_id in sorted(tasks):
+            yield tasks[task_id].entry()
+
+    def load_entry(self, entry: Any) -> None:
+        """Add one snapshot entry; entries must come in ascending task_id order.
+
+        Raises InvalidRequest naming what is wrong with the entry.
+        """
+        if type(entry) is not dict or entry.keys() != ENTRY_FIELDS:
+            raise InvalidRequest(f"a task entry must have exactly the fields {sorted(ENTRY_FIELDS)}")
+        task_id = validation.name(entry["task_id"], "task_id")
+        key = validation.name(entry["key"], "key")
+        identity = entry["identity"]
+        if type(identity) is not str or len(identity) != 64 or not _HEX.issuperset(identity):
+            raise InvalidRequest(f"task {task_id!r}: identity must be 64 lowercase hex digits")
+        status = entry["status"]
+        if status not in validation.STATUSES:
+            raise InvalidRequest(f"task {task_id!r}: unknown status {status!r}")
+        attempts = validation.integer(entry["attempts"], "attempts")
+        max_attempts = validation.integer(entry["max_attempts"], "max_attempts", minimum=1)
+        generation = validation.integer(entry["generation"], "generation")
+        available_at = validation.integer(entry["available_at"], "available_at")
+        worker, deadline, payload = entry["worker"], entry["deadline"], entry["payload"]
+        if status == LEASED:
+            validation.name(worker, "worker")
+            validation.integer(deadline, "deadline")
+        elif worker is not None or deadline is not None:
+            raise InvalidRequest(f"task {task_id!r} is {status} but has a worker or deadline")
+        if (payload is None) != (status == COMPLETED) or (payload is not None and type(payload) is not dict):
+            raise InvalidRequest(f"task {task_id!r}: a {status} task must "
+                                 f"{'not ' if status == COMPLETED else ''}have a payload object")
+        if not (attempts <= generation and attempts <= max_attempts) \
+                or (status == READY and attempts >= max_attempts) \
+                or (status == DEAD and attempts != max_attempts) \
+                or (status in (LEASED, COMPLETED) and attempts < 1):
+            raise InvalidRequest(f"task {task_id!r}: attempts={attempts}, max_attempts={max_attempts}, "
+                                 f"generation={generation} are impossible for a {status} task")
+        if task_id <= self._last_loaded:
+            raise InvalidRequest(f"task {task_id!r} is out of task_id order")
+        if key in self.task_id_by_key:
+            raise InvalidRequest(f"key {key!r} is used by two tasks")
+        self._last_loaded = task_id
+        self.tasks[task_id] = Task(task_id, key, identity, status, attempts, max_attempts,
+                                   generation, available_at, deadline, worker, payload)
+        self.task_id_by_key[key] = task_id
+        self.counts[status] += 1
+        if status == READY:
+            self._ready.append((available_at, task_id))
+        elif status == LEASED:
+            self._leases.append((deadline, task_id))
+
+    def finish_loading(self, seq: int) -> None:
+        """Called after the last snapshot entry: heapify and set the seq."""
+        heapq.heapify(self._ready)
+        heapq.heapify(self._leases)
+        self.last_seq = seq
+
+
+def _identity_of_request(request: dict) -> str:
+    return identity_of(request["task_id"], request["payload"], request["available_at"],
+                       request["max_attempts"])

@@ -1,0 +1,63 @@
+"""The public value types (SPEC §1): frozen dataclasses handed to callers.
+
+Every payload a caller receives is a fresh copy, so mutating it can never
+change what is stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PutRequest:
+    task_id: str
+    payload: dict
+    key: str | None = None
+    available_at: int = 0
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Lease:
+    task_id: str
+    worker: str
+    generation: int
+    deadline: int
+    attempts: int
+    payload: dict
+
+
+@dataclass(frozen=True)
+class TaskView:
+    task_id: str
+    key: str
+    status: str
+    attempts: int
+    max_attempts: int
+    generation: int
+    available_at: int
+    deadline: int | None
+    worker: str | None
+    payload: dict | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    ready: int
+    leased: int
+    completed: int
+    dead: int
+    last_seq: int
+    snapshot_seq: int
+    wal_bytes: int
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of a JSON tree (dicts, lists and immutable scalars)."""
+    if isinstance(value, dict):
+        return {key: copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [copy_json(item) for item in value]
+    return value
