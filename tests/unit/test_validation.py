@@ -1,0 +1,620 @@
+"""SPEC §1 validation: every rejected call raises InvalidRequest naming the
+field at fault, leaves the Queue open and unchanged, and writes nothing.
+
+Also the Queue's lifecycle: close, QueueClosed, QueueLocked, discarding.
+"""
+
+import dataclasses
+import gc
+import math
+import os
+import subprocess
+import sys
+import types
+from collections import OrderedDict
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from walqueue import (
+    MAX_FRAME_BYTES,
+    InvalidRequest,
+    Lease,
+    PutRequest,
+    Queue,
+    QueueClosed,
+    QueueLocked,
+    WalQueueError,
+)
+
+from .frames import canonical, put_record, put_task, read_dir
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TOO_BIG = 2**63
+
+
+@pytest.fixture
+def directory(tmp_path):
+    return tmp_path / "queue"
+
+
+@pytest.fixture
+def q(directory):
+    """A queue with a task in every status, so a call that wrongly went ahead
+    would have something to change: a-dead (dead), b-done (completed),
+    c-leased (leased by the `lease` fixture), d-ready and e-ready (ready)."""
+    queue = Queue(directory)
+    queue.put("a-dead", {"n": 1}, max_attempts=1)
+    queue.put("b-done", {"n": 2})
+    queue.put("c-leased", {"n": 3})
+    queue.put("d-ready", {"n": 4})
+    queue.put("e-ready", {"n": 5}, key="e-key")
+    (doomed,) = queue.reserve("worker-0", now=0, lease_seconds=1, limit=1)
+    assert doomed.task_id == "a-dead"
+    (done,) = queue.reserve("worker-0", now=1, lease_seconds=1000, limit=1)
+    assert done.task_id == "b-done"
+    assert queue.get("a-dead").status == "dead"
+    queue.ack(done, now=1)
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
+def lease(q):
+    """A live lease on c-leased (deadline 1000)."""
+    (granted,) = q.reserve("worker-1", now=0, lease_seconds=1000, limit=1)
+    assert granted.task_id == "c-leased"
+    return granted
+
+
+def assert_rejected(q, directory, field, call):
+    """call() raises InvalidRequest (a ValueError) naming field; nothing on
+    disk or in memory changed; the queue still serves."""
+    before = read_dir(directory)
+    stats_before = q.stats()
+    tasks_before = list(q.tasks())
+    with pytest.raises(InvalidRequest) as caught:
+        call()
+    assert isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, WalQueueError)
+    if field is not None:
+        assert field in str(caught.value), f"{field!r} not named in {caught.value}"
+    assert read_dir(directory) == before
+    assert q.stats() == stats_before
+    assert list(q.tasks()) == tasks_before
+    return caught.value
+
+
+# -- strings: task_id, key, worker ------------------------------------------
+
+BAD_STRINGS = [
+    pytest.param("", id="empty"),
+    pytest.param(5, id="int"),
+    pytest.param(None, id="none"),
+    pytest.param(b"abc", id="bytes"),
+    pytest.param(["a"], id="list"),
+    pytest.param("a" * 1025, id="1025-ascii-bytes"),
+    pytest.param("é" * 513, id="1026-utf8-bytes-in-513-chars"),
+    pytest.param("€" * 341 + "ab", id="1025-utf8-bytes-in-343-chars"),
+    pytest.param("x\ud800y", id="lone-high-surrogate"),
+    pytest.param("\udfff", id="lone-low-surrogate"),
+]
+
+GOOD_EDGE_STRINGS = [
+    pytest.param("a" * 1024, id="1024-ascii-bytes"),
+    pytest.param("é" * 512, id="1024-utf8-bytes"),
+    pytest.param("€" * 341 + "a", id="1024-bytes-three-byte-chars"),
+    pytest.param("\U0001f600" * 256, id="1024-bytes-four-byte-chars"),
+    pytest.param("x", id="one-char"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+def test_put_rejects_a_bad_task_id(q, directory, bad):
+    assert_rejected(q, directory, "task_id", lambda: q.put(bad, {}))
+
+
+@pytest.mark.parametrize("bad", [param for param in BAD_STRINGS if param.values[0] is not None])
+def test_put_rejects_a_bad_key(q, directory, bad):
+    """(key=None is not in the list: it means the task id.)"""
+    assert_rejected(q, directory, "key", lambda: q.put("fresh", {}, key=bad))
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+def test_reserve_rejects_a_bad_worker(q, directory, bad):
+    assert_rejected(q, directory, "worker", lambda: q.reserve(bad, now=0, lease_seconds=10))
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+def test_put_many_rejects_a_bad_task_id_or_key(q, directory, bad):
+    assert_rejected(
+        q, directory, "task_id", lambda: q.put_many([PutRequest("fresh", {}), PutRequest(bad, {})])
+    )
+    if bad is not None:
+        assert_rejected(
+            q,
+            directory,
+            "key",
+            lambda: q.put_many([{"task_id": "fresh", "payload": {}, "key": bad}]),
+        )
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+def test_revive_rejects_a_bad_task_id(q, directory, bad):
+    assert_rejected(q, directory, "task_id", lambda: q.revive(["a-dead", bad], now=0))
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+def test_get_rejects_a_bad_task_id(q, directory, bad):
+    assert_rejected(q, directory, "task_id", lambda: q.get(bad))
+
+
+@pytest.mark.parametrize("bad", BAD_STRINGS)
+@pytest.mark.parametrize("method", ["ack", "release", "touch"])
+def test_lease_calls_reject_a_lease_with_a_bad_task_id_or_worker(q, directory, lease, method, bad):
+    call = lease_call(q, method)
+    assert_rejected(q, directory, "task_id", lambda: call(dataclasses.replace(lease, task_id=bad)))
+    assert_rejected(q, directory, "worker", lambda: call(dataclasses.replace(lease, worker=bad)))
+
+
+@pytest.mark.parametrize("good", GOOD_EDGE_STRINGS)
+def test_strings_up_to_exactly_1024_utf8_bytes_are_accepted_everywhere(q, good):
+    assert q.put(good, {"v": good}, key="key-of-" + good[:8]) == good
+    assert q.get(good).payload == {"v": good}
+    assert q.put("holder", {}, key=good) == "holder"
+    assert q.get("holder").key == good
+    leases = q.reserve(good, now=0, lease_seconds=10, limit=1000)
+    assert {lease.worker for lease in leases} == {good}
+    assert good in {lease.task_id for lease in leases}
+    (mine,) = [lease for lease in leases if lease.task_id == good]
+    q.ack(mine, now=1)
+
+
+# -- payloads -----------------------------------------------------------------
+
+
+class Opaque:
+    pass
+
+
+BAD_PAYLOADS = [
+    pytest.param([], id="list"),
+    pytest.param(["a", 1], id="list-of-values"),
+    pytest.param(("a", 1), id="tuple"),
+    pytest.param("text", id="str"),
+    pytest.param(None, id="none"),
+    pytest.param(5, id="int"),
+    pytest.param(b"{}", id="bytes"),
+    pytest.param({1: "a"}, id="int-key"),
+    pytest.param({None: "a"}, id="none-key"),
+    pytest.param({True: "a"}, id="bool-key"),
+    pytest.param({("a",): 1}, id="tuple-key"),
+    pytest.param({"a": {2: "b"}}, id="int-key-at-depth-2"),
+    pytest.param({"a": [{"b": {3.5: 1}}]}, id="float-key-inside-list"),
+    pytest.param({"a": math.nan}, id="nan"),
+    pytest.param({"a": math.inf}, id="infinity"),
+    pytest.param({"a": -math.inf}, id="minus-infinity"),
+    pytest.param({"a": [1, 2, [math.nan]]}, id="nan-at-depth"),
+    pytest.param({"a": {"b": {"c": -math.inf}}}, id="minus-infinity-at-depth"),
+    pytest.param({"a": {1, 2}}, id="set"),
+    pytest.param({"a": frozenset()}, id="frozenset"),
+    pytest.param({"a": b"bytes"}, id="bytes-value"),
+    pytest.param({"a": bytearray(b"x")}, id="bytearray-value"),
+    pytest.param({"a": Opaque()}, id="object"),
+    pytest.param({"a": Decimal("1.5")}, id="decimal"),
+    pytest.param({"a": 1j}, id="complex"),
+    pytest.param({"a": [Opaque()]}, id="object-in-list"),
+    pytest.param({"a\ud800": 1}, id="lone-surrogate-in-key"),
+    pytest.param({"a": "b\udc00"}, id="lone-surrogate-in-value"),
+    pytest.param({"a": [{"b": ["\ud83d"]}]}, id="lone-surrogate-at-depth"),
+    pytest.param({"a": {"\udfff": None}}, id="lone-surrogate-in-nested-key"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_PAYLOADS)
+def test_put_rejects_a_payload_that_is_not_a_json_object(q, directory, bad):
+    assert_rejected(q, directory, "payload", lambda: q.put("fresh", bad))
+
+
+@pytest.mark.parametrize("bad", BAD_PAYLOADS)
+def test_put_many_rejects_a_payload_that_is_not_a_json_object(q, directory, bad):
+    assert_rejected(
+        q, directory, "payload", lambda: q.put_many([PutRequest("fresh", {}), PutRequest("x", bad)])
+    )
+    assert_rejected(
+        q, directory, "payload", lambda: q.put_many([{"task_id": "fresh", "payload": bad}])
+    )
+
+
+def test_a_self_referencing_payload_is_rejected_not_a_recursion_error(q, directory):
+    payload = {"a": []}
+    payload["a"].append(payload)
+    assert_rejected(q, directory, "payload", lambda: q.put("fresh", payload))
+
+
+def test_tuples_in_a_payload_are_stored_as_lists(q):
+    q.put("tuples", {"a": (1, 2), "b": {"c": ((3,), [4, (5,)])}})
+    assert q.get("tuples").payload == {"a": [1, 2], "b": {"c": [[3], [4, [5]]]}}
+    assert type(q.get("tuples").payload["a"]) is list
+    assert type(q.get("tuples").payload["b"]["c"][0]) is list
+
+
+def test_any_mapping_is_accepted_as_a_payload_and_stored_as_a_dict(q):
+    q.put("ordered", OrderedDict([("b", 1), ("a", types.MappingProxyType({"c": 2}))]))
+    assert q.get("ordered").payload == {"a": {"c": 2}, "b": 1}
+    assert type(q.get("ordered").payload) is dict
+    assert type(q.get("ordered").payload["a"]) is dict
+
+
+def test_json_values_of_every_kind_are_accepted_at_depth(q):
+    payload = {
+        "none": None,
+        "bools": [True, False],
+        "int": -(2**80),
+        "float": -1.5e300,
+        "str": "é \u2603 \U0001f600",
+        "nested": {"list": [{"": [[]]}], "empty": {}},
+    }
+    q.put("every-kind", payload)
+    assert q.get("every-kind").payload == payload
+
+
+# -- integer parameters -------------------------------------------------------
+
+BAD_INTEGERS = [
+    pytest.param(True, id="true"),
+    pytest.param(False, id="false"),
+    pytest.param(-1, id="negative"),
+    pytest.param(TOO_BIG, id="2**63"),
+    pytest.param(2**64, id="2**64"),
+    pytest.param(1.0, id="float-1.0"),
+    pytest.param(0.5, id="float-0.5"),
+    pytest.param("1", id="str"),
+    pytest.param(None, id="none"),
+    pytest.param(Decimal(1), id="decimal"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_INTEGERS)
+def test_put_rejects_a_bad_available_at(q, directory, bad):
+    assert_rejected(q, directory, "available_at", lambda: q.put("fresh", {}, available_at=bad))
+    assert_rejected(
+        q,
+        directory,
+        "available_at",
+        lambda: q.put_many([{"task_id": "fresh", "payload": {}, "available_at": bad}]),
+    )
+
+
+@pytest.mark.parametrize("bad", [*BAD_INTEGERS, pytest.param(0, id="zero")])
+def test_put_rejects_a_bad_max_attempts(q, directory, bad):
+    assert_rejected(q, directory, "max_attempts", lambda: q.put("fresh", {}, max_attempts=bad))
+    assert_rejected(
+        q,
+        directory,
+        "max_attempts",
+        lambda: q.put_many([PutRequest("fresh", {}, max_attempts=bad)]),
+    )
+
+
+@pytest.mark.parametrize("bad", BAD_INTEGERS)
+def test_reserve_rejects_a_bad_now(q, directory, bad):
+    assert_rejected(q, directory, "now", lambda: q.reserve("w", now=bad, lease_seconds=10))
+
+
+@pytest.mark.parametrize("bad", [*BAD_INTEGERS, pytest.param(0, id="zero")])
+def test_reserve_rejects_a_bad_lease_seconds(q, directory, bad):
+    assert_rejected(q, directory, "lease_seconds", lambda: q.reserve("w", now=0, lease_seconds=bad))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [*BAD_INTEGERS, pytest.param(0, id="zero"), pytest.param(1001, id="1001")],
+)
+def test_reserve_rejects_a_bad_limit(q, directory, bad):
+    assert_rejected(
+        q, directory, "limit", lambda: q.reserve("w", now=0, lease_seconds=10, limit=bad)
+    )
+
+
+def test_reserve_accepts_a_limit_of_1_and_1000(q):
+    assert len(q.reserve("w", now=0, lease_seconds=10, limit=1)) == 1
+    assert len(q.reserve("w", now=0, lease_seconds=10, limit=1000)) == 2
+
+
+def test_reserve_rejects_now_plus_lease_seconds_reaching_2_to_the_63(q, directory):
+    assert_rejected(
+        q, directory, "lease_seconds", lambda: q.reserve("w", now=TOO_BIG - 10, lease_seconds=10)
+    )
+    assert_rejected(
+        q, directory, "lease_seconds", lambda: q.reserve("w", now=TOO_BIG - 1, lease_seconds=1)
+    )
+
+
+def test_reserve_accepts_now_plus_lease_seconds_just_below_2_to_the_63(q):
+    leases = q.reserve("w", now=TOO_BIG - 10, lease_seconds=9, limit=1000)
+    assert {lease.deadline for lease in leases} == {TOO_BIG - 1}
+
+
+@pytest.mark.parametrize("bad", BAD_INTEGERS)
+def test_revive_rejects_a_bad_now(q, directory, bad):
+    assert_rejected(q, directory, "now", lambda: q.revive(["a-dead"], now=bad))
+
+
+def lease_call(q, method, **overrides):
+    """A one-argument function presenting a lease to ack/release/touch with
+    otherwise valid arguments."""
+    if method == "ack":
+        return lambda lease: q.ack(lease, **({"now": 1} | overrides))
+    if method == "release":
+        return lambda lease: q.release(lease, **({"now": 1, "delay": 0} | overrides))
+    return lambda lease: q.touch(lease, **({"now": 1, "lease_seconds": 10} | overrides))
+
+
+@pytest.mark.parametrize("bad", BAD_INTEGERS)
+@pytest.mark.parametrize("method", ["ack", "release", "touch"])
+def test_lease_calls_reject_a_bad_now(q, directory, lease, method, bad):
+    assert_rejected(q, directory, "now", lambda: lease_call(q, method, now=bad)(lease))
+
+
+@pytest.mark.parametrize("bad", BAD_INTEGERS)
+@pytest.mark.parametrize("method", ["ack", "release", "touch"])
+def test_lease_calls_reject_a_lease_with_a_bad_generation(q, directory, lease, method, bad):
+    assert_rejected(
+        q,
+        directory,
+        "generation",
+        lambda: lease_call(q, method)(dataclasses.replace(lease, generation=bad)),
+    )
+
+
+@pytest.mark.parametrize("bad", BAD_INTEGERS)
+def test_release_rejects_a_bad_delay(q, directory, lease, bad):
+    assert_rejected(q, directory, "delay", lambda: q.release(lease, now=1, delay=bad))
+
+
+def test_release_rejects_now_plus_delay_reaching_2_to_the_63(q, directory, lease):
+    assert_rejected(q, directory, "delay", lambda: q.release(lease, now=1, delay=TOO_BIG - 1))
+    assert_rejected(q, directory, "delay", lambda: q.release(lease, now=10, delay=TOO_BIG - 10))
+
+
+def test_release_accepts_now_plus_delay_just_below_2_to_the_63(q, lease):
+    q.release(lease, now=1, delay=TOO_BIG - 2)
+    assert q.get(lease.task_id).available_at == TOO_BIG - 1
+
+
+@pytest.mark.parametrize("bad", [*BAD_INTEGERS, pytest.param(0, id="zero")])
+def test_touch_rejects_a_bad_lease_seconds(q, directory, lease, bad):
+    assert_rejected(q, directory, "lease_seconds", lambda: q.touch(lease, now=1, lease_seconds=bad))
+
+
+def test_touch_rejects_now_plus_lease_seconds_reaching_2_to_the_63(q, directory, lease):
+    assert_rejected(
+        q, directory, "lease_seconds", lambda: q.touch(lease, now=1, lease_seconds=TOO_BIG - 1)
+    )
+
+
+def test_arguments_are_validated_before_the_state_is_consulted(q, directory):
+    """An unknown task with a bad `now` is InvalidRequest, not StaleLease."""
+    ghost = Lease("no-such-task", "w", 1, 10, 1, {})
+    for method in ("ack", "release", "touch"):
+        assert_rejected(q, directory, "now", lambda m=method: lease_call(q, m, now=-1)(ghost))
+    # A known key with a different identity AND a bad field: the field wins.
+    assert_rejected(
+        q, directory, "max_attempts", lambda: q.put("d-ready", {"n": 9}, max_attempts=0)
+    )
+
+
+@pytest.mark.parametrize("method", ["ack", "release", "touch"])
+@pytest.mark.parametrize(
+    "not_a_lease",
+    [pytest.param(None, id="none"), pytest.param("d-ready", id="str"), pytest.param(7, id="int")],
+)
+def test_lease_calls_reject_something_that_is_not_a_lease(q, directory, lease, method, not_a_lease):
+    assert_rejected(q, directory, None, lambda: lease_call(q, method)(not_a_lease))
+
+
+# -- other arguments ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("bogus", ["bogus", "READY", "", 1, b"ready"])
+def test_tasks_rejects_an_unknown_status(q, directory, bogus):
+    assert_rejected(q, directory, "status", lambda: list(q.tasks(status=bogus)))
+
+
+@pytest.mark.parametrize("status", ["ready", "leased", "completed", "dead", None])
+def test_tasks_accepts_every_status(q, status):
+    assert all(status in (None, view.status) for view in q.tasks(status=status))
+
+
+@pytest.mark.parametrize(
+    "bad_request",
+    [
+        pytest.param("fresh", id="str"),
+        pytest.param(None, id="none"),
+        pytest.param(("fresh", {}), id="tuple"),
+        pytest.param({"payload": {}}, id="mapping-without-task_id"),
+        pytest.param({"task_id": "fresh"}, id="mapping-without-payload"),
+        pytest.param({"task_id": "fresh", "payload": {}, "priority": 1}, id="unknown-field"),
+    ],
+)
+def test_put_many_rejects_a_request_that_is_not_a_put_request(q, directory, bad_request):
+    assert_rejected(q, directory, None, lambda: q.put_many([PutRequest("ok", {}), bad_request]))
+
+
+def test_put_many_rejects_a_request_list_that_is_not_a_list(q, directory):
+    assert_rejected(q, directory, None, lambda: q.put_many(None))
+    assert_rejected(q, directory, None, lambda: q.put_many(5))
+
+
+def test_revive_rejects_a_task_id_list_that_is_not_a_list(q, directory):
+    assert_rejected(q, directory, None, lambda: q.revive(None, now=0))
+    assert_rejected(q, directory, None, lambda: q.revive(5, now=0))
+
+
+def test_put_many_and_revive_of_nothing_return_empty_lists_and_write_nothing(q, directory):
+    before = read_dir(directory)
+    assert q.put_many([]) == []
+    assert q.revive([], now=0) == []
+    assert read_dir(directory) == before
+
+
+# -- transaction size -------------------------------------------------------
+
+
+def put_record_size(task_id, blob_length, seq):
+    return len(canonical(put_record(seq, put_task(task_id, {"b": "x" * blob_length}))))
+
+
+def test_a_put_whose_frame_would_exceed_max_frame_bytes_is_rejected(directory):
+    with Queue(directory) as q:
+        base = put_record_size("big", 0, 1)
+        # Exactly one byte over the bound.
+        assert_rejected(
+            q,
+            directory,
+            None,
+            lambda: q.put("big", {"b": "x" * (MAX_FRAME_BYTES - base + 1)}),
+        )
+        assert q.stats().last_seq == 0
+
+
+def test_a_put_many_whose_frame_would_exceed_max_frame_bytes_is_rejected(q, directory):
+    third = "x" * (MAX_FRAME_BYTES // 3)
+    assert_rejected(
+        q,
+        directory,
+        None,
+        lambda: q.put_many([PutRequest(f"big-{n}", {"b": third}) for n in range(3)]),
+    )
+
+
+def test_a_put_whose_frame_is_exactly_max_frame_bytes_is_accepted(directory):
+    with Queue(directory) as q:
+        base = put_record_size("big", 0, 1)
+        q.put("big", {"b": "x" * (MAX_FRAME_BYTES - base)})
+        assert q.stats().wal_bytes == 4 + MAX_FRAME_BYTES + 32
+
+
+def test_max_frame_bytes_is_16_mib():
+    assert MAX_FRAME_BYTES == 16 * 1024 * 1024
+
+
+# -- lifecycle ----------------------------------------------------------------
+
+
+def every_call(q, lease):
+    """One valid call of every public method."""
+    return {
+        "put": lambda: q.put("after-close", {}),
+        "put_many": lambda: q.put_many([PutRequest("after-close", {})]),
+        "reserve": lambda: q.reserve("w", now=0, lease_seconds=10),
+        "ack": lambda: q.ack(lease, now=1),
+        "release": lambda: q.release(lease, now=1),
+        "touch": lambda: q.touch(lease, now=1, lease_seconds=10),
+        "revive": lambda: q.revive(["a-dead"], now=1),
+        "get": lambda: q.get("d-ready"),
+        "tasks": lambda: list(q.tasks()),
+        "tasks-by-status": lambda: list(q.tasks(status="ready")),
+        "stats": lambda: q.stats(),
+        "compact": lambda: q.compact(),
+        "batch": lambda: q.batch().__enter__(),
+    }
+
+
+def test_every_call_after_close_raises_queue_closed(q, directory, lease):
+    calls = every_call(q, lease)
+    q.close()
+    before = read_dir(directory)
+    for name, call in calls.items():
+        with pytest.raises(QueueClosed):
+            call()
+            pytest.fail(f"{name} did not raise QueueClosed")
+    assert read_dir(directory) == before
+
+
+def test_close_is_idempotent(q):
+    q.close()
+    q.close()
+    with pytest.raises(QueueClosed):
+        q.stats()
+
+
+def test_close_releases_the_lock(q, directory):
+    q.close()
+    with Queue(directory) as again:
+        assert again.get("d-ready").payload == {"n": 4}
+
+
+def test_a_context_manager_closes_the_queue(directory):
+    with Queue(directory) as q:
+        q.put("a", {})
+    with pytest.raises(QueueClosed):
+        q.get("a")
+    with Queue(directory) as q:
+        assert q.get("a") is not None
+
+
+def test_a_queue_creates_a_missing_directory(tmp_path):
+    directory = tmp_path / "deep" / "er" / "queue"
+    with Queue(directory) as q:
+        q.put("a", {})
+    assert directory.is_dir()
+
+
+def test_a_second_queue_on_the_same_directory_in_this_process_is_locked_out(q, directory):
+    before = read_dir(directory)
+    with pytest.raises(QueueLocked) as caught:
+        Queue(directory)
+    assert isinstance(caught.value, WalQueueError)
+    assert str(directory) in str(caught.value)
+    # The failed attempt disturbed neither the files nor the owner.
+    assert read_dir(directory) == before
+    assert q.put("still-mine", {}) == "still-mine"
+
+
+def test_a_second_queue_given_a_relative_path_is_locked_out_too(q, directory, monkeypatch):
+    monkeypatch.chdir(directory.parent)
+    with pytest.raises(QueueLocked):
+        Queue(Path(directory.name))
+    with pytest.raises(QueueLocked):
+        Queue(str(directory))
+
+
+def test_a_second_queue_in_another_process_is_locked_out(q, directory):
+    script = (
+        "import sys\n"
+        "from walqueue import Queue, QueueLocked\n"
+        "try:\n"
+        "    Queue(sys.argv[1])\n"
+        "except QueueLocked as error:\n"
+        "    print('QueueLocked', error)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(directory)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("QueueLocked")
+    assert str(directory) in result.stdout
+
+
+def test_discarding_a_queue_releases_its_lock(directory):
+    q = Queue(directory)
+    q.put("a", {})
+    del q
+    gc.collect()
+    with Queue(directory) as again:
+        assert again.get("a") is not None
+
+
+def test_invalid_request_is_a_value_error_and_a_walqueue_error():
+    assert issubclass(InvalidRequest, ValueError)
+    assert issubclass(InvalidRequest, WalQueueError)
