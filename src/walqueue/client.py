@@ -1,0 +1,421 @@
+"""The walqueued client: the library's API over the daemon's Unix socket.
+
+Two layers:
+
+* ``Connection`` — one socket, pipelining-capable: ``send()`` any number of
+  requests (the connection numbers them), then ``receive(request_id)`` their
+  answers in any order; answers to other ids are kept until asked for. Not
+  thread-safe; meant for tests, benchmarks and tools that pipeline.
+* ``Client`` — SPEC §8's blocking API returning the library's dataclasses and
+  raising the library's exceptions, plus ``DaemonUnavailable`` when the daemon
+  cannot be reached. It connects lazily, reconnects on the next call after a
+  lost connection, and retries ``put``/``put_many`` (idempotent by key) across a
+  reconnect or a daemon-side write failure for up to ``retry_seconds``. It never
+  retries ``reserve`` (a lost answer would leak a lease until it expires) nor
+  ``ack``/``release``/``touch`` (a retried ``ack`` may answer ``StaleLease``
+  with ``status="completed"`` and the lease's own generation: that means the
+  first attempt succeeded; ``walqueue.worker`` handles it).
+
+Thread safety: a ``Client`` serializes calls with a lock, so it may be shared
+between threads, but a ``reserve(wait=...)`` holds the connection for the
+whole wait. Give each thread that blocks in ``reserve`` its own ``Client``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from walqueue import InvalidRequest, Lease, QueueClosed, QueueStats, TaskView, WalQueueError
+from walqueue import protocol as p
+
+SOCKET_NAME = "walqueued.sock"
+DEFAULT_TIMEOUT_SECONDS = 60.0
+DEFAULT_RETRY_SECONDS = 10.0
+RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class DaemonUnavailable(WalQueueError, ConnectionError):
+    """The daemon could not be reached, or the connection broke before the answer.
+
+    The request may or may not have been applied (except for a failed
+    connect, where nothing was sent).
+    """
+
+
+def socket_path(socket_or_directory: str | os.PathLike) -> str:
+    """A directory means its ``walqueued.sock``; anything else is the socket path."""
+    path = os.fspath(socket_or_directory)
+    if os.path.isdir(path):
+        return os.path.join(path, SOCKET_NAME)
+    return path
+
+
+class Connection:
+    """One connection to walqueued, with the hello exchange done.
+
+    Raises DaemonUnavailable from the constructor if the daemon cannot be reached
+    or refuses the connection.
+    """
+
+    def __init__(self, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = "") -> None:
+        self.path = path
+        self.timeout = timeout
+        self._next_id = 1
+        self._reader = p.FrameReader()
+        self._pending: dict[int, list] = {}
+        self._broken: str | None = None
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.settimeout(timeout)
+            self._sock.connect(path)
+        except OSError as exc:
+            self._sock.close()
+            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc}") from exc
+        try:
+            (hello_id,) = self.send(p.Hello(id=0, version=p.PROTOCOL_VERSION, client=name))
+            (answer,) = self.receive(hello_id)
+        except WalQueueError as exc:
+            self.close()
+            if isinstance(exc, DaemonUnavailable):
+                raise
+            raise DaemonUnavailable(f"walqueued at {path} refused the connection: {exc}") from exc
+        if not isinstance(answer, p.HelloOk):
+            self.close()
+            raise DaemonUnavailable(f"walqueued at {path} answered hello with {type(answer).__name__}")
+        self.server = answer.server
+        self.max_body_bytes = answer.max_body_bytes
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    def close(self) -> None:
+        if self._broken is None:
+            self._broken = "closed"
+        self._sock.close()
+
+    def _fail(self, message: str, cause: BaseException | None = None) -> DaemonUnavailable:
+        self._broken = message
+        self._sock.close()
+        error = DaemonUnavailable(message)
+        error.__cause__ = cause
+        return error
+
+    def send(self, *requests: p.Request) -> list[int]:
+        """Number the requests, send them in one write, and return their ids.
+
+        Raises InvalidRequest (nothing sent) if a request cannot be encoded or
+        is too large, DaemonUnavailable if the connection is broken.
+        """
+        if self._broken is not None:
+            raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
+        ids = []
+        frames = []
+        for request in requests:
+            request.id = self._next_id
+            self._next_id += 1
+            try:
+                frames.append(p.encode(request))
+            except (TypeError, OverflowError, ValueError, p.ProtocolError) as exc:
+                raise InvalidRequest(f"cannot send {type(request).__name__.lower()}: {exc}") from exc
+            ids.append(request.id)
+        try:
+            self._sock.sendall(b"".join(frames))
+        except OSError as exc:
+            raise self._fail(f"sending to walqueued at {self.path} failed: {exc}", exc) from exc
+        return ids
+
+    def receive(self, request_id: int, *, timeout: float | None = None) -> list:
+        """All answer messages for ``request_id`` (several when a list was chunked).
+
+        ``timeout`` defaults to the connection's. Raises DaemonUnavailable if the
+        connection breaks or the time runs out (the connection is then unusable),
+        or the library exception of a fatal protocol error.
+        """
+        deadline = None
+        wait = self.timeout if timeout is None else timeout
+        if wait is not None:
+            deadline = time.monotonic() + wait
+        while True:
+            messages = self._pending.get(request_id)
+            if messages and not getattr(messages[-1], "more", False):
+                return self._pending.pop(request_id)
+            if self._broken is not None:
+                raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
+            self._read_one(deadline)
+
+    def _read_one(self, deadline: float | None) -> None:
+        while True:
+            try:
+                body = self._reader.next_body()
+            except p.ProtocolError as exc:
+                raise self._fail(f"bad frame from walqueued at {self.path}: {exc}", exc) from exc
+            if body is not None:
+                break
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._fail(f"no answer from walqueued at {self.path} in time")
+                self._sock.settimeout(remaining)
+            else:
+                self._sock.settimeout(None)
+            try:
+                data = self._sock.recv(max(65536, min(self._reader.wanted_bytes(), 4 * 1024 * 1024)))
+            except TimeoutError as exc:
+                raise self._fail(f"no answer from walqueued at {self.path} in time", exc) from exc
+            except OSError as exc:
+                raise self._fail(f"receiving from walqueued at {self.path} failed: {exc}", exc) from exc
+            if not data:
+                raise self._fail(f"walqueued at {self.path} closed the connection")
+            self._reader.feed(data)
+        try:
+            message = p.decode_response(body)
+        except p.ProtocolError as exc:
+            raise self._fail(str(exc), exc) from exc
+        if isinstance(message, p.Error) and message.fatal:
+            # The daemon closes the connection after a fatal error.
+            self._broken = f"{message.error}: {message.message}"
+            self._sock.close()
+            if message.id is None:
+                raise p.error_from_wire(message)
+        self._pending.setdefault(message.id, []).append(message)
+
+    def call(self, request: p.Request, *, timeout: float | None = None) -> Any:
+        """Send one request and return its answer, raising the error it carries."""
+        (request_id,) = self.send(request)
+        messages = self.receive(request_id, timeout=timeout)
+        return result(messages)
+
+
+def result(messages: list) -> Any:
+    """The answer of one request: the single message, or a merged list for chunked answers.
+
+    Raises the library exception an ``Error`` answer carries.
+    """
+    first = messages[0]
+    if isinstance(first, p.Error):
+        raise p.error_from_wire(first)
+    if isinstance(first, p.Leases):
+        return p.Leases(id=first.id, leases=[lease for m in messages for lease in m.leases])
+    if isinstance(first, p.TaskList):
+        return p.TaskList(id=first.id, tasks=[task for m in messages for task in m.tasks])
+    return first
+
+
+# -- argument checks: only types, so a bad argument raises InvalidRequest here
+# instead of making the daemon close the connection over an undecodable
+# message; ranges and lengths are the library's to judge. -----------------------
+
+
+def _check_str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _check_int(name: str, value: Any) -> int:
+    if type(value) is bool or not isinstance(value, int):
+        raise InvalidRequest(f"{name} must be an int, got {type(value).__name__}")
+    if not -(2**63) <= value < 2**64:
+        raise InvalidRequest(f"{name} {value} is out of range")
+    return int(value)
+
+
+def _check_payload(task_id: Any, payload: Any) -> dict:
+    if not isinstance(payload, Mapping) or not all(isinstance(k, str) for k in payload):
+        raise InvalidRequest(f"payload of task {task_id!r} must be a mapping with str keys")
+    return dict(payload)
+
+
+def _put_item(task_id: Any, payload: Any, key: Any, available_at: Any, max_attempts: Any) -> p.PutItem:
+    _check_str("task_id", task_id)
+    if key is not None:
+        _check_str("key", key)
+    return p.PutItem(
+        task_id=task_id,
+        payload=_check_payload(task_id, payload),
+        key=key,
+        available_at=_check_int("available_at", available_at),
+        max_attempts=_check_int("max_attempts", max_attempts),
+    )
+
+
+def _lease_fields(lease: Any) -> tuple[str, str, int]:
+    try:
+        task_id, worker, generation = lease.task_id, lease.worker, lease.generation
+    except AttributeError as exc:
+        raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}") from exc
+    return _check_str("task_id", task_id), _check_str("worker", worker), _check_int("generation", generation)
+
+
+class Client:
+    """SPEC §8's client. See the module docstring for retries and thread safety.
+
+    ``timeout`` bounds each call (plus ``wait`` for a reserve); ``retry_seconds``
+    bounds how long ``put``/``put_many`` keep retrying across reconnects.
+    """
+
+    def __init__(
+        self,
+        socket_or_directory: str | os.PathLike,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        name: str = "",
+    ) -> None:
+        self.path = socket_path(socket_or_directory)
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.name = name
+        self._lock = threading.RLock()
+        self._connection: Connection | None = None
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; later calls raise QueueClosed. Idempotent."""
+        with self._lock:
+            self._closed = True
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    def _connected(self) -> Connection:
+        if self._closed:
+            raise QueueClosed(f"this Client of {self.path} is closed")
+        if self._connection is None or self._connection.broken:
+            self._connection = Connection(self.path, timeout=self.timeout, name=self.name)
+        return self._connection
+
+    def _call(self, request: p.Request, *, wait: float = 0.0, idempotent: bool = False) -> Any:
+        timeout = None if self.timeout is None else self.timeout + wait
+        with self._lock:
+            deadline = time.monotonic() + self.retry_seconds
+            attempt = 0
+            while True:
+                try:
+                    return self._connected().call(request, timeout=timeout)
+                except (DaemonUnavailable, QueueClosed) as exc:
+                    if self._closed or not idempotent or time.monotonic() >= deadline:
+                        raise
+                    if isinstance(exc, DaemonUnavailable) and self._connection is not None:
+                        self._connection.close()
+                    pause = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
+                    attempt += 1
+                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+
+    # -- the API ------------------------------------------------------------------
+
+    def put(
+        self,
+        task_id: str,
+        payload: Mapping[str, Any],
+        *,
+        key: str | None = None,
+        available_at: int = 0,
+        delay: int | None = None,
+        max_attempts: int = 3,
+    ) -> str:
+        """Put one task; ``delay`` (seconds from now) is turned into ``available_at`` once.
+
+        Raises InvalidRequest, KeyConflict, DaemonUnavailable.
+        """
+        if delay is not None:
+            _check_int("delay", delay)
+            if delay < 0:
+                raise InvalidRequest(f"delay of task {task_id!r} must be >= 0, got {delay}")
+            if available_at != 0:
+                raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
+            # Computed once, so a retried put carries the same identity.
+            available_at = int(time.time()) + delay
+        item = _put_item(task_id, payload, key, available_at, max_attempts)
+        request = p.Put(id=0, **{name: getattr(item, name) for name in item.__struct_fields__})
+        return self._call(request, idempotent=True).task_id
+
+    def put_many(self, requests: Iterable[Any]) -> list[str]:
+        """Put several tasks in one transaction (PutRequest objects or mappings)."""
+        items = []
+        for request in requests:
+            item = p.put_item(request)
+            items.append(_put_item(item.task_id, item.payload, item.key, item.available_at, item.max_attempts))
+        if not items:
+            return []
+        return self._call(p.PutMany(id=0, requests=items), idempotent=True).task_ids
+
+    def reserve(self, worker: str, *, lease_seconds: int = 30, limit: int = 1, wait: float = 0) -> list[Lease]:
+        """Lease up to ``limit`` due tasks, waiting up to ``wait`` seconds for one. Never retried."""
+        _check_str("worker", worker)
+        if type(wait) is bool or not isinstance(wait, int | float):
+            raise InvalidRequest(f"wait must be a number of seconds, got {type(wait).__name__}")
+        p.check_wait(wait)
+        request = p.Reserve(
+            id=0,
+            worker=worker,
+            lease_seconds=_check_int("lease_seconds", lease_seconds),
+            limit=_check_int("limit", limit),
+            wait=float(wait),
+        )
+        answer = self._call(request, wait=float(wait))
+        return [p.lease_from_wire(lease) for lease in answer.leases]
+
+    def ack(self, lease: Lease) -> None:
+        """Complete the leased task. Raises StaleLease if the lease is not current."""
+        task_id, worker, generation = _lease_fields(lease)
+        self._call(p.Ack(id=0, task_id=task_id, worker=worker, generation=generation))
+
+    def release(self, lease: Lease, *, delay: int = 0) -> None:
+        """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""
+        task_id, worker, generation = _lease_fields(lease)
+        request = p.Release(
+            id=0, task_id=task_id, worker=worker, generation=generation, delay=_check_int("delay", delay)
+        )
+        self._call(request)
+
+    def touch(self, lease: Lease, *, lease_seconds: int) -> Lease:
+        """Extend a live lease to ``lease_seconds`` from the daemon's now. Raises StaleLease."""
+        task_id, worker, generation = _lease_fields(lease)
+        request = p.Touch(
+            id=0,
+            task_id=task_id,
+            worker=worker,
+            generation=generation,
+            lease_seconds=_check_int("lease_seconds", lease_seconds),
+        )
+        return p.lease_from_wire(self._call(request).lease)
+
+    def revive(self, task_ids: Iterable[str]) -> list[str]:
+        """Make dead tasks ready again. Raises InvalidRequest if one is not dead."""
+        ids = [_check_str("task_id", task_id) for task_id in task_ids]
+        if not ids:
+            return []
+        return self._call(p.Revive(id=0, task_ids=ids)).task_ids
+
+    def get(self, task_id: str) -> TaskView | None:
+        answer = self._call(p.Get(id=0, task_id=_check_str("task_id", task_id)))
+        return None if answer.task is None else p.task_from_wire(answer.task)
+
+    def tasks(self, status: str | None = None) -> list[TaskView]:
+        """All tasks (or those with ``status``) in task_id order."""
+        if status is not None:
+            _check_str("status", status)
+        answer = self._call(p.Tasks(id=0, status=status))
+        return [p.task_from_wire(task) for task in answer.tasks]
+
+    def stats(self) -> QueueStats:
+        return p.stats_from_wire(self._call(p.Stats(id=0)).stats)
+
+    def compact(self) -> int:
+        """Compact now; returns the published snapshot's seq."""
+        return self._call(p.Compact(id=0)).seq

@@ -1,0 +1,953 @@
+"""walqueued: one process owning one Queue, serving local workers over a Unix socket.
+
+The loop (``selectors``, single thread) and why it is shaped this way:
+
+* One loop turn = one ``select()`` call. Every request whose bytes arrived
+  for that turn is decoded, then ALL of them are applied inside ONE
+  ``Queue.batch()``, so they share one fsync (group commit). Their answers are
+  queued for sending only after the batch has exited without error: no answer
+  ever reports success for a write that is not on disk yet. While one batch
+  is fsyncing, the next requests accumulate in the kernel's socket buffers and
+  become the next turn's batch, so the batch size adapts to the load.
+* The Queue is synchronous and the fsync blocks the whole process anyway, so
+  asyncio would add scheduling we cannot use and hide where a turn ends;
+  ``selectors`` makes the turn boundary explicit (see docs/protocol.md).
+* Time: ``now = max(int(time.time()), last_now)`` once per turn; clients
+  cannot set it. A lease of L seconds therefore lasts between L-1 and L
+  seconds of wall time.
+* Blocking reserve: a ``reserve`` with ``wait > 0`` that leased nothing is
+  parked in arrival order. Parked reserves are retried at the start of every
+  turn and right after every request that can make a task due (put,
+  put_many, release, revive); the select timeout is the queue's next due time
+  (earliest ready ``available_at`` or lease ``deadline``), so a delay elapsing
+  or a lease expiring wakes them without any polling loop.
+* A failed write (the batch raising anything but the per-request errors
+  InvalidRequest, KeyConflict and StaleLease) answers every request of the
+  turn with ``QueueClosed``, drops the Queue and opens it again from disk;
+  if that fails the daemon exits non-zero for its supervisor.
+
+Bounds: ``--max-connections`` open connections; a request body of at most
+``protocol.MAX_BODY_BYTES`` (checked from the length prefix before the body
+is read); a connection whose unsent answers exceed OUTPUT_HIGH_WATER_BYTES is
+not read from until they drain.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import click
+import msgspec
+
+from walqueue import (
+    CorruptStore,
+    InvalidRequest,
+    KeyConflict,
+    Lease,
+    PutRequest,
+    Queue,
+    QueueLocked,
+    StaleLease,
+)
+from walqueue import protocol as p
+
+log = logging.getLogger("walqueued")
+
+SERVER_NAME = "walqueued/1"
+SOCKET_NAME = "walqueued.sock"
+DEFAULT_SOCKET_MODE = 0o660
+DEFAULT_COMPACT_WAL_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 1024
+RECV_BYTES = 256 * 1024
+MAX_RECV_BYTES = 4 * 1024 * 1024
+OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
+DRAIN_SECONDS = 5.0
+# A timer never sleeps longer than this, so a wall clock set backwards far
+# cannot postpone due work indefinitely (the clock rule still decides).
+MAX_TIMER_SECONDS = 60.0
+SD_LISTEN_FDS_START = 3
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+EXIT_CORRUPT = 4
+
+# Errors a request can cause without the Queue writing anything; the batch
+# goes on. Anything else raised inside a batch means the write path failed.
+REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
+
+
+class DaemonExit(Exception):
+    """Stop serving and exit with ``code`` (after the usual cleanup)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- systemd integration (stdlib only) ----------------------------------------
+
+
+class Notifier:
+    """sd_notify over the datagram socket named by NOTIFY_SOCKET (no-op when unset)."""
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        path = environ.get("NOTIFY_SOCKET", "")
+        self._address = ("\0" + path[1:]) if path.startswith("@") else path
+        self._socket: socket.socket | None = None
+        if self._address:
+            self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.watchdog_seconds: float | None = None
+        usec = environ.get("WATCHDOG_USEC", "")
+        watchdog_pid = environ.get("WATCHDOG_PID", "")
+        if usec.isdigit() and int(usec) > 0 and (not watchdog_pid or watchdog_pid == str(os.getpid())):
+            # Ping at half the interval, as sd_watchdog_enabled(3) advises.
+            self.watchdog_seconds = int(usec) / 2 / 1_000_000
+
+    def notify(self, text: str) -> None:
+        if self._socket is None:
+            return
+        try:
+            self._socket.sendto(text.encode(), self._address)
+        except OSError as exc:
+            log.warning("sd_notify %r to %s failed: %s", text, self._address, exc)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def activated_listener(environ: dict[str, str]) -> socket.socket | None:
+    """The listening socket systemd passed (LISTEN_FDS/LISTEN_PID), or None.
+
+    Raises DaemonExit if the passed descriptor is not a Unix stream socket.
+    """
+    if environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    count = environ.get("LISTEN_FDS", "0")
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)
+    if not count.isdigit() or int(count) < 1:
+        return None
+    if int(count) > 1:
+        log.warning("LISTEN_FDS=%s: using only the first descriptor", count)
+    listener = socket.socket(fileno=SD_LISTEN_FDS_START)
+    if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_STREAM:
+        raise DaemonExit(EXIT_USAGE, "the socket passed by systemd is not a Unix stream socket")
+    listener.setblocking(False)
+    os.set_inheritable(listener.fileno(), False)
+    return listener
+
+
+def bind_listener(path: str, mode: int) -> socket.socket:
+    """Create the listening socket at ``path`` with permissions ``mode``.
+
+    A socket file nobody answers on (left by a dead owner) is replaced.
+    Raises DaemonExit if the path is not a socket or a live server answers on it.
+    """
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise DaemonExit(EXIT_USAGE, f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(1.0)
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            log.info("replacing stale socket %s", path)
+            os.unlink(path)
+        except OSError as exc:
+            raise DaemonExit(EXIT_FAILURE, f"cannot probe existing socket {path}: {exc}") from exc
+        else:
+            raise DaemonExit(EXIT_LOCKED, f"another server is listening on {path}")
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # Bind with every permission bit masked so no one can connect before the
+    # chmod below sets exactly the requested mode.
+    old_umask = os.umask(0o777)
+    try:
+        listener.bind(path)
+    except OSError as exc:
+        listener.close()
+        raise DaemonExit(EXIT_FAILURE, f"cannot bind {path}: {exc}") from exc
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    listener.listen(socket.SOMAXCONN)
+    listener.setblocking(False)
+    return listener
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the connected peer via SO_PEERCRED, or None if unsupported."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", raw)
+
+
+# -- connections and pending work --------------------------------------------
+
+
+@dataclass(eq=False)
+class Connection:
+    sock: socket.socket
+    name: str
+    reader: p.FrameReader = field(default_factory=p.FrameReader)
+    out: bytearray = field(default_factory=bytearray)
+    greeted: bool = False
+    eof: bool = False
+    closing: bool = False  # a fatal error was queued: close once it is sent
+    fatal: bytes = b""  # that error, sent after the answers to earlier requests
+    closed: bool = False
+    parked: int = 0
+    events: int = 0
+
+
+@dataclass(eq=False)
+class Parked:
+    conn: Connection
+    request: p.Reserve
+    deadline: float  # time.monotonic() at which the wait ends
+    turn: int
+
+
+@dataclass(eq=False)
+class Answer:
+    conn: Connection
+    request_id: int | None
+    messages: list  # p._Message values, or pre-encoded frames (bytes)
+
+
+_LISTENER = object()
+_WAKEUP = object()
+
+
+class Server:
+    """The event loop. ``run()`` serves until SIGTERM/SIGINT and returns an exit code."""
+
+    def __init__(
+        self,
+        directory: str,
+        queue: Queue,
+        listener: socket.socket,
+        *,
+        socket_path: str | None,
+        compact_wal_bytes: int,
+        max_connections: int,
+        hook: Callable[[str], None] | None,
+        notifier: Notifier,
+    ) -> None:
+        self.directory = directory
+        self.queue = queue
+        self.listener = listener
+        self.socket_path = socket_path  # unlinked at exit; None when systemd owns it
+        self.compact_wal_bytes = compact_wal_bytes
+        self.max_connections = max_connections
+        self.hook = hook
+        self.notifier = notifier
+        self.selector = selectors.DefaultSelector()
+        self.connections: dict[int, Connection] = {}
+        self.parked: deque[Parked] = deque()
+        self.last_now = 0
+        self.turn = 0
+        self.stopping = False
+        self._answers: list[Answer] = []
+        self._turn_requests: list[tuple[Connection, int]] = []
+        self._due_cache: int | None = None
+        self._due_dirty = True
+        self._next_watchdog = time.monotonic()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+
+    # -- time -----------------------------------------------------------------
+
+    def now(self) -> int:
+        """Whole seconds of wall time, never going backwards."""
+        self.last_now = max(int(time.time()), self.last_now)
+        return self.last_now
+
+    # -- main loop -------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous_wakeup = signal.set_wakeup_fd(self._wake_write.fileno(), warn_on_full_buffer=False)
+        self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
+        self.selector.register(self._wake_read, selectors.EVENT_READ, _WAKEUP)
+        code = EXIT_OK
+        try:
+            self.notifier.notify("READY=1\nSTATUS=serving " + self.directory)
+            log.info("ready: serving %s", self.directory)
+            while not self.stopping:
+                self._one_turn()
+        except DaemonExit as exc:
+            log.critical("%s", exc)
+            code = exc.code
+        finally:
+            self._shutdown()
+            signal.set_wakeup_fd(previous_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return code
+
+    def _one_turn(self) -> None:
+        events = self.selector.select(self._timeout())
+        requests: list[tuple[Connection, p.Request]] = []
+        for key, mask in events:
+            if key.data is _LISTENER:
+                self._accept()
+            elif key.data is _WAKEUP:
+                self._drain_wakeup()
+            else:
+                conn: Connection = key.data
+                if mask & selectors.EVENT_WRITE:
+                    self._send(conn)
+                if mask & selectors.EVENT_READ and not conn.closed:
+                    self._receive(conn, requests)
+        self.turn += 1
+        wrote = self._apply(requests)
+        self._expire_waits()
+        self._queue_answers()
+        for conn in list(self.connections.values()):
+            if conn.out:
+                self._send(conn)
+            self._settle(conn)
+        self._watchdog()
+        if wrote:
+            self._maybe_compact()
+
+    def _timeout(self) -> float | None:
+        deadlines: list[float] = []
+        if self.notifier.watchdog_seconds is not None:
+            deadlines.append(self._next_watchdog - time.monotonic())
+        if self.parked:
+            deadlines.append(min(entry.deadline for entry in self.parked) - time.monotonic())
+            due = self._next_due()
+            if due is not None:
+                if due <= self.last_now:
+                    # Should not happen (a due task would have been leased);
+                    # never spin on it.
+                    deadlines.append(1.0)
+                else:
+                    # +1 ms so int(time.time()) has reached `due` on waking.
+                    deadlines.append(due - time.time() + 0.001)
+        if not deadlines:
+            return None
+        return min(MAX_TIMER_SECONDS, max(0.0, min(deadlines)))
+
+    def _next_due(self) -> int | None:
+        """Earliest ready available_at or lease deadline in the queue."""
+        accessor = getattr(self.queue, "next_due_time", None)
+        if accessor is not None:
+            return accessor()
+        if self._due_dirty:
+            # Fallback through the public API: O(tasks), done only when a
+            # turn changed something while workers are parked.
+            best: int | None = None
+            for task in self.queue.tasks("ready"):
+                if best is None or task.available_at < best:
+                    best = task.available_at
+            for task in self.queue.tasks("leased"):
+                if task.deadline is not None and (best is None or task.deadline < best):
+                    best = task.deadline
+            self._due_cache = best
+            self._due_dirty = False
+        return self._due_cache
+
+    def _watchdog(self) -> None:
+        if self.notifier.watchdog_seconds is None:
+            return
+        if time.monotonic() >= self._next_watchdog:
+            self.notifier.notify("WATCHDOG=1")
+            self._next_watchdog = time.monotonic() + self.notifier.watchdog_seconds
+
+    def _drain_wakeup(self) -> None:
+        try:
+            while self._wake_read.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    # -- connections -------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                # EMFILE and friends: log and try again next turn.
+                log.error("accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            credentials = peer_credentials(sock)
+            name = f"fd={sock.fileno()}"
+            if credentials is not None:
+                name += f" pid={credentials[0]} uid={credentials[1]}"
+            if len(self.connections) >= self.max_connections:
+                log.warning("refused connection %s: %d connections open", name, len(self.connections))
+                error = p.Error(
+                    id=None,
+                    error="WalQueueError",
+                    message=f"too many connections ({self.max_connections}); try again later",
+                    fatal=True,
+                )
+                try:
+                    sock.send(p.encode(error))
+                except OSError:
+                    pass
+                sock.close()
+                continue
+            conn = Connection(sock=sock, name=name)
+            self.connections[sock.fileno()] = conn
+            self._settle(conn)
+            log.info("connect %s", name)
+
+    def _close(self, conn: Connection, reason: str) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        if conn.events:
+            self.selector.unregister(conn.sock)
+            conn.events = 0
+        self.connections.pop(conn.sock.fileno(), None)
+        conn.sock.close()
+        if conn.parked:
+            self.parked = deque(entry for entry in self.parked if entry.conn is not conn)
+            conn.parked = 0
+        log.info("disconnect %s (%s)", conn.name, reason)
+
+    def _settle(self, conn: Connection) -> None:
+        """Register exactly the events the connection needs now, or close it."""
+        if conn.closed:
+            return
+        if (conn.closing or conn.eof) and not conn.out and not conn.parked:
+            self._close(conn, "protocol error" if conn.closing else "closed by peer")
+            return
+        wanted = 0
+        if not conn.eof and not conn.closing and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
+            wanted |= selectors.EVENT_READ
+        if conn.out:
+            wanted |= selectors.EVENT_WRITE
+        if wanted == conn.events:
+            return
+        if conn.events == 0:
+            self.selector.register(conn.sock, wanted, conn)
+        elif wanted == 0:
+            self.selector.unregister(conn.sock)
+        else:
+            self.selector.modify(conn.sock, wanted, conn)
+        conn.events = wanted
+
+    def _send(self, conn: Connection) -> None:
+        while conn.out:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                conn.out.clear()
+                self._close(conn, f"send failed: {exc}")
+                return
+            del conn.out[:sent]
+
+    def _receive(self, conn: Connection, requests: list) -> None:
+        size = max(RECV_BYTES, min(conn.reader.wanted_bytes(), MAX_RECV_BYTES))
+        try:
+            data = conn.sock.recv(size)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(conn, f"receive failed: {exc}")
+            return
+        if not data:
+            conn.eof = True
+            return
+        conn.reader.feed(data)
+        while not conn.closing:
+            try:
+                body = conn.reader.next_body()
+                if body is None:
+                    return
+                request = p.decode_request(body)
+            except p.ProtocolError as exc:
+                request_id = exc.args[1] if len(exc.args) > 1 else None
+                self._fatal(conn, request_id, str(exc.args[0]))
+                return
+            if not conn.greeted:
+                if not isinstance(request, p.Hello):
+                    self._fatal(conn, request.id, f"expected hello first, got {type(request).__name__.lower()}")
+                    return
+                if request.version != p.PROTOCOL_VERSION:
+                    self._fatal(
+                        conn,
+                        request.id,
+                        f"protocol version {request.version} is not supported; "
+                        f"this daemon speaks version {p.PROTOCOL_VERSION}",
+                    )
+                    return
+                conn.greeted = True
+                conn.out += p.encode(
+                    p.HelloOk(
+                        id=request.id,
+                        version=p.PROTOCOL_VERSION,
+                        server=SERVER_NAME,
+                        max_body_bytes=p.MAX_BODY_BYTES,
+                    )
+                )
+                if request.client:
+                    conn.name += f" client={request.client!r}"
+                continue
+            if isinstance(request, p.Hello):
+                self._fatal(conn, request.id, "hello sent twice on one connection")
+                return
+            requests.append((conn, request))
+
+    def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
+        """Answer a protocol violation (after the answers already due) and close."""
+        log.warning("protocol error from %s: %s", conn.name, message)
+        error = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
+        conn.fatal = p.encode(error)
+        conn.closing = True
+
+    # -- applying a turn ---------------------------------------------------------------
+
+    def _apply(self, requests: list[tuple[Connection, p.Request]]) -> bool:
+        """Apply a turn's requests in one batch; True if the batch may have written."""
+        if not requests and not self.parked:
+            return False
+        now = self.now()
+        self._turn_requests = [(conn, request.id) for conn, request in requests]
+        answered_before = len(self._answers)
+        writing = any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
+        try:
+            with self.queue.batch():
+                if self.parked:
+                    self._serve_parked(now)
+                for conn, request in requests:
+                    if not conn.closed:
+                        self._handle(conn, request, now)
+        except Exception as exc:
+            self._write_failed(exc, answered_before)
+            return False
+        if writing or len(self._answers) > answered_before:
+            self._due_dirty = True
+        return writing
+
+    def _write_failed(self, exc: Exception, answered_before: int) -> None:
+        """Answer every request of the failed batch with an error, then reopen the queue."""
+        message = (
+            f"write failed ({type(exc).__name__}: {exc}); the daemon reopened the queue; "
+            "the request may or may not have taken effect (a retried put is safe)"
+        )
+        affected = {(id(a.conn), a.request_id): a.conn for a in self._answers[answered_before:]}
+        for conn, request_id in self._turn_requests:
+            affected[(id(conn), request_id)] = conn
+        # Parked in this turn: answered with the error too rather than kept.
+        for entry in [e for e in self.parked if e.turn == self.turn]:
+            affected[(id(entry.conn), entry.request.id)] = entry.conn
+        self.parked = deque(e for e in self.parked if e.turn != self.turn)
+        for conn in self.connections.values():
+            conn.parked = sum(1 for e in self.parked if e.conn is conn)
+        del self._answers[answered_before:]
+        for (_, request_id), conn in affected.items():
+            error = p.Error(id=request_id, error="QueueClosed", message=message)
+            self._answers.append(Answer(conn, request_id, [error]))
+        log.error("write failed, answered %d request(s) with an error: %r", len(affected), exc)
+        self._reopen()
+
+    def _reopen(self) -> None:
+        try:
+            self.queue.close()
+        except Exception as exc:  # the queue is being discarded either way
+            log.warning("closing the failed queue raised %r", exc)
+        try:
+            self.queue = Queue(self.directory, hook=self.hook)
+        except CorruptStore as exc:
+            raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: {exc}") from exc
+        except Exception as exc:
+            raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
+        self._due_dirty = True
+        log.info("reopened %s", self.directory)
+
+    def _answer(self, conn: Connection, request_id: int, messages: list) -> None:
+        self._answers.append(Answer(conn, request_id, messages))
+
+    def _serve_parked(self, now: int) -> None:
+        """Lease due tasks to parked reserves, in arrival order."""
+        while self.parked:
+            entry = self.parked[0]
+            request = entry.request
+            try:
+                leases = self.queue.reserve(
+                    request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
+                )
+            except REQUEST_ERRORS as exc:
+                leases = exc
+            if not leases:
+                return
+            self.parked.popleft()
+            entry.conn.parked -= 1
+            if isinstance(leases, Exception):
+                self._answer(entry.conn, request.id, [p.error_to_wire(request.id, leases)])
+            else:
+                self._answer(entry.conn, request.id, self._lease_messages(request.id, leases))
+
+    def _expire_waits(self) -> None:
+        if not self.parked:
+            return
+        clock = time.monotonic()
+        if all(entry.deadline > clock for entry in self.parked):
+            return
+        kept: deque[Parked] = deque()
+        for entry in self.parked:
+            if entry.deadline <= clock:
+                entry.conn.parked -= 1
+                self._answer(entry.conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
+            else:
+                kept.append(entry)
+        self.parked = kept
+
+    def _handle(self, conn: Connection, request: p.Request, now: int) -> None:
+        q = self.queue
+        request_id = request.id
+        try:
+            match request:
+                case p.Put():
+                    task_id = q.put(
+                        request.task_id,
+                        request.payload,
+                        key=request.key,
+                        available_at=request.available_at,
+                        max_attempts=request.max_attempts,
+                    )
+                    self._answer(conn, request_id, [p.PutOk(id=request_id, task_id=task_id)])
+                    self._serve_parked(now)
+                case p.PutMany():
+                    task_ids = q.put_many(
+                        [
+                            PutRequest(
+                                item.task_id,
+                                item.payload,
+                                key=item.key,
+                                available_at=item.available_at,
+                                max_attempts=item.max_attempts,
+                            )
+                            for item in request.requests
+                        ]
+                    )
+                    self._answer(conn, request_id, [p.TaskIds(id=request_id, task_ids=task_ids)])
+                    self._serve_parked(now)
+                case p.Reserve():
+                    p.check_wait(request.wait)
+                    # Parked reserves were served at the start of the turn and
+                    # after every request that made a task due, so if any are
+                    # still parked this returns nothing: arrival order holds.
+                    leases = q.reserve(
+                        request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
+                    )
+                    if leases or request.wait == 0 or conn.closing:
+                        self._answer(conn, request_id, self._lease_messages(request_id, leases))
+                    else:
+                        deadline = time.monotonic() + request.wait
+                        self.parked.append(Parked(conn, request, deadline, self.turn))
+                        conn.parked += 1
+                        log.debug("parked reserve %d of %s for %.3f s", request_id, conn.name, request.wait)
+                case p.Ack():
+                    q.ack(self._lease(request), now=now)
+                    self._answer(conn, request_id, [p.Done(id=request_id)])
+                case p.Release():
+                    q.release(self._lease(request), now=now, delay=request.delay)
+                    self._answer(conn, request_id, [p.Done(id=request_id)])
+                    self._serve_parked(now)
+                case p.Touch():
+                    lease = q.touch(self._lease(request), now=now, lease_seconds=request.lease_seconds)
+                    self._answer(conn, request_id, [p.LeaseOk(id=request_id, lease=p.lease_to_wire(lease))])
+                case p.Revive():
+                    task_ids = q.revive(request.task_ids, now=now)
+                    self._answer(conn, request_id, [p.TaskIds(id=request_id, task_ids=task_ids)])
+                    self._serve_parked(now)
+                case p.Get():
+                    task = q.get(request.task_id)
+                    wire = None if task is None else p.task_to_wire(task)
+                    self._answer(conn, request_id, [p.TaskOk(id=request_id, task=wire)])
+                case p.Tasks():
+                    tasks = [p.task_to_wire(task) for task in q.tasks(request.status)]
+                    self._answer(conn, request_id, self._chunked(request_id, tasks, p.TaskList))
+                case p.Stats():
+                    stats = p.stats_to_wire(q.stats())
+                    self._answer(conn, request_id, [p.StatsOk(id=request_id, stats=stats)])
+                case p.Compact():
+                    started = time.monotonic()
+                    seq = q.compact()
+                    log.info("compacted on request through seq %d in %.3f s", seq, time.monotonic() - started)
+                    self._answer(conn, request_id, [p.Compacted(id=request_id, seq=seq)])
+        except REQUEST_ERRORS as exc:
+            log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, exc)
+            self._answer(conn, request_id, [p.error_to_wire(request_id, exc)])
+
+    @staticmethod
+    def _lease(request: p.Ack | p.Release | p.Touch) -> Lease:
+        # Only task_id, worker and generation identify a lease; the other
+        # fields are informational and not consulted by ack/release/touch.
+        return Lease(
+            task_id=request.task_id,
+            worker=request.worker,
+            generation=request.generation,
+            deadline=0,
+            attempts=0,
+            payload={},
+        )
+
+    def _lease_messages(self, request_id: int, leases: list[Lease]) -> list:
+        return self._chunked(request_id, [p.lease_to_wire(lease) for lease in leases], p.Leases)
+
+    @staticmethod
+    def _chunked(request_id: int, items: list, message_type: type) -> list:
+        """Split a list answer into messages of at most CHUNK_BUDGET_BYTES of items each."""
+        if not items:
+            return [message_type(request_id, [])]
+        chunks: list[list[msgspec.Raw]] = [[]]
+        size = 0
+        for item in items:
+            encoded = p.encode_value(item)
+            if chunks[-1] and size + len(encoded) > p.CHUNK_BUDGET_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(msgspec.Raw(encoded))
+            size += len(encoded)
+        last = len(chunks) - 1
+        return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
+
+    def _queue_answers(self) -> None:
+        for answer in self._answers:
+            self._queue_answer(answer)
+        self._answers = []
+        for conn in self.connections.values():
+            if conn.fatal:
+                conn.out += conn.fatal
+                conn.fatal = b""
+
+    def _queue_answer(self, answer: Answer) -> None:
+        conn = answer.conn
+        if conn.closed:
+            return
+        for message in answer.messages:
+            try:
+                conn.out += p.encode(message)
+            except (p.ProtocolError, TypeError, OverflowError) as exc:
+                error = p.Error(
+                    id=answer.request_id,
+                    error="InvalidRequest",
+                    message=f"the answer cannot be sent: {exc}",
+                )
+                conn.out += p.encode(error)
+                log.error("answer to request %s from %s not encodable: %s", answer.request_id, conn.name, exc)
+                return
+
+    # -- compaction and shutdown --------------------------------------------------------
+
+    def _maybe_compact(self) -> None:
+        try:
+            wal_bytes = self.queue.stats().wal_bytes
+            if wal_bytes <= self.compact_wal_bytes:
+                return
+            started = time.monotonic()
+            seq = self.queue.compact()
+        except Exception as exc:
+            log.error("automatic compaction failed: %r", exc)
+            self._reopen()
+            return
+        log.info(
+            "compacted %d WAL bytes through seq %d in %.3f s",
+            wal_bytes,
+            seq,
+            time.monotonic() - started,
+        )
+
+    def _shutdown(self) -> None:
+        self.notifier.notify("STOPPING=1")
+        log.info("stopping: %d connection(s), %d parked reserve(s)", len(self.connections), len(self.parked))
+        try:
+            self.selector.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()
+        # Parked reserves end early with no leases; their clients retry later.
+        for entry in self.parked:
+            self._answer(entry.conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
+            entry.conn.parked = 0
+        self.parked.clear()
+        self._queue_answers()
+        deadline = time.monotonic() + DRAIN_SECONDS
+        for conn in list(self.connections.values()):
+            conn.eof = True  # read nothing more
+            self._send(conn)
+            self._settle(conn)
+        while self.connections and time.monotonic() < deadline:
+            pending = [c for c in self.connections.values() if c.out]
+            if not pending:
+                break
+            for key, _ in self.selector.select(max(0.0, deadline - time.monotonic())):
+                if isinstance(key.data, Connection):
+                    self._send(key.data)
+                    self._settle(key.data)
+        for conn in list(self.connections.values()):
+            self._close(conn, "daemon stopping")
+        try:
+            self.queue.close()
+        except Exception as exc:
+            log.error("closing the queue failed: %r", exc)
+        if self.socket_path is not None:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        self.selector.close()
+        self._wake_read.close()
+        self._wake_write.close()
+        log.info("stopped")
+
+
+# -- command line --------------------------------------------------------------------
+
+
+def _load_hook(spec: str) -> Callable[[str], None]:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter("expected MODULE:CALLABLE", param_hint="--test-hook")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def _parse_mode(value: str) -> int:
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an octal mode such as 0660") from None
+    if not 0 <= mode <= 0o777:
+        raise click.BadParameter(f"{value!r} is outside 0000..0777")
+    return mode
+
+
+@click.group(
+    help="""walqueued: serve one WALQueue directory to local workers over a Unix socket.
+
+\b
+Exit codes:
+  0  stopped by SIGTERM/SIGINT after answering every read request
+  1  failure (cannot bind, the queue could not be reopened after a write error)
+  2  usage error
+  3  another walqueued owns the directory (QueueLocked) or listens on the socket
+  4  the directory is corrupt (CorruptStore)
+"""
+)
+def cli() -> None:
+    pass
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
+              help="Socket path [default: DIRECTORY/walqueued.sock].")
+@click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
+@click.option("--compact-wal-bytes", type=click.IntRange(min=1), default=DEFAULT_COMPACT_WAL_BYTES,
+              show_default=True, help="Compact when the WAL since the last snapshot grows past this.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
+              show_default=True, help="Connections beyond this are answered with an error and closed.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              default="info", show_default=True)
+@click.option("--test-hook", default=None, hidden=True,
+              help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
+def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
+          max_connections: int, log_level: str, test_hook: str | None) -> None:
+    """Serve DIRECTORY in the foreground until SIGTERM or SIGINT."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, log_level.upper()),
+        format="%(asctime)s walqueued[%(process)d] %(levelname)s %(message)s",
+    )
+    mode = _parse_mode(socket_mode)
+    hook = None
+    if test_hook is not None:
+        hook = _load_hook(test_hook)
+        log.warning("TEST ONLY fault-injection hook loaded: %s", test_hook)
+    sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook))
+
+
+def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes: int,
+           max_connections: int, hook: Callable[[str], None] | None) -> int:
+    directory = os.path.abspath(directory)
+    notifier = Notifier(dict(os.environ))
+    notifier.notify("STATUS=recovering " + directory)
+    log.info("opening %s", directory)
+    started = time.monotonic()
+    try:
+        queue = Queue(directory, hook=hook)
+    except QueueLocked as exc:
+        log.error("another walqueued owns %s: %s", directory, exc)
+        print(f"walqueued: another process owns {directory}: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    except CorruptStore as exc:
+        log.error("cannot open %s: %s", directory, exc)
+        return EXIT_CORRUPT
+    except OSError as exc:
+        log.error("cannot open %s: %s", directory, exc)
+        return EXIT_FAILURE
+    log.info("recovered %s in %.3f s: %s", directory, time.monotonic() - started, queue.stats())
+    try:
+        listener = activated_listener(dict(os.environ))
+        owned_path = None
+        if listener is not None:
+            log.info("listening on the socket passed by systemd (fd %d)", SD_LISTEN_FDS_START)
+        else:
+            path = socket_path or os.path.join(directory, SOCKET_NAME)
+            listener = bind_listener(path, mode)
+            owned_path = path
+            log.info("listening on %s (mode %04o)", path, mode)
+    except DaemonExit as exc:
+        log.error("%s", exc)
+        queue.close()
+        return exc.code
+    server = Server(
+        directory,
+        queue,
+        listener,
+        socket_path=owned_path,
+        compact_wal_bytes=compact_wal_bytes,
+        max_connections=max_connections,
+        hook=hook,
+        notifier=notifier,
+    )
+    try:
+        return server.run()
+    finally:
+        notifier.close()
+
+
+def main() -> None:
+    """Console-script entry point (``walqueued``)."""
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""A worker loop over ``walqueue.client``: the code most users would write by hand.
+
+``Worker(socket_or_directory, "name", handler).run()`` repeatedly:
+
+1. reserves one task, blocking up to ``wait`` seconds in the daemon;
+2. calls ``handler(lease)`` while a background thread touches the lease every
+   ``lease_seconds / 3`` seconds so a long handler keeps it;
+3. acks on return, or releases with ``backoff(attempts)`` seconds of delay when
+   the handler raises (after ``max_attempts`` the queue marks the task dead).
+
+An ``ack``/``release`` whose connection broke is retried once reconnected;
+a ``StaleLease`` answer showing the task no longer leased under this lease's
+generation means the first attempt already took effect. The handler must be
+idempotent: a task whose lease expired (or whose ack was lost with the
+daemon) is delivered again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from walqueue import Lease, StaleLease
+from walqueue.client import Client, DaemonUnavailable
+
+log = logging.getLogger("walqueue.worker")
+
+MAX_BACKOFF_SECONDS = 300
+RECONNECT_PAUSE_SECONDS = 1.0
+
+
+def exponential_backoff(attempts: int) -> int:
+    """Seconds before a failed task is due again: 1, 2, 4, ... capped at 300."""
+    return min(MAX_BACKOFF_SECONDS, 2 ** max(0, attempts - 1))
+
+
+class _Toucher(threading.Thread):
+    """Extends one lease in the background until stopped or the lease is lost."""
+
+    def __init__(self, client: Client, lease: Lease, lease_seconds: int) -> None:
+        super().__init__(name=f"touch-{lease.task_id}", daemon=True)
+        self.client = client
+        self.lease = lease
+        self.lease_seconds = lease_seconds
+        self.lost = False
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        interval = max(1.0, self.lease_seconds / 3)
+        while not self._stop_event.wait(interval):
+            try:
+                self.lease = self.client.touch(self.lease, lease_seconds=self.lease_seconds)
+            except StaleLease as exc:
+                log.warning("lost the lease on %s: %s", self.lease.task_id, exc)
+                self.lost = True
+                return
+            except DaemonUnavailable as exc:
+                log.warning("touch of %s failed, will retry: %s", self.lease.task_id, exc)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+class Worker:
+    """Runs ``handler(lease)`` for each reserved task. See the module docstring."""
+
+    def __init__(
+        self,
+        client: Client | str,
+        worker: str,
+        handler: Callable[[Lease], Any],
+        *,
+        lease_seconds: int = 30,
+        wait: float = 30,
+        backoff: Callable[[int], int] = exponential_backoff,
+        touch: bool = True,
+    ) -> None:
+        self.client = client if isinstance(client, Client) else Client(client, name=worker)
+        self.worker = worker
+        self.handler = handler
+        self.lease_seconds = lease_seconds
+        self.wait = wait
+        self.backoff = backoff
+        self.touch = touch
+        self._stop_event = threading.Event()
+        self.processed = 0
+        self.failed = 0
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the task in hand (or the current wait)."""
+        self._stop_event.set()
+
+    def run(self, *, max_tasks: int | None = None) -> int:
+        """Process tasks until ``stop()`` or ``max_tasks``; returns how many were handled."""
+        handled = 0
+        while not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks):
+            try:
+                leases = self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
+            except DaemonUnavailable as exc:
+                log.warning("reserve failed, retrying: %s", exc)
+                self._stop_event.wait(RECONNECT_PAUSE_SECONDS)
+                continue
+            for lease in leases:
+                self._process(lease)
+                handled += 1
+        return handled
+
+    def _process(self, lease: Lease) -> None:
+        toucher = _Toucher(self.client, lease, self.lease_seconds) if self.touch else None
+        if toucher is not None:
+            toucher.start()
+        try:
+            self.handler(lease)
+        except Exception as exc:
+            self.failed += 1
+            delay = self.backoff(lease.attempts)
+            log.warning("task %s failed (attempt %d), due again in %d s: %r",
+                        lease.task_id, lease.attempts, delay, exc)
+            self._finish(lease, lambda: self.client.release(lease, delay=delay))
+        else:
+            self.processed += 1
+            self._finish(lease, lambda: self.client.ack(lease))
+        finally:
+            if toucher is not None:
+                toucher.stop()
+
+    def _finish(self, lease: Lease, operation: Callable[[], None]) -> None:
+        for attempt in range(2):
+            try:
+                operation()
+                return
+            except DaemonUnavailable as exc:
+                if attempt == 1:
+                    log.error("could not finish %s, its lease will expire: %s", lease.task_id, exc)
+                    return
+            except StaleLease as exc:
+                # After a retry, "no longer leased, same generation" means our
+                # first attempt was applied before the connection broke.
+                if attempt == 1 and exc.status != "leased" and exc.generation == lease.generation:
+                    return
+                log.warning("task %s: %s", lease.task_id, exc)
+                return

@@ -1,0 +1,162 @@
+"""Run walqueued as a real subprocess for tests, and always stop it.
+
+Readiness is awaited through a fake NOTIFY_SOCKET (the daemon's READY=1),
+never by sleeping; every wait has a deadline; a daemon is stopped by pid with
+SIGTERM, then SIGKILL if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+READY_SECONDS = 15.0
+STOP_SECONDS = 10.0
+_numbers = itertools.count(1)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO)])
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID"):
+        env.pop(name, None)
+    env.update(extra or {})
+    return env
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.01):
+    """Poll ``condition`` until it returns a truthy value or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Daemon:
+    """One walqueued process on ``directory``, listening on ``socket_path``."""
+
+    def __init__(self, workdir: Path, directory: Path, socket_path: str, args: tuple = (),
+                 env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.directory = directory
+        self.socket_path = socket_path
+        self.args = tuple(args)
+        self.env = dict(env or {})
+        number = next(_numbers)
+        self.log_path = workdir / f"daemon-{number}.log"
+        self.notify_path = str(workdir / f"notify-{number}.sock")
+        self.notifications: list[str] = []
+        self.proc: subprocess.Popen | None = None
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notify.bind(self.notify_path)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "walqueue.server", "serve", str(self.directory),
+                "--socket", self.socket_path, "--log-level", "debug", *self.args]
+
+    def start(self, *, wait_ready: bool = True, popen_kwargs: dict | None = None,
+              command: list[str] | None = None) -> Daemon:
+        env = child_env({"NOTIFY_SOCKET": self.notify_path, **self.env})
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(command or self.command(), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, env=env, cwd=REPO,
+                                         **(popen_kwargs or {}))
+        if wait_ready:
+            self.wait_for_notification("READY=1", READY_SECONDS)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def wait_for_notification(self, text: str, timeout: float) -> str:
+        """Receive sd_notify datagrams until one contains ``text``."""
+        deadline = time.monotonic() + timeout
+        for message in self.notifications:
+            if text in message.split("\n"):
+                return message
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {text!r} from walqueued in {timeout} s; log:\n{self.log()}")
+            if self.proc is not None and self.proc.poll() is not None and text == "READY=1":
+                raise AssertionError(f"walqueued exited with {self.proc.returncode} before READY=1; "
+                                     f"log:\n{self.log()}")
+            self._notify.settimeout(min(remaining, 0.2))
+            try:
+                message = self._notify.recv(4096).decode()
+            except TimeoutError:
+                continue
+            self.notifications.append(message)
+            if text in message.split("\n"):
+                return message
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_for_log(self, text: str, timeout: float = 10.0, count: int = 1) -> None:
+        wait_until(lambda: self.log().count(text) >= count, timeout, f"{text!r} in the daemon log")
+
+    def terminate(self, timeout: float = STOP_SECONDS) -> int:
+        """SIGTERM, wait; returns the exit code (SIGKILL and fail if it hangs)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"walqueued ignored SIGTERM for {timeout} s; log:\n{self.log()}") from None
+
+    def kill(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        return self.proc.wait(STOP_SECONDS)
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._notify.close()
+
+
+class ClientProcess:
+    """``python -m tests.process.clientproc ARGS`` with its stdout captured."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.process.clientproc", *args],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=child_env(), cwd=REPO, text=True)
+
+    def result(self, timeout: float = 30.0) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate(timeout=STOP_SECONDS)
+            raise AssertionError(f"client process timed out: {err}") from None
+        return self.proc.returncode, out, err
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate(timeout=STOP_SECONDS)

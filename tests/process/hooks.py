@@ -1,0 +1,32 @@
+"""TEST ONLY: fault-injection hooks for walqueued's hidden ``--test-hook`` option.
+
+``hook`` is passed to ``Queue(hook=...)`` inside the daemon. It is configured
+through environment variables so a test can steer a daemon it runs as a
+subprocess:
+
+* ``WALQUEUE_TEST_SYNC_LOG``: a file that gets one byte appended per
+  ``wal.after_sync`` — its size is the daemon's number of durable fsyncs.
+* ``WALQUEUE_TEST_FAIL_FILE``: while this file exists, the next
+  ``wal.before_write`` deletes it and raises OSError(ENOSPC) — one injected
+  write failure per file the test creates.
+"""
+
+import errno
+import os
+
+
+def hook(phase: str) -> None:
+    sync_log = os.environ.get("WALQUEUE_TEST_SYNC_LOG")
+    if sync_log and phase == "wal.after_sync":
+        fd = os.open(sync_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b"s")
+        finally:
+            os.close(fd)
+    fail_file = os.environ.get("WALQUEUE_TEST_FAIL_FILE")
+    if fail_file and phase == "wal.before_write":
+        try:
+            os.unlink(fail_file)
+        except FileNotFoundError:
+            return
+        raise OSError(errno.ENOSPC, "injected by the test hook: no space left on device")

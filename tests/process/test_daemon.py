@@ -1,0 +1,374 @@
+"""walqueued as a real process: every request type, pipelining, group commit,
+blocking reserve, the real clock, signals, crashes, bad input and failures."""
+
+import json
+import os
+import socket
+import stat
+import struct
+import time
+
+import pytest
+
+from walqueue import InvalidRequest, KeyConflict, PutRequest, StaleLease
+from walqueue import protocol as p
+from walqueue.client import Client, Connection, DaemonUnavailable
+
+from .daemon import wait_until
+
+HOOK = ("--test-hook", "tests.process.hooks:hook")
+
+
+def raw_connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    return sock
+
+
+def read_message(sock: socket.socket):
+    """One framed answer from a raw socket, or None at end of stream."""
+    header = b""
+    while len(header) < 4:
+        chunk = sock.recv(4 - len(header))
+        if not chunk:
+            return None
+        header += chunk
+    (length,) = struct.unpack(">I", header)
+    body = b""
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        assert chunk, "stream ended inside a frame"
+        body += chunk
+    return p.decode_response(body)
+
+
+def hello(sock: socket.socket) -> None:
+    sock.sendall(p.encode(p.Hello(id=1, version=p.PROTOCOL_VERSION)))
+    assert isinstance(read_message(sock), p.HelloOk)
+
+
+def test_every_request_type_round_trips_through_the_daemon(daemon):
+    with Client(daemon.directory.parent / "wq.sock") as client:
+        assert client.put("a", {"n": 1}) == "a"
+        assert client.put("a", {"n": 1}) == "a"  # identical retry
+        with pytest.raises(KeyConflict):
+            client.put("a", {"n": 2})
+        assert client.put_many([PutRequest("b", {}), {"task_id": "c", "payload": {"l": [1, 2]}}]) == ["b", "c"]
+        assert client.put_many([]) == []
+        leases = client.reserve("w1", lease_seconds=60, limit=2)
+        assert [lease.task_id for lease in leases] == ["a", "b"]
+        assert leases[0].payload == {"n": 1} and leases[0].generation == 1
+        client.ack(leases[0])
+        with pytest.raises(StaleLease) as stale:
+            client.ack(leases[0])
+        assert (stale.value.task_id, stale.value.status, stale.value.generation) == ("a", "completed", 1)
+        touched = client.touch(leases[1], lease_seconds=120)
+        assert touched.deadline >= leases[1].deadline and touched.generation == leases[1].generation
+        client.release(leases[1], delay=0)
+        assert client.get("b").status == "ready"
+        assert client.get("missing") is None
+        client.put("d", {}, max_attempts=1)
+        (lease_d,) = [lease for lease in client.reserve("w2", limit=3) if lease.task_id == "d"]
+        client.release(lease_d)
+        assert client.get("d").status == "dead"
+        assert [task.task_id for task in client.tasks("dead")] == ["d"]
+        assert client.revive(["d", "d"]) == ["d"]
+        assert client.revive([]) == []
+        with pytest.raises(InvalidRequest):
+            client.revive(["a"])
+        assert [task.task_id for task in client.tasks()] == ["a", "b", "c", "d"]
+        stats = client.stats()
+        assert (stats.completed, stats.dead) == (1, 0)
+        seq = client.compact()
+        assert seq == stats.last_seq and client.stats().snapshot_seq == seq
+        with pytest.raises(InvalidRequest):
+            client.reserve("", lease_seconds=0)
+        with pytest.raises(InvalidRequest):
+            client.put("e", {"bad": float("nan")})
+        with pytest.raises(InvalidRequest):
+            client.tasks("bogus")
+        # Errors never cost the connection: the same client keeps working.
+        assert client.put("e", {}, delay=5) == "e"
+        assert client.get("e").available_at >= int(time.time()) + 4
+
+
+def test_pipelined_requests_are_answered_by_id(daemon):
+    connection = Connection(daemon.socket_path)
+    requests = [p.Put(id=0, task_id=f"t{index:03d}", payload={"i": index}) for index in range(200)]
+    requests.append(p.Get(id=0, task_id="t007"))
+    ids = connection.send(*requests)
+    # Read the answers in reverse order: the connection keeps the others by id.
+    answers = {request_id: connection.receive(request_id) for request_id in reversed(ids)}
+    assert [answers[i][0].task_id for i in ids[:-1]] == [f"t{index:03d}" for index in range(200)]
+    assert answers[ids[-1]][0].task.payload == {"i": 7}
+    connection.close()
+
+
+def test_group_commit_answers_many_clients_with_fewer_fsyncs_than_requests(make_daemon, workdir, client_process):
+    sync_log = workdir / "syncs"
+    daemon = make_daemon(*HOOK, env={"WALQUEUE_TEST_SYNC_LOG": str(sync_log)})
+    processes = [client_process("pipelined_puts", daemon.socket_path, f"p{n}", 100) for n in range(4)]
+    processes += [client_process("puts", daemon.socket_path, f"s{n}", 25) for n in range(4)]
+    for process in processes:
+        code, out, err = process.result()
+        assert code == 0, err
+    requests = 4 * 100 + 4 * 25
+    syncs = sync_log.stat().st_size
+    assert Client(daemon.socket_path).stats().ready == requests
+    assert 0 < syncs < requests / 2, f"{syncs} fsyncs for {requests} durable puts"
+
+
+def test_a_parked_reserve_is_woken_by_another_process_put(daemon, client_process):
+    reserver = client_process("reserve", daemon.socket_path, "w", 30)
+    daemon.wait_for_log("parked reserve")
+    with Client(daemon.socket_path) as client:
+        client.put("job", {})
+    code, out, err = reserver.result(timeout=20)
+    assert code == 0, err
+    answer = json.loads(out)
+    assert answer["task_ids"] == ["job"]
+    assert answer["elapsed"] < 10  # far below its 30 s wait
+
+
+def test_parked_reserves_are_served_in_arrival_order(daemon, client_process):
+    first = client_process("reserve", daemon.socket_path, "first", 30)
+    daemon.wait_for_log("parked reserve")
+    second = client_process("reserve", daemon.socket_path, "second", 30)
+    daemon.wait_for_log("parked reserve", count=2)
+    with Client(daemon.socket_path) as client:
+        client.put("one", {})
+        assert json.loads(first.result(timeout=20)[1])["task_ids"] == ["one"]
+        client.put("two", {})
+        assert json.loads(second.result(timeout=20)[1])["task_ids"] == ["two"]
+
+
+def test_a_delay_elapsing_wakes_a_parked_reserve_without_a_request(daemon):
+    with Client(daemon.socket_path) as client:
+        client.put("later", {}, delay=2)
+        started = time.monotonic()
+        leases = client.reserve("w", wait=20)
+        elapsed = time.monotonic() - started
+    assert [lease.task_id for lease in leases] == ["later"]
+    assert 0.5 < elapsed < 5
+
+
+def test_a_lease_expires_on_the_real_clock_and_wakes_a_waiting_worker(daemon):
+    with Client(daemon.socket_path) as client:
+        client.put("job", {})
+        (lease,) = client.reserve("slow", lease_seconds=1)
+        started = time.monotonic()
+        (again,) = client.reserve("fast", lease_seconds=30, wait=20)
+        elapsed = time.monotonic() - started
+        assert again.task_id == "job" and again.generation == lease.generation + 1
+        assert elapsed <= 2.5  # a 1 s lease lasts between 0 and 1 s of wall time
+        with pytest.raises(StaleLease) as stale:
+            client.ack(lease)
+        assert stale.value.status == "leased" and stale.value.generation == again.generation
+
+
+def test_a_reserve_wait_ends_with_no_leases(daemon):
+    with Client(daemon.socket_path) as client:
+        started = time.monotonic()
+        assert client.reserve("w", wait=1) == []
+        assert 0.9 <= time.monotonic() - started < 5
+        with pytest.raises(InvalidRequest):
+            client.reserve("w", wait=301)
+
+
+def test_sigterm_answers_parked_reserves_closes_and_removes_the_socket(daemon, client_process):
+    with Client(daemon.socket_path) as client:
+        client.put("kept", {})
+    reserver = client_process("reserve", daemon.socket_path, "w", 60)
+    with Client(daemon.socket_path) as client:
+        client.reserve("other")  # takes "kept" so the reserver parks
+    daemon.wait_for_log("parked reserve")
+    assert daemon.terminate() == 0
+    code, out, err = reserver.result(timeout=10)
+    assert code == 0 and json.loads(out)["task_ids"] == [], err
+    assert not os.path.exists(daemon.socket_path)
+    daemon.wait_for_notification("STOPPING=1", 5)
+    assert "stopped" in daemon.log()
+
+
+def test_a_second_daemon_on_the_same_directory_exits_3_naming_it(daemon, make_daemon, workdir):
+    second = make_daemon(socket_path=str(workdir / "other.sock"), start=False)
+    second.start(wait_ready=False)
+    assert second.proc.wait(15) == 3
+    assert str(daemon.directory) in second.log()
+    with Client(daemon.socket_path) as client:  # the first one is unaffected
+        assert client.stats().ready == 0
+
+
+def test_sigkill_and_restart_keep_every_answered_write(make_daemon, client_process):
+    daemon = make_daemon()
+    writer = client_process("puts", daemon.socket_path, "k", 100000)
+    wait_until(lambda: Client(daemon.socket_path).stats().ready >= 50, 20, "50 durable puts")
+    daemon.kill()
+    code, out, err = writer.result(timeout=20)
+    answered = [json.loads(line) for line in out.splitlines()]
+    assert code != 0 and len(answered) >= 50
+    restarted = make_daemon()  # same directory, same socket path (stale now)
+    with Client(restarted.socket_path) as client:
+        stored = {task.task_id for task in client.tasks()}
+    assert set(answered) <= stored
+
+
+def test_garbage_and_oversized_frames_close_only_their_connection(daemon):
+    with Client(daemon.socket_path) as bystander:
+        bystander.put("before", {})
+        garbage = raw_connect(daemon.socket_path)
+        hello(garbage)
+        garbage.sendall(struct.pack(">I", 5) + b"\xc1\xc1\xc1\xc1\xc1")
+        error = read_message(garbage)
+        assert isinstance(error, p.Error) and error.fatal and error.error == "InvalidRequest"
+        assert read_message(garbage) is None  # closed
+
+        oversized = raw_connect(daemon.socket_path)
+        hello(oversized)
+        # Only the length prefix: the daemon must refuse without waiting for the body.
+        oversized.sendall(struct.pack(">I", p.MAX_BODY_BYTES + 1))
+        error = read_message(oversized)
+        assert isinstance(error, p.Error) and error.fatal and str(p.MAX_BODY_BYTES) in error.message
+        assert read_message(oversized) is None
+
+        no_hello = raw_connect(daemon.socket_path)
+        no_hello.sendall(p.encode(p.Stats(id=9)))
+        error = read_message(no_hello)
+        assert isinstance(error, p.Error) and error.id == 9 and "hello" in error.message
+
+        wrong_version = raw_connect(daemon.socket_path)
+        wrong_version.sendall(p.encode(p.Hello(id=1, version=99)))
+        error = read_message(wrong_version)
+        assert isinstance(error, p.Error) and "99" in error.message
+
+        unknown_field = raw_connect(daemon.socket_path)
+        hello(unknown_field)
+        unknown_field.sendall(p.frame(p.encode_value({"type": "stats", "id": 3, "extra": 1})))
+        error = read_message(unknown_field)
+        assert isinstance(error, p.Error) and error.id == 3 and "extra" in error.message
+
+        for sock in (garbage, oversized, no_hello, wrong_version, unknown_field):
+            sock.close()
+        assert bystander.put("after", {}) == "after"
+        assert bystander.stats().ready == 2
+
+
+def test_the_client_reconnects_after_a_daemon_restart(make_daemon):
+    daemon = make_daemon()
+    client = Client(daemon.socket_path)
+    client.put("a", {})
+    assert daemon.terminate() == 0
+    with pytest.raises(DaemonUnavailable):
+        client.stats()
+    make_daemon()
+    assert client.stats().ready == 1
+    assert client.put("b", {}) == "b"
+    client.close()
+
+
+def test_a_put_is_retried_across_a_reconnect(make_daemon):
+    daemon = make_daemon()
+    client = Client(daemon.socket_path, retry_seconds=20)
+    client.put("a", {})
+    daemon.kill()
+    # The put's first attempt fails on the dead connection; the client retries
+    # until the restarted daemon answers.
+    restarted = make_daemon(start=False)
+    restarted.start(wait_ready=False)
+    assert client.put("b", {}) == "b"
+    restarted.wait_for_notification("READY=1", 10)
+    assert {task.task_id for task in client.tasks()} == {"a", "b"}
+    client.close()
+
+
+def test_a_failed_write_is_answered_with_an_error_and_service_continues(make_daemon, workdir):
+    fail_file = workdir / "fail"
+    daemon = make_daemon(*HOOK, env={"WALQUEUE_TEST_FAIL_FILE": str(fail_file)})
+    with Client(daemon.socket_path, retry_seconds=0) as client:
+        client.put("a", {})
+        fail_file.touch()
+        connection = Connection(daemon.socket_path)
+        (request_id,) = connection.send(p.Put(id=0, task_id="b", payload={}))
+        (answer,) = connection.receive(request_id)
+        assert isinstance(answer, p.Error) and answer.error == "QueueClosed"
+        assert "no space left" in answer.message
+        assert not fail_file.exists()
+        assert client.get("b") is None
+        assert client.put("b", {}) == "b"
+        assert [task.task_id for task in client.tasks()] == ["a", "b"]
+        connection.close()
+    assert "reopened" in daemon.log()
+
+
+def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon):
+    daemon = make_daemon(env={"WATCHDOG_USEC": "200000"})
+    assert "READY=1" in daemon.wait_for_notification("READY=1", 1)
+    daemon.wait_for_notification("WATCHDOG=1", 5)
+    assert daemon.terminate() == 0
+    daemon.wait_for_notification("STOPPING=1", 5)
+
+
+def test_a_stale_socket_file_is_replaced_and_the_mode_applied(make_daemon, workdir):
+    path = str(workdir / "stale.sock")
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(path)
+    leftover.close()  # the file stays, nobody listens: a dead owner's socket
+    daemon = make_daemon(socket_path=path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    assert Client(path).stats().ready == 0
+    assert daemon.terminate() == 0
+    other = make_daemon("--socket-mode", "0600", socket_path=path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert other.terminate() == 0
+
+
+def test_the_default_socket_lives_in_the_directory(make_daemon, workdir):
+    daemon = make_daemon(start=False)
+    daemon.start(command=[*daemon.command()[:5], "--log-level", "debug"])
+    with Client(daemon.directory) as client:
+        assert client.put("x", {}) == "x"
+
+
+def test_connections_past_the_bound_are_refused_others_keep_working(make_daemon):
+    daemon = make_daemon("--max-connections", "2")
+    first, second = Client(daemon.socket_path), Client(daemon.socket_path)
+    first.stats(), second.stats()
+    with pytest.raises(DaemonUnavailable, match="too many connections"):
+        Client(daemon.socket_path).stats()
+    assert first.put("a", {}) == "a"
+    first.close()
+    wait_until(lambda: "disconnect" in daemon.log(), 10, "the disconnect")
+    third = Client(daemon.socket_path)
+    assert third.stats().ready == 1
+    second.close(), third.close()
+
+
+def test_socket_activation_uses_the_passed_descriptor(make_daemon, workdir):
+    path = str(workdir / "activated.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    daemon = make_daemon(start=False, socket_path=str(workdir / "unused.sock"))
+    # Like systemd: the socket is fd 3 and LISTEN_PID names the daemon itself.
+    launcher = ("import os, sys; os.dup2(int(sys.argv[1]), 3); "
+                "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1'); "
+                "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+    command = [daemon.command()[0], "-c", launcher, str(listener.fileno()), *daemon.command()[1:]]
+    daemon.start(command=command, popen_kwargs={"pass_fds": (listener.fileno(),)})
+    listener.close()
+    with Client(path) as client:
+        assert client.put("a", {}) == "a"
+    assert not os.path.exists(str(workdir / "unused.sock"))
+    assert daemon.terminate() == 0
+    assert os.path.exists(path)  # systemd's socket is not ours to remove
+
+
+def test_compaction_happens_on_its_own_past_the_threshold(make_daemon):
+    daemon = make_daemon("--compact-wal-bytes", "2000")
+    with Client(daemon.socket_path) as client:
+        for index in range(30):
+            client.put(f"t{index}", {"pad": "x" * 50})
+        stats = client.stats()
+        assert stats.snapshot_seq > 0 and stats.wal_bytes <= 2000
+    assert "compacted" in daemon.log()
