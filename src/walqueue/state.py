@@ -46,6 +46,14 @@ PUT_TASK_FIELDS = frozenset({"available_at", "key", "max_attempts", "payload", "
 ENTRY_FIELDS = frozenset({"attempts", "available_at", "deadline", "generation", "identity", "key",
                           "max_attempts", "payload", "status", "task_id", "worker"})
 _HEX = frozenset("0123456789abcdef")
+_NONE = type(None)
+# status -> the types of (worker, deadline, payload) a snapshot entry must have
+_ENTRY_SHAPES = {
+    READY: (_NONE, _NONE, dict),
+    LEASED: (str, int, dict),
+    COMPLETED: (_NONE, _NONE, type(None)),
+    DEAD: (_NONE, _NONE, dict),
+}
 
 
 def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: int) -> str:
@@ -435,29 +443,27 @@ class State:
             raise InvalidRequest(f"a task entry must have exactly the fields {sorted(ENTRY_FIELDS)}")
         task_id = validation.name(entry["task_id"], "task_id")
         key = validation.name(entry["key"], "key")
-        identity = entry["identity"]
+        identity, status = entry["identity"], entry["status"]
+        attempts, max_attempts = entry["attempts"], entry["max_attempts"]
+        generation, available_at = entry["generation"], entry["available_at"]
+        worker, deadline, payload = entry["worker"], entry["deadline"], entry["payload"]
         if type(identity) is not str or len(identity) != 64 or not _HEX.issuperset(identity):
             raise InvalidRequest(f"task {task_id!r}: identity must be 64 lowercase hex digits")
-        status = entry["status"]
-        if status not in validation.STATUSES:
+        shape = _ENTRY_SHAPES.get(status)
+        if shape is None:
             raise InvalidRequest(f"task {task_id!r}: unknown status {status!r}")
-        attempts = validation.integer(entry["attempts"], "attempts")
-        max_attempts = validation.integer(entry["max_attempts"], "max_attempts", minimum=1)
-        generation = validation.integer(entry["generation"], "generation")
-        available_at = validation.integer(entry["available_at"], "available_at")
-        worker, deadline, payload = entry["worker"], entry["deadline"], entry["payload"]
+        if (type(worker), type(deadline), type(payload)) != shape:
+            raise InvalidRequest(f"task {task_id!r}: a {status} task must have worker, deadline "
+                                 f"and payload of types {[kind.__name__ for kind in shape]}")
+        for field in ("attempts", "max_attempts", "generation", "available_at"):
+            validation.integer(entry[field], field)
         if status == LEASED:
             validation.name(worker, "worker")
             validation.integer(deadline, "deadline")
-        elif worker is not None or deadline is not None:
-            raise InvalidRequest(f"task {task_id!r} is {status} but has a worker or deadline")
-        if (payload is None) != (status == COMPLETED) or (payload is not None and type(payload) is not dict):
-            raise InvalidRequest(f"task {task_id!r}: a {status} task must "
-                                 f"{'not ' if status == COMPLETED else ''}have a payload object")
-        if not (attempts <= generation and attempts <= max_attempts) \
+        if not (attempts <= generation and 1 <= max_attempts and attempts <= max_attempts) \
                 or (status == READY and attempts >= max_attempts) \
                 or (status == DEAD and attempts != max_attempts) \
-                or (status in (LEASED, COMPLETED) and attempts < 1):
+                or (status != READY and status != DEAD and attempts < 1):
             raise InvalidRequest(f"task {task_id!r}: attempts={attempts}, max_attempts={max_attempts}, "
                                  f"generation={generation} are impossible for a {status} task")
         if task_id <= self._last_loaded:

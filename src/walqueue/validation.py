@@ -21,6 +21,8 @@ MAX_PAYLOAD_DEPTH = 512      # far beyond real payloads, well inside the recursi
 
 def name(value: Any, field: str) -> str:
     """A task id, key or worker: non-empty str, <= 1024 UTF-8 bytes."""
+    if type(value) is str and 0 < len(value) <= MAX_NAME_BYTES and value.isascii():
+        return value  # the common case: ASCII, so one byte per character
     if not isinstance(value, str):
         raise InvalidRequest(f"{field} must be a str, not {type(value).__name__}")
     if not value:
@@ -36,6 +38,8 @@ def name(value: Any, field: str) -> str:
 
 def integer(value: Any, field: str, minimum: int = 0, maximum: int = MAX_INT) -> int:
     """An int (never a bool) with minimum <= value <= maximum."""
+    if type(value) is int and minimum <= value <= maximum:
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"{field} must be an int, not {type(value).__name__}")
     if value < minimum or value > maximum:
