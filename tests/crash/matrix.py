@@ -1,0 +1,477 @@
+"""The crash matrix: die at every hook call, reopen, and hold the library to SPEC §5/§6.
+
+What it proves (through test_crash_matrix.py), for a queue built by
+`queue_factory(directory, hook=None)`:
+
+1. An uninterrupted run of SCRIPT with a counting hook returns what the model
+   returns, calls only the nine phases of SPEC §6, each frame bracketed by
+   `wal.before_write` / `wal.after_write`, one `wal.after_sync` per writing
+   call (or per batch), the compaction phases in their documented order, and
+   ends with exactly one snapshot and one segment on disk.
+2. For every hook call k, a run that raises `InjectedCrash` at call k: the
+   exception reaches the caller unchanged; the Queue is closed (`QueueClosed`)
+   and its lock released at once (a new Queue opens while the crashed object
+   is still referenced); the reopened queue holds exactly the model state
+   after the frames that were complete at call k (none of the frame at
+   `wal.before_write`, all of it from `wal.after_write` on — an exception
+   loses no written bytes; a reserve may stop between its reap and lease
+   frames), and the snapshot published so far; compaction phases never change
+   the logical state. Resuming the script (re-running the interrupted call
+   only if it did not take effect) ends in the uninterrupted final state.
+3. A torn tail (a prefix of the next real frame) is truncated on open; dying
+   at `recover.after_truncate` releases the lock and a reopen recovers the
+   model state, after which appends continue. A zero-filled tail is the same.
+
+`run_crash_matrix` returns a `MatrixReport` whose `failures` list is empty for
+a correct library, so a deliberately broken Queue can be shown to be caught.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import walqueue
+from tests.crash.script import BATCHES, SCRIPT, ScriptModel
+from tests.model.driver import call_model, call_real
+from tests.model.reference import (
+    ReferenceQueue,
+    encode_frame,
+    stats_tuple,
+    view_tuple,
+)
+
+QueueFactory = Callable[..., Any]
+
+PHASES = frozenset(
+    {
+        "wal.before_write",
+        "wal.after_write",
+        "wal.after_sync",
+        "wal.after_rotate",
+        "snapshot.after_write",
+        "current.after_write",
+        "current.after_publish",
+        "compact.after_delete",
+        "recover.after_truncate",
+    }
+)
+COMPACTION_PHASES = (
+    "wal.after_rotate",
+    "snapshot.after_write",
+    "current.after_write",
+    "current.after_publish",
+    "compact.after_delete",
+)
+
+
+@dataclass
+class MatrixReport:
+    hook_calls: int = 0
+    phases_seen: set[str] = field(default_factory=set)
+    crash_points: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class HookCall:
+    phase: str
+    op_index: int
+    frames_complete: int  # frames of the whole script complete after this call
+    publishes: int  # CURRENT publications so far, this call included
+
+
+class Recorder:
+    """A hook that records every call; optionally raises InjectedCrash at call `crash_at`."""
+
+    def __init__(self, crash_at: int | None = None):
+        self.crash_at = crash_at
+        self.calls: list[tuple[str, int]] = []
+        self.op_index = -1
+        self.raised: BaseException | None = None
+
+    def __call__(self, phase: str) -> None:
+        self.calls.append((phase, self.op_index))
+        if self.crash_at is not None and len(self.calls) - 1 == self.crash_at:
+            self.raised = walqueue.InjectedCrash(f"injected at hook call {self.crash_at} ({phase})")
+            raise self.raised
+
+
+@contextmanager
+def scratch_directory(prefix: str) -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root / "queue"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def logical_state(queue: Any, *, with_wal_bytes: bool = False) -> tuple[Any, ...]:
+    stats = stats_tuple(queue.stats())
+    if not with_wal_bytes:
+        stats = stats._replace(wal_bytes=None)
+    return ([view_tuple(view) for view in queue.tasks()], stats)
+
+
+def model_state(model: ReferenceQueue, *, with_wal_bytes: bool = False) -> tuple[Any, ...]:
+    stats = model.stats()
+    if not with_wal_bytes:
+        stats = stats._replace(wal_bytes=None)
+    return (model.tasks(), stats)
+
+
+def _close_quietly(queue: Any) -> None:
+    if queue is not None:
+        try:
+            queue.close()
+        except Exception:  # noqa: BLE001 - a broken queue may fail to close; reported elsewhere
+            pass
+
+
+def _groups(batched: bool, start: int) -> list[tuple[int, ...]]:
+    groups = BATCHES if batched else tuple((index,) for index in range(len(SCRIPT)))
+    trimmed = [tuple(index for index in group if index >= start) for group in groups]
+    return [group for group in trimmed if group]
+
+
+class ScriptRunner:
+    """Runs (part of) SCRIPT on a queue, comparing each result with the model."""
+
+    def __init__(self, account: ScriptModel, failures: list[str], context: str):
+        self.account = account
+        self.failures = failures
+        self.context = context
+
+    def run(self, queue: Any, start: int, batched: bool, recorder: Recorder | None) -> None:
+        """Runs operations start..end; InjectedCrash propagates."""
+        for group in _groups(batched, start):
+            if batched:
+                with queue.batch():
+                    for index in group:
+                        self.one(queue, index, recorder)
+            else:
+                self.one(queue, group[0], recorder)
+
+    def one(self, queue: Any, index: int, recorder: Recorder | None) -> None:
+        if recorder is not None:
+            recorder.op_index = index
+        action = SCRIPT[index]
+        try:
+            result = call_real(queue, action)
+        except walqueue.WalQueueError as error:
+            self.failures.append(
+                f"{self.context}: op {index} {action!r} raised {type(error).__name__}: {error}"
+            )
+            return
+        if result != self.account.results[index]:
+            self.failures.append(
+                f"{self.context}: op {index} {action!r} returned {result!r}, "
+                f"model {self.account.results[index]!r}"
+            )
+
+
+# --- 1. the uninterrupted run -------------------------------------------------------
+
+
+def learn_hook_calls(
+    queue_factory: QueueFactory, account: ScriptModel, batched: bool, report: MatrixReport
+) -> list[HookCall]:
+    """Runs SCRIPT once with a counting hook; checks results, phases and the final layout."""
+    context = f"uninterrupted ({'batched' if batched else 'plain'})"
+    recorder = Recorder()
+    with scratch_directory("walqueue-crash-count-") as directory:
+        queue = queue_factory(directory, hook=recorder)
+        try:
+            ScriptRunner(account, report.failures, context).run(queue, 0, batched, recorder)
+            final = logical_state(queue, with_wal_bytes=True)
+            expected = model_state(account.final, with_wal_bytes=True)
+            if final != expected:
+                report.failures.append(f"{context}: final state {final!r}, model {expected!r}")
+            snapshot_seq = account.compaction_seqs[-1]
+            layout = sorted(path.name for path in directory.iterdir() if path.name not in ("LOCK",))
+            expected_layout = sorted(
+                [
+                    "CURRENT",
+                    f"snapshot-{snapshot_seq:020d}.snap",
+                    f"wal-{snapshot_seq + 1:020d}.log",
+                ]
+            )
+            if layout != expected_layout:
+                report.failures.append(
+                    f"{context}: directory holds {layout}, expected {expected_layout}"
+                )
+        finally:
+            _close_quietly(queue)
+    calls: list[HookCall] = []
+    frames = publishes = 0
+    for phase, op_index in recorder.calls:
+        report.phases_seen.add(phase)
+        if phase not in PHASES:
+            report.failures.append(f"{context}: hook called with unknown phase {phase!r}")
+        frames += phase == "wal.after_write"
+        publishes += phase == "current.after_publish"
+        calls.append(HookCall(phase, op_index, frames, publishes))
+    if frames != len(account.records):
+        report.failures.append(
+            f"{context}: {frames} wal.after_write calls for {len(account.records)} frames"
+        )
+    report.failures.extend(check_phase_order(calls, account, batched, context))
+    return calls
+
+
+def check_phase_order(
+    calls: Sequence[HookCall], account: ScriptModel, batched: bool, context: str
+) -> list[str]:
+    failures: list[str] = []
+    for index, action in enumerate(SCRIPT):
+        phases = [call.phase for call in calls if call.op_index == index]
+        where = f"{context}: op {index} {action!r} phases {phases}"
+        wal = [
+            phase for phase in phases if phase.startswith("wal.") and phase != "wal.after_rotate"
+        ]
+        frames = len(account.frames_of(index))
+        if action.name == "compact":
+            steps = [phase for phase in phases if phase in COMPACTION_PHASES]
+            if steps != list(COMPACTION_PHASES):
+                failures.append(f"{where}: compaction phases out of order")
+            if [phase for phase in wal if phase != "wal.after_sync"]:
+                failures.append(f"{where}: a compaction wrote WAL frames")
+            continue
+        pairs = wal.count("wal.before_write"), wal.count("wal.after_write")
+        if pairs != (frames, frames):
+            failures.append(f"{where}: expected {frames} before_write/after_write pairs")
+        written = [phase for phase in wal if phase != "wal.after_sync"]
+        if written != ["wal.before_write", "wal.after_write"] * frames:
+            failures.append(f"{where}: frames not bracketed by before_write/after_write")
+        syncs = wal.count("wal.after_sync")
+        if not batched and frames and not (1 <= syncs <= frames and wal[-1] == "wal.after_sync"):
+            failures.append(f"{where}: expected one wal.after_sync at the end of the call")
+        if batched and syncs and index != max(next(g for g in BATCHES if index in g)):
+            failures.append(f"{where}: wal.after_sync inside a batch before its exit")
+    if batched:
+        for group in BATCHES:
+            syncs = [c for c in calls if c.op_index in group and c.phase == "wal.after_sync"]
+            has_compaction = any(SCRIPT[index].name == "compact" for index in group)
+            if not has_compaction and len(syncs) != 1:
+                failures.append(f"{context}: batch {group} had {len(syncs)} wal.after_sync calls")
+    return failures
+
+
+# --- 2. one crash point -------------------------------------------------------------
+
+
+def crash_once(
+    queue_factory: QueueFactory,
+    account: ScriptModel,
+    calls: Sequence[HookCall],
+    crash_at: int,
+    batched: bool,
+    report: MatrixReport,
+) -> None:
+    point = calls[crash_at]
+    context = (
+        f"crash at hook call {crash_at} ({point.phase}, op {point.op_index} "
+        f"{SCRIPT[point.op_index]!r}, {'batched' if batched else 'plain'})"
+    )
+    report.crash_points.append(context)
+    failures = report.failures
+    recorder = Recorder(crash_at=crash_at)
+    with scratch_directory("walqueue-crash-") as directory:
+        crashed = reopened = None
+        try:
+            crashed = queue_factory(directory, hook=recorder)
+            runner = ScriptRunner(account, failures, context)
+            try:
+                runner.run(crashed, 0, batched, recorder)
+            except walqueue.InjectedCrash as error:
+                if error is not recorder.raised:
+                    failures.append(f"{context}: a different InjectedCrash reached the caller")
+            except Exception as error:  # noqa: BLE001 - recorded as a failure
+                failures.append(f"{context}: the crash surfaced as {type(error).__name__}: {error}")
+                return
+            else:
+                failures.append(f"{context}: the run finished without reaching the crash point")
+                return
+            seen = recorder.calls[crash_at][0] if len(recorder.calls) > crash_at else None
+            if seen != point.phase:
+                failures.append(f"{context}: hook call {crash_at} was {seen!r} this time")
+                return
+            failures.extend(f"{context}: {problem}" for problem in check_closed(crashed))
+            try:
+                reopened = queue_factory(directory)
+            except walqueue.QueueLocked:
+                failures.append(f"{context}: the lock was still held after the crash")
+                return
+            snapshot_seq = account.compaction_seqs[point.publishes - 1] if point.publishes else 0
+            expected = account.after_frames(point.frames_complete, snapshot_seq)
+            state = logical_state(reopened)
+            if state != model_state(expected):
+                failures.append(
+                    f"{context}: reopened state {state!r}\n   expected "
+                    f"(model after {point.frames_complete} frames) {model_state(expected)!r}"
+                )
+                return
+            resume_at = point.op_index
+            if took_effect(account, point, reopened):
+                resume_at += 1
+            runner.run(reopened, resume_at, batched, None)
+            final = logical_state(reopened)
+            if final != model_state(account.final):
+                failures.append(
+                    f"{context}: after resuming at op {resume_at}, final state {final!r}\n"
+                    f"   expected {model_state(account.final)!r}"
+                )
+        except Exception as error:  # noqa: BLE001 - a broken queue must not stop the matrix
+            failures.append(f"{context}: {type(error).__name__}: {error}")
+        finally:
+            _close_quietly(reopened)
+            _close_quietly(crashed)
+
+
+def took_effect(account: ScriptModel, point: HookCall, reopened: Any) -> bool:
+    """Did the interrupted call take effect (so resuming must not repeat it)?"""
+    index = point.op_index
+    if SCRIPT[index].name == "compact":
+        return (
+            reopened.stats().snapshot_seq
+            == account.compaction_seqs[
+                [i for i, a in enumerate(SCRIPT) if a.name == "compact"].index(index)
+            ]
+        )
+    return point.frames_complete >= account.frames_end[index]
+
+
+def check_closed(queue: Any) -> list[str]:
+    problems = []
+    try:
+        queue.stats()
+    except walqueue.QueueClosed:
+        pass
+    except Exception as error:  # noqa: BLE001 - recorded as a failure
+        problems.append(f"stats() after the crash raised {type(error).__name__}, not QueueClosed")
+    else:
+        problems.append("stats() after the crash did not raise QueueClosed")
+    try:
+        queue.close()
+    except Exception as error:  # noqa: BLE001 - recorded as a failure
+        problems.append(f"close() after the crash raised {type(error).__name__}: {error}")
+    return problems
+
+
+# --- 3. torn tails and a crash during recovery --------------------------------------
+
+TORN_PREFIX_LENGTHS = (1, 3, 4, 10, -1)  # -1: all but the last digest byte
+TORN_AFTER_OP = 4  # the tail is a prefix of op 5's frame (a release)
+
+
+def run_torn_tail_checks(queue_factory: QueueFactory, report: MatrixReport) -> None:
+    account = ScriptModel.build()
+    before = ReferenceQueue()
+    for action in SCRIPT[: TORN_AFTER_OP + 1]:
+        call_model(before, action)
+    after = before.clone()
+    call_model(after, SCRIPT[TORN_AFTER_OP + 1])
+    frame = encode_frame(after.records[-1])
+    for length in TORN_PREFIX_LENGTHS:
+        tail = frame[:length]
+        context = f"torn tail of {len(tail)} of {len(frame)} bytes"
+        torn_tail_case(queue_factory, account, (before, after), tail, context, True, report)
+    # A power cut may leave zeros past the last write; open truncates them too, but a
+    # library that preallocates may keep them, so the hook is not required here.
+    context = "zero-filled tail of 64 bytes"
+    torn_tail_case(queue_factory, account, (before, after), bytes(64), context, False, report)
+
+
+class _CrashAfterTruncate:
+    def __init__(self, report: MatrixReport):
+        self.report = report
+        self.phases: list[str] = []
+        self.raised: BaseException | None = None
+
+    def __call__(self, phase: str) -> None:
+        self.phases.append(phase)
+        self.report.phases_seen.add(phase)
+        if phase == "recover.after_truncate":
+            self.raised = walqueue.InjectedCrash("injected at recover.after_truncate")
+            raise self.raised
+
+
+def torn_tail_case(
+    queue_factory: QueueFactory,
+    account: ScriptModel,
+    models: tuple[ReferenceQueue, ReferenceQueue],
+    tail: bytes,
+    context: str,
+    expect_hook: bool,
+    report: MatrixReport,
+) -> None:
+    before, after = models
+    failures = report.failures
+    runner = ScriptRunner(account, failures, context)
+    with scratch_directory("walqueue-torn-") as directory:
+        queue = crashed_open = reopened = None
+        try:
+            queue = queue_factory(directory)
+            for index in range(TORN_AFTER_OP + 1):
+                runner.one(queue, index, None)
+            queue.close()
+            newest = sorted(directory.glob("wal-*.log"))[-1]
+            with open(newest, "ab") as segment:
+                segment.write(tail)
+            hook = _CrashAfterTruncate(report)
+            try:
+                crashed_open = queue_factory(directory, hook=hook)
+            except walqueue.InjectedCrash as error:
+                if error is not hook.raised:
+                    failures.append(f"{context}: a different InjectedCrash reached the caller")
+                # The exception and its traceback are still alive: the lock must be free anyway.
+                try:
+                    reopened = queue_factory(directory)
+                except walqueue.QueueLocked:
+                    failures.append(f"{context}: a crash during recovery kept the lock")
+                    return
+            else:
+                if expect_hook:
+                    failures.append(
+                        f"{context}: open did not call recover.after_truncate ({hook.phases})"
+                    )
+                _close_quietly(crashed_open)
+                reopened = queue_factory(directory)
+            state = logical_state(reopened, with_wal_bytes=True)
+            if state != model_state(before, with_wal_bytes=True):
+                failures.append(
+                    f"{context}: recovered {state!r}\n   expected "
+                    f"{model_state(before, with_wal_bytes=True)!r}"
+                )
+                return
+            runner.one(reopened, TORN_AFTER_OP + 1, None)
+            reopened.close()
+            reopened = queue_factory(directory)
+            state = logical_state(reopened, with_wal_bytes=True)
+            if state != model_state(after, with_wal_bytes=True):
+                failures.append(f"{context}: after an append and a reopen: {state!r}")
+        except Exception as error:  # noqa: BLE001 - a broken queue must not stop the matrix
+            failures.append(f"{context}: {type(error).__name__}: {error}")
+        finally:
+            _close_quietly(reopened)
+            _close_quietly(queue)
+
+
+# --- the whole matrix ---------------------------------------------------------------
+
+
+def run_crash_matrix(queue_factory: QueueFactory, *, batched: bool = False) -> MatrixReport:
+    """Every crash point of SCRIPT (plain or in batches), plus the torn-tail cases."""
+    report = MatrixReport()
+    account = ScriptModel.build()
+    calls = learn_hook_calls(queue_factory, account, batched, report)
+    report.hook_calls = len(calls)
+    for crash_at in range(len(calls)):
+        crash_once(queue_factory, account, calls, crash_at, batched, report)
+    run_torn_tail_checks(queue_factory, report)
+    return report
