@@ -119,6 +119,7 @@ class Queue:
         self._state = state
         self._snapshot_seq = snapshot_seq
         self._snapshot_file = snapshot_file
+        self._previous_snapshot_file = snapshot_file
         garbage = list(covered)
         if reader is not None and reader.last_seq >= snapshot_seq:
             newest = live[-1][1]
@@ -306,48 +307,71 @@ class Queue:
         """
         self._check_open()
         self._sync()
-        state, fs, directory = self._state, self._fs, self._directory
-        seq = state.last_seq
+        seq = self._state.last_seq
         if seq == self._snapshot_seq:
             return seq
         try:
-            # 1. Rotate: seal the active segment and start wal-<seq+1>.
-            if not self._active.empty:
-                self._active.sync()
-                self._active.close()
-                self._sealed.append(self._active.filename)
-                self._sealed_bytes += self._active.size
-                self._active = ActiveSegment(fs, directory, seq + 1, 0)
-                fs.fsync_directory(directory)
-            self._call_hook("wal.after_rotate")
-            # 2. Write and fsync the snapshot through `seq`.
-            filename = write_snapshot(fs, directory, state)
-            self._call_hook("snapshot.after_write")
-            # 3. Publish it: CURRENT.tmp, fsync, rename over CURRENT, fsync the directory.
-            fd = fs.create(os.path.join(directory, CURRENT_TMP))
-            try:
-                fs.write(fd, current_frame(seq))
-                fs.fsync(fd)
-            finally:
-                fs.close(fd)
-            self._call_hook("current.after_write")
-            fs.rename(os.path.join(directory, CURRENT_TMP), os.path.join(directory, CURRENT))
-            fs.fsync_directory(directory)
-            previous, self._snapshot_file, self._snapshot_seq = self._snapshot_file, filename, seq
-            self._call_hook("current.after_publish")
-            # 4. Delete what the published snapshot covers.
-            for name in self._sealed:
-                fs.unlink(os.path.join(directory, name))
-            self._sealed, self._sealed_bytes = [], 0
-            if previous is not None and previous != filename:
-                fs.unlink(os.path.join(directory, previous))
-            fs.fsync_directory(directory)
-            self._call_hook("compact.after_delete")
+            for step in self._compaction_steps():
+                step(seq)
         except BaseException:
             self._die()
             raise
-        assert filename == snapshot_name(seq)
         return seq
+
+    def _compaction_steps(self):
+        """The steps of compact(), in the only safe order (SPEC §5).
+
+        A crash between any two leaves a directory that recovers to the same
+        state: CURRENT still names the old snapshot (whose WAL is all there)
+        until the new snapshot is durable, and nothing is deleted until the
+        new CURRENT is.
+        """
+        return (self._rotate, self._write_snapshot, self._publish, self._delete_covered)
+
+    def _rotate(self, seq: int) -> None:
+        """Seal the active segment and start wal-<seq+1>."""
+        if not self._active.empty:
+            self._active.sync()
+            self._active.close()
+            self._sealed.append(self._active.filename)
+            self._sealed_bytes += self._active.size
+            self._active = ActiveSegment(self._fs, self._directory, seq + 1, 0)
+            self._fs.fsync_directory(self._directory)
+        self._call_hook("wal.after_rotate")
+
+    def _write_snapshot(self, seq: int) -> None:
+        """Write and fsync snapshot-<seq>.snap; CURRENT still names the old one."""
+        assert self._state.last_seq == seq
+        write_snapshot(self._fs, self._directory, self._state)
+        self._call_hook("snapshot.after_write")
+
+    def _publish(self, seq: int) -> None:
+        """CURRENT.tmp, fsync, rename over CURRENT, fsync the directory."""
+        fs, directory = self._fs, self._directory
+        fd = fs.create(os.path.join(directory, CURRENT_TMP))
+        try:
+            fs.write(fd, current_frame(seq))
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        self._call_hook("current.after_write")
+        fs.rename(os.path.join(directory, CURRENT_TMP), os.path.join(directory, CURRENT))
+        fs.fsync_directory(directory)
+        self._previous_snapshot_file = self._snapshot_file
+        self._snapshot_file, self._snapshot_seq = snapshot_name(seq), seq
+        self._call_hook("current.after_publish")
+
+    def _delete_covered(self, seq: int) -> None:
+        """Delete the sealed segments and the previous snapshot, fsync the directory."""
+        fs, directory = self._fs, self._directory
+        for name in self._sealed:
+            fs.unlink(os.path.join(directory, name))
+        self._sealed, self._sealed_bytes = [], 0
+        previous = self._previous_snapshot_file
+        if previous is not None and previous != snapshot_name(seq):
+            fs.unlink(os.path.join(directory, previous))
+        fs.fsync_directory(directory)
+        self._call_hook("compact.after_delete")
 
     def close(self) -> None:
         """Make anything written durable and release the directory. Idempotent."""
