@@ -347,19 +347,33 @@ def took_effect(account: ScriptModel, point: HookCall, reopened: Any) -> bool:
 
 
 def check_closed(queue: Any) -> list[str]:
+    """Every call on a dead Queue raises QueueClosed; close() stays idempotent."""
     problems = []
-    try:
-        queue.stats()
-    except walqueue.QueueClosed:
-        pass
-    except Exception as error:  # noqa: BLE001 - recorded as a failure
-        problems.append(f"stats() after the crash raised {type(error).__name__}, not QueueClosed")
-    else:
-        problems.append("stats() after the crash did not raise QueueClosed")
-    try:
-        queue.close()
-    except Exception as error:  # noqa: BLE001 - recorded as a failure
-        problems.append(f"close() after the crash raised {type(error).__name__}: {error}")
+    calls: dict[str, Callable[[], Any]] = {
+        "stats": queue.stats,
+        "get": lambda: queue.get("a"),
+        "tasks": lambda: list(queue.tasks()),
+        "put": lambda: queue.put("zz", {}),
+        "put_many": lambda: queue.put_many([{"task_id": "zz", "payload": {}}]),
+        "reserve": lambda: queue.reserve("w", now=0, lease_seconds=1),
+        "revive": lambda: queue.revive(["a"], now=0),
+        "compact": queue.compact,
+        "batch": lambda: queue.batch().__enter__(),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except walqueue.QueueClosed:
+            pass
+        except Exception as error:  # noqa: BLE001 - recorded as a failure
+            problems.append(f"{name}() after the crash raised {type(error).__name__}: {error}")
+        else:
+            problems.append(f"{name}() after the crash did not raise QueueClosed")
+    for _ in range(2):
+        try:
+            queue.close()
+        except Exception as error:  # noqa: BLE001 - recorded as a failure
+            problems.append(f"close() after the crash raised {type(error).__name__}: {error}")
     return problems
 
 

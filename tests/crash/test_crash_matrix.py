@@ -14,10 +14,16 @@ tests/crash/matrix.py for the details of each check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+import walqueue
 from tests.crash.matrix import PHASES, MatrixReport, run_crash_matrix
 from tests.crash.script import SCRIPT, ScriptModel
+from tests.model import disk
 from tests.model.driver import default_factory
 
 
@@ -76,3 +82,39 @@ def test_the_matrix_exercises_all_nine_phases_and_no_others(
 ) -> None:
     assert plain_report.phases_seen == PHASES
     assert batched_report.phases_seen == PHASES
+
+
+def _reports_before_write_too_late(directory: Path, hook: Any = None) -> walqueue.Queue:
+    """A factory whose hook claims `wal.before_write` only once the frame is written."""
+    if hook is None:
+        return walqueue.Queue(directory)
+
+    def late(phase: str) -> None:
+        if phase == "wal.before_write":
+            return
+        if phase == "wal.after_write":
+            hook("wal.before_write")
+        hook(phase)
+
+    return walqueue.Queue(directory, hook=late)
+
+
+def _forgets_the_last_frame_on_open(directory: Path, hook: Any = None) -> walqueue.Queue:
+    """A factory that drops the newest complete frame before every hook-less open."""
+    segments = sorted(Path(directory).glob("wal-*.log"))
+    if segments and hook is None:
+        frames = disk.read_frames(segments[-1])
+        if frames:
+            with open(segments[-1], "r+b") as segment:
+                segment.truncate(frames[-1].offset)
+    return walqueue.Queue(directory, hook=hook)
+
+
+@pytest.mark.parametrize(
+    "factory", [_reports_before_write_too_late, _forgets_the_last_frame_on_open]
+)
+def test_the_matrix_catches_a_queue_that_shows_or_loses_the_wrong_frames(
+    factory: Callable[..., Any],
+) -> None:
+    report = run_crash_matrix(factory)
+    assert report.failures

@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from hypothesis import strategies as st
@@ -70,6 +71,8 @@ def make_payload(index: int) -> dict[str, Any]:
         {"n": 1, "tags": ("x", "y")},  # a tuple is stored as a list
         {"deep": {"list": [1, 2.5, None, True, {"k": "v"}]}, "s": "ünïcode ✓"},
         {},
+        # Any mapping with str keys is a JSON object; JSON integers have no range limit.
+        {"proxy": MappingProxyType({"k": [-0.0, 1e300]}), "big": 2**70, "neg": -(2**70)},
     ]
     return payloads[index % len(payloads)]
 
@@ -90,6 +93,31 @@ class ModelMismatch(AssertionError):
     """The real queue and the reference model disagree."""
 
 
+class ArmableHook:
+    """A hook that does nothing until armed; then dies at the n-th call from there."""
+
+    def __init__(self) -> None:
+        self.countdown: int | None = None
+        self.frames_complete = 0
+        self.raised: BaseException | None = None
+
+    def arm(self, countdown: int) -> None:
+        self.countdown, self.frames_complete, self.raised = countdown, 0, None
+
+    def disarm(self) -> None:
+        self.countdown = None
+
+    def __call__(self, phase: str) -> None:
+        if self.countdown is None:
+            return
+        self.frames_complete += phase == "wal.after_write"
+        if self.countdown == 0:
+            self.countdown = None
+            self.raised = walqueue.InjectedCrash(f"injected at {phase}")
+            raise self.raised
+        self.countdown -= 1
+
+
 # --- actions ------------------------------------------------------------------------
 
 
@@ -104,6 +132,8 @@ class Action:
             flags = ", nested" if self.args["nested"] else ""
             flags += ", raises" if self.args["raise_after"] else ""
             return f"batch[{inner}{flags}]"
+        if self.name == "crash":
+            return f"crash at hook call {self.args['at_hook_call']} of {self.args['action']!r}"
         parts = ", ".join(f"{key}={value!r}" for key, value in self.args.items())
         return f"{self.name}({parts})"
 
@@ -163,7 +193,7 @@ class ActionGenerator:
             self.driver.fresh_ids += 1
         fields: dict[str, Any] = {
             "task_id": task_id,
-            "payload": ("valid", self.c.integer(0, 3, "payload")),
+            "payload": ("valid", self.c.integer(0, 4, "payload")),
         }
         key = self.c.choice(("omit", "omit", "omit", None, *KEYS), "key")
         if key != "omit":
@@ -333,6 +363,19 @@ class ActionGenerator:
             },
         )
 
+    def crash(self) -> Action:
+        """A writing action (or a batch of them) that dies at one of its next hook calls."""
+        writing = ("put", "put_many", "reserve", "ack", "release", "touch", "revive")
+        if self.c.integer(0, 2, "crash inside a batch?") == 2:
+            inner = [
+                self.by_name(self.c.choice(writing, "action"))
+                for _ in range(self.c.integer(1, 3, "batch size"))
+            ]
+            action = Action("batch", {"actions": inner, "nested": False, "raise_after": False})
+        else:
+            action = self.by_name(self.c.choice(writing, "action"))
+        return Action("crash", {"at_hook_call": self.c.integer(0, 3, "crash at"), "action": action})
+
     def any(self) -> Action:
         kind = self.c.choice(
             (
@@ -343,9 +386,12 @@ class ActionGenerator:
                 + ("revive",) * 2
                 + ("get", "compact", "reopen")
                 + ("batch",) * 2
+                + ("crash",) * 2
             ),
             "action",
         )
+        if kind == "crash":
+            return self.crash()
         if kind == "reopen":
             return Action("reopen")
         if kind == "batch":
@@ -494,7 +540,8 @@ class Driver:
     def __init__(self, queue_factory: QueueFactory, directory: Path):
         self.factory = queue_factory
         self.directory = Path(directory)
-        self.queue = queue_factory(self.directory)
+        self.hook = ArmableHook()
+        self.queue = queue_factory(self.directory, hook=self.hook)
         self.model = ReferenceQueue()
         self.trace: list[Action] = []
         self.leases_seen: list[ModelLease] = []
@@ -517,6 +564,8 @@ class Driver:
         self.trace.append(action)
         if action.name == "reopen":
             self.reopen()
+        elif action.name == "crash":
+            self.crash(action)
         elif action.name == "batch":
             self.batch(action)
         else:
@@ -564,6 +613,59 @@ class Driver:
             if real != model:
                 self.fail(f"{inner!r} inside {action!r}:\n  real  {real!r}\n  model {model!r}")
 
+    def crash(self, action: Action) -> None:
+        """Die at a hook call inside `action`; the reopened queue must hold exactly the
+        model state after the frames that were complete at that moment."""
+        inner: Action = action.args["action"]
+        actions = inner.args["actions"] if inner.name == "batch" else [inner]
+        future = self.model.clone()
+        start = future.last_seq
+        for each in actions:
+            model_outcome(lambda a=each: call_model(future, a))
+        new_records = future.records[start:]
+        self.hook.arm(action.args["at_hook_call"])
+        try:
+            if inner.name == "batch":
+                with self.queue.batch():
+                    for each in actions:
+                        real_outcome(lambda a=each: call_real(self.queue, a))
+            else:
+                real_outcome(lambda: call_real(self.queue, inner))
+        except walqueue.InjectedCrash as error:
+            if error is not self.hook.raised:
+                self.fail(f"{action!r}: a different InjectedCrash reached the caller")
+        except Exception as error:  # noqa: BLE001 - reported as a disagreement
+            self.fail(f"{action!r}: raised {type(error).__name__}: {error}")
+        else:
+            # Fewer hook calls than the countdown: the calls simply happened.
+            self.hook.disarm()
+            self.model = future
+            self._remember(future)
+            return
+        crashed = self.queue
+        try:
+            crashed.stats()
+        except walqueue.QueueClosed:
+            pass
+        else:
+            self.fail(f"{action!r}: the queue still answers after dying")
+        crashed.close()
+        try:
+            self.queue = self.factory(self.directory, hook=self.hook)
+        except walqueue.QueueLocked:
+            self.fail(f"{action!r}: the dead queue still holds the lock")
+        expected = self.model.clone()
+        for record in new_records[: self.hook.frames_complete]:
+            expected._append({k: v for k, v in record.items() if k != "seq"})
+        self.model = expected
+        self._remember(future)
+
+    def _remember(self, future: ReferenceQueue) -> None:
+        for task_id in sorted(future.tasks_by_id):
+            task = future.tasks_by_id[task_id]
+            if task.status == "leased":
+                self.leases_seen.append(future._lease_of(task))
+
     def reopen(self) -> None:
         try:
             second = self.factory(self.directory)
@@ -581,7 +683,7 @@ class Driver:
         else:
             self.fail("stats() after close() did not raise QueueClosed")
         self.queue = None
-        self.queue = self.factory(self.directory)
+        self.queue = self.factory(self.directory, hook=self.hook)
 
     # -- the full comparison --
 
@@ -728,6 +830,10 @@ def make_state_machine(queue_factory: QueueFactory) -> type[RuleBasedStateMachin
         @rule(data=st.data())
         def batch(self, data: Any) -> None:
             self._step(data, ActionGenerator.batch)
+
+        @rule(data=st.data())
+        def crash_and_reopen(self, data: Any) -> None:
+            self._step(data, ActionGenerator.crash)
 
         @invariant()
         def queue_agrees_with_model(self) -> None:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.model.driver import default_factory, make_state_machine, run_model_check
+import walqueue
+from tests.model.driver import ModelMismatch, default_factory, make_state_machine, run_model_check
 
 QueueAgainstReferenceModel = make_state_machine(default_factory)
 
@@ -40,3 +41,13 @@ class TestTheQueueAgreesWithTheReferenceModelAfterEveryStep(QueueAgainstReferenc
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_a_seeded_random_walk_of_300_calls_agrees_with_the_reference_model(seed: int) -> None:
     run_model_check(default_factory, seed, steps=300)
+
+
+class _LeasesInReverseOrder(walqueue.Queue):
+    def reserve(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return list(reversed(super().reserve(*args, **kwargs)))
+
+
+def test_the_random_walk_catches_a_queue_that_leases_in_the_wrong_order() -> None:
+    with pytest.raises(ModelMismatch, match="seed=1"):
+        run_model_check(lambda directory, hook=None: _LeasesInReverseOrder(directory, hook=hook), 1)
