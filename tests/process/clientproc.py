@@ -51,5 +51,21 @@ def cycles(path: str, worker: str, count: str) -> None:
     print(json.dumps({"acked": done}), flush=True)
 
 
+def work(path: str, worker: str, count: str, lease_seconds: str) -> None:
+    """Run walqueue.worker for ``count`` tasks; payload {"sleep": s} or {"fail": true}."""
+    from walqueue.worker import Worker
+
+    def handler(lease):
+        time.sleep(lease.payload.get("sleep", 0))  # stands for a long job
+        if lease.payload.get("fail"):
+            raise RuntimeError(f"task {lease.task_id} failed on purpose")
+
+    runner = Worker(path, worker, handler, lease_seconds=int(lease_seconds), wait=10,
+                    backoff=lambda attempts: 0)
+    handled = runner.run(max_tasks=int(count))
+    print(json.dumps({"handled": handled, "processed": runner.processed, "failed": runner.failed}),
+          flush=True)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

@@ -372,3 +372,19 @@ def test_compaction_happens_on_its_own_past_the_threshold(make_daemon):
         stats = client.stats()
         assert stats.snapshot_seq > 0 and stats.wal_bytes <= 2000
     assert "compacted" in daemon.log()
+
+
+def test_the_worker_helper_acks_releases_and_keeps_long_leases(daemon, client_process):
+    with Client(daemon.socket_path) as client:
+        client.put("ok", {})
+        client.put("bad", {"fail": True}, max_attempts=1)
+        client.put("slow", {"sleep": 2.5})
+        worker = client_process("work", daemon.socket_path, "helper", 3, 2)
+        code, out, err = worker.result(timeout=30)
+        assert code == 0, err
+        assert json.loads(out) == {"handled": 3, "processed": 2, "failed": 1}
+        assert client.get("ok").status == "completed"
+        assert client.get("bad").status == "dead"
+        slow = client.get("slow")
+        # Touched in the background: acked under its first and only lease.
+        assert (slow.status, slow.generation) == ("completed", 1)

@@ -1,0 +1,251 @@
+"""Benchmark walqueued: durable put+reserve+ack cycles/s with 1, 4 and 16 worker
+processes, p50/p99 latency per request type, beside baselines measured in the
+same run on the same disk: the serial fsync rate and a plain Python Unix-socket
+echo round trip.
+
+    .venv/bin/python scripts/bench_daemon.py [--seconds 3] [--runs 3] [--workers 1,4,16]
+
+Every figure is the median of ``--runs`` runs (each run gets a fresh queue
+directory and a fresh daemon). The daemon counts its fsyncs through the
+test-only hook in tests/process/hooks.py, so requests per fsync is measured,
+not inferred. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+from walqueue.client import Client  # noqa: E402
+
+READY_SECONDS = 30.0
+OPS = ("put", "reserve", "ack")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+# -- baselines ---------------------------------------------------------------------
+
+
+def fsync_rate(directory: Path, seconds: float) -> float:
+    """Serial append+fsync of a 200-byte record, like one WAL frame per transaction."""
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    record = b"x" * 200
+    count = 0
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            os.write(fd, record)
+            os.fsync(fd)
+            count += 1
+    finally:
+        os.close(fd)
+        path.unlink()
+    return count / (time.monotonic() - started)
+
+
+def _echo_server(path: str, ready) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    ready.set()
+    conn, _ = listener.accept()
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        conn.sendall(data)
+
+
+def echo_round_trip(directory: Path, seconds: float) -> tuple[float, float]:
+    """(round trips/s, p50 µs) of a 4-byte-length-framed 64-byte message over a Unix socket."""
+    path = str(directory / "echo.sock")
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=_echo_server, args=(path, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(10):
+            raise RuntimeError("echo server did not start")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        message = struct.pack(">I", 64) + b"m" * 64
+        latencies = []
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            sent = time.perf_counter()
+            sock.sendall(message)
+            received = 0
+            while received < len(message):
+                received += len(sock.recv(65536))
+            latencies.append(time.perf_counter() - sent)
+        elapsed = time.monotonic() - started
+        sock.close()
+    finally:
+        server.join(5)
+        if server.is_alive():
+            server.kill()
+            server.join(5)
+        if os.path.exists(path):
+            os.unlink(path)
+    return len(latencies) / elapsed, percentile(latencies, 0.5) * 1e6
+
+
+# -- the daemon ---------------------------------------------------------------------
+
+
+class DaemonRun:
+    """A walqueued subprocess on a fresh directory, counting its fsyncs."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.directory = workdir / "queue"
+        self.socket_path = str(workdir / "wq.sock")
+        self.sync_log = workdir / "syncs"
+        self.notify_path = str(workdir / "notify.sock")
+
+    def __enter__(self) -> DaemonRun:
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(self.notify_path)
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WALQUEUE_TEST_SYNC_LOG=str(self.sync_log),
+                   PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+        self.log = open(self.workdir / "daemon.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "walqueue.server", "serve", str(self.directory), "--socket",
+             self.socket_path, "--log-level", "warning", "--test-hook", "tests.process.hooks:hook"],
+            stdout=self.log, stderr=self.log, env=env, cwd=REPO)
+        notify.settimeout(READY_SECONDS)
+        try:
+            while b"READY=1" not in notify.recv(4096):
+                pass
+        finally:
+            notify.close()
+        return self
+
+    def syncs(self) -> int:
+        return self.sync_log.stat().st_size if self.sync_log.exists() else 0
+
+    def __exit__(self, *exc_info) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+def _worker(socket_path: str, name: str, seconds: float, barrier, results) -> None:
+    latencies: dict[str, list[float]] = {op: [] for op in OPS}
+    cycles = 0
+    with Client(socket_path, name=name) as client:
+        client.stats()  # connect before the clock starts
+        barrier.wait()
+        started = time.monotonic()
+        index = 0
+        while time.monotonic() - started < seconds:
+            index += 1
+            t0 = time.perf_counter()
+            client.put(f"{name}-{index:08d}", {"n": index})
+            t1 = time.perf_counter()
+            leases = client.reserve(name, lease_seconds=60)
+            t2 = time.perf_counter()
+            latencies["put"].append(t1 - t0)
+            latencies["reserve"].append(t2 - t1)
+            for lease in leases:
+                t3 = time.perf_counter()
+                client.ack(lease)
+                latencies["ack"].append(time.perf_counter() - t3)
+                cycles += 1
+        elapsed = time.monotonic() - started
+    results.put((cycles, elapsed, latencies))
+
+
+def daemon_run(workers: int, seconds: float) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=REPO / "var"))
+    try:
+        with DaemonRun(workdir) as daemon:
+            barrier = multiprocessing.Barrier(workers + 1)
+            results = multiprocessing.Queue()
+            processes = [multiprocessing.Process(target=_worker,
+                                                 args=(daemon.socket_path, f"w{n}", seconds, barrier, results))
+                         for n in range(workers)]
+            for process in processes:
+                process.start()
+            barrier.wait(60)
+            syncs_before = daemon.syncs()
+            gathered = [results.get(timeout=seconds + 60) for _ in processes]
+            syncs = daemon.syncs() - syncs_before
+            for process in processes:
+                process.join(30)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    cycles = sum(item[0] for item in gathered)
+    elapsed = max(item[1] for item in gathered)
+    latencies = {op: [value for item in gathered for value in item[2][op]] for op in OPS}
+    requests = sum(len(values) for values in latencies.values())
+    return {
+        "cycles_per_second": cycles / elapsed,
+        "requests_per_fsync": requests / max(1, syncs),
+        "p50": {op: percentile(latencies[op], 0.5) * 1e3 for op in OPS},
+        "p99": {op: percentile(latencies[op], 0.99) * 1e3 for op in OPS},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each measured run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is shown)")
+    parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
+    args = parser.parse_args()
+    if args.runs < 3:
+        parser.error("--runs must be at least 3 (medians of >= 3 runs)")
+    (REPO / "var").mkdir(exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-base-", dir=REPO / "var"))
+    try:
+        fsyncs = statistics.median(fsync_rate(scratch, args.seconds) for _ in range(args.runs))
+        echoes = [echo_round_trip(scratch, args.seconds) for _ in range(args.runs)]
+        echo_rate = statistics.median(rate for rate, _ in echoes)
+        echo_p50 = statistics.median(p50 for _, p50 in echoes)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, medians of {args.runs} runs "
+          f"of {args.seconds:g} s")
+    print(f"baseline: serial fsync {fsyncs:,.0f}/s; Unix-socket echo {echo_rate:,.0f} round trips/s "
+          f"(p50 {echo_p50:.0f} µs)")
+    print()
+    header = (f"{'workers':>7} {'cycles/s':>10} {'x fsync':>8} {'req/fsync':>9} "
+              + " ".join(f"{op + ' p50/p99 ms':>20}" for op in OPS))
+    print(header)
+    print("-" * len(header))
+    for workers in (int(n) for n in args.workers.split(",")):
+        runs = [daemon_run(workers, args.seconds) for _ in range(args.runs)]
+        rate = statistics.median(run["cycles_per_second"] for run in runs)
+        per_fsync = statistics.median(run["requests_per_fsync"] for run in runs)
+        cells = " ".join(
+            f"{statistics.median(r['p50'][op] for r in runs):>9.2f}/{statistics.median(r['p99'][op] for r in runs):<10.2f}"
+            for op in OPS)
+        print(f"{workers:>7} {rate:>10,.0f} {rate / fsyncs:>8.2f} {per_fsync:>9.1f} {cells}")
+
+
+if __name__ == "__main__":
+    main()

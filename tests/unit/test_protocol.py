@@ -1,0 +1,139 @@
+"""The wire protocol on bytes alone: framing bounds, round trips, errors, garbage."""
+
+import struct
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from walqueue import (
+    MAX_FRAME_BYTES,
+    CorruptStore,
+    InvalidRequest,
+    KeyConflict,
+    Lease,
+    QueueClosed,
+    QueueLocked,
+    QueueStats,
+    StaleLease,
+    TaskView,
+    WalQueueError,
+)
+from walqueue import protocol as p
+
+
+def test_the_body_bound_is_the_frame_bound_plus_one_mebibyte():
+    assert p.MAX_BODY_BYTES == MAX_FRAME_BYTES + 1024 * 1024
+
+
+def test_an_oversized_length_is_refused_before_any_body_arrives():
+    reader = p.FrameReader()
+    reader.feed(struct.pack(">I", p.MAX_BODY_BYTES + 1))
+    with pytest.raises(p.ProtocolError, match=str(p.MAX_BODY_BYTES)):
+        reader.next_body()
+
+
+def test_a_zero_length_is_refused():
+    reader = p.FrameReader()
+    reader.feed(b"\0\0\0\0")
+    with pytest.raises(p.ProtocolError):
+        reader.next_body()
+
+
+def test_frames_split_across_reads_are_reassembled_in_order():
+    stream = p.encode(p.Stats(id=1)) + p.encode(p.Get(id=2, task_id="t"))
+    reader = p.FrameReader()
+    bodies = []
+    for index in range(len(stream)):
+        reader.feed(stream[index:index + 1])
+        while (body := reader.next_body()) is not None:
+            bodies.append(p.decode_request(body))
+    assert bodies == [p.Stats(id=1), p.Get(id=2, task_id="t")]
+    assert reader.buffered_bytes == 0
+
+
+@pytest.mark.parametrize("request_message", [
+    p.Hello(id=1, version=p.PROTOCOL_VERSION, client="x"),
+    p.Put(id=2, task_id="t", payload={"a": [1, 2.5, None, True, "s", {"b": {}}]}, key="k",
+          available_at=5, max_attempts=2),
+    p.PutMany(id=3, requests=[p.PutItem(task_id="t", payload={})]),
+    p.Reserve(id=4, worker="w", lease_seconds=10, limit=5, wait=2.5),
+    p.Ack(id=5, task_id="t", worker="w", generation=3),
+    p.Release(id=6, task_id="t", worker="w", generation=3, delay=7),
+    p.Touch(id=7, task_id="t", worker="w", generation=3, lease_seconds=9),
+    p.Revive(id=8, task_ids=["a", "b"]),
+    p.Get(id=9, task_id="t"),
+    p.Tasks(id=10, status="dead"),
+    p.Stats(id=11),
+    p.Compact(id=12),
+])
+def test_every_request_round_trips(request_message):
+    reader = p.FrameReader()
+    reader.feed(p.encode(request_message))
+    assert p.decode_request(reader.next_body()) == request_message
+
+
+def test_unknown_fields_and_wrong_types_are_protocol_errors_carrying_the_id():
+    body = msgspec.msgpack.encode({"type": "get", "id": 7, "task_id": "t", "typo": 1})
+    with pytest.raises(p.ProtocolError) as error:
+        p.decode_request(body)
+    assert error.value.args[1] == 7 and "typo" in error.value.args[0]
+    body = msgspec.msgpack.encode({"type": "ack", "id": 8, "task_id": "t", "worker": "w", "generation": True})
+    with pytest.raises(p.ProtocolError) as error:
+        p.decode_request(body)
+    assert error.value.args[1] == 8
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=64))
+def test_garbage_can_only_raise_protocol_error(garbage):
+    reader = p.FrameReader(max_body_bytes=64)
+    reader.feed(garbage)
+    try:
+        while (body := reader.next_body()) is not None:
+            p.decode_request(body)
+    except p.ProtocolError:
+        pass
+
+
+def test_library_values_convert_both_ways():
+    lease = Lease("t", "w", 2, 100, 1, {"a": 1})
+    task = TaskView("t", "k", "leased", 1, 3, 2, 0, 100, "w", {"a": 1})
+    stats = QueueStats(1, 2, 3, 4, 5, 6, 7)
+    assert p.lease_from_wire(p.lease_to_wire(lease)) == lease
+    assert p.task_from_wire(p.task_to_wire(task)) == task
+    assert p.stats_from_wire(p.stats_to_wire(stats)) == stats
+
+
+@pytest.mark.parametrize("error", [
+    InvalidRequest("bad"), KeyConflict("taken"), QueueClosed("closed"), CorruptStore("rot"),
+    QueueLocked("locked"), WalQueueError("base"),
+])
+def test_errors_cross_the_wire_as_the_same_class(error):
+    answer = p.error_to_wire(3, error)
+    decoded = p.decode_response(p.encode(answer)[4:])
+    rebuilt = p.error_from_wire(decoded)
+    assert type(rebuilt) is type(error) and str(rebuilt) == str(error)
+
+
+def test_stale_lease_keeps_its_status_and_generation_across_the_wire():
+    error = StaleLease("gone", task_id="t", status="completed", generation=4)
+    rebuilt = p.error_from_wire(p.decode_response(p.encode(p.error_to_wire(1, error))[4:]))
+    assert isinstance(rebuilt, StaleLease)
+    assert (rebuilt.task_id, rebuilt.status, rebuilt.generation) == ("t", "completed", 4)
+
+
+def test_a_protocol_error_is_answered_as_a_fatal_invalid_request():
+    answer = p.error_to_wire(None, p.ProtocolError("frame length 0"))
+    assert answer.fatal and answer.error == "InvalidRequest" and answer.id is None
+
+
+def test_put_many_items_come_from_put_requests_or_mappings():
+    from walqueue import PutRequest
+    assert p.put_item(PutRequest("t", {}, key="k")) == p.PutItem("t", {}, "k", 0, 3)
+    assert p.put_item({"task_id": "t", "payload": {}}) == p.PutItem("t", {})
+    with pytest.raises(InvalidRequest):
+        p.put_item({"task_id": "t", "payload": {}, "delay": 3})
+    with pytest.raises(InvalidRequest):
+        p.put_item({"payload": {}})
