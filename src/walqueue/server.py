@@ -584,7 +584,7 @@ class Server:
         try:
             self.queue = Queue(self.directory, hook=self.hook)
         except CorruptStore as exc:
-            raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: {exc}") from exc
+            raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: CorruptStore: {exc}") from exc
         except Exception as exc:
             raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
         self._due_dirty = True

@@ -9,6 +9,9 @@ subprocess:
 * ``WALQUEUE_TEST_FAIL_FILE``: while this file exists, the next
   ``wal.before_write`` deletes it and raises OSError(ENOSPC) — one injected
   write failure per file the test creates.
+* ``WALQUEUE_TEST_CORRUPT_SEGMENT``: with the above, also append a zero
+  length prefix and non-zero bytes to this WAL segment before raising, so the
+  daemon's reopen meets a corrupt directory.
 """
 
 import errno
@@ -29,4 +32,8 @@ def hook(phase: str) -> None:
             os.unlink(fail_file)
         except FileNotFoundError:
             return
+        segment = os.environ.get("WALQUEUE_TEST_CORRUPT_SEGMENT")
+        if segment:
+            with open(segment, "ab") as file:
+                file.write(b"\0\0\0\0not a frame")
         raise OSError(errno.ENOSPC, "injected by the test hook: no space left on device")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from walqueue import InvalidRequest, KeyConflict, PutRequest, StaleLease
+from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease
 from walqueue import protocol as p
 from walqueue.client import Client, Connection, DaemonUnavailable
 
@@ -388,3 +388,33 @@ def test_the_worker_helper_acks_releases_and_keeps_long_leases(daemon, client_pr
         slow = client.get("slow")
         # Touched in the background: acked under its first and only lease.
         assert (slow.status, slow.generation) == ("completed", 1)
+
+
+def test_the_daemon_exits_non_zero_when_the_reopen_after_a_failed_write_fails(make_daemon, workdir):
+    fail_file = workdir / "fail"
+    segment = workdir / "queue" / f"wal-{1:020d}.log"
+    daemon = make_daemon(*HOOK, env={"WALQUEUE_TEST_FAIL_FILE": str(fail_file),
+                                     "WALQUEUE_TEST_CORRUPT_SEGMENT": str(segment)})
+    with Client(daemon.socket_path, retry_seconds=0) as client:
+        client.put("a", {})
+        fail_file.touch()
+        with pytest.raises((QueueClosed, DaemonUnavailable)):
+            client.put("b", {})
+    assert daemon.proc.wait(10) == 4
+    assert "reopening" in daemon.log() and "CorruptStore" in daemon.log()
+    daemon.wait_for_notification("STOPPING=1", 5)
+
+
+def test_long_listings_arrive_in_chunks_and_are_reassembled(daemon):
+    with Client(daemon.socket_path) as client:
+        client.put_many([{"task_id": f"t{index:02d}", "payload": {"pad": "x" * 100_000}}
+                         for index in range(25)])
+        tasks = client.tasks()
+        assert [task.task_id for task in tasks] == [f"t{index:02d}" for index in range(25)]
+        leases = client.reserve("w", limit=25)
+        assert len(leases) == 25 and all(len(lease.payload["pad"]) == 100_000 for lease in leases)
+    connection = Connection(daemon.socket_path)
+    (request_id,) = connection.send(p.Tasks(id=0))
+    messages = connection.receive(request_id)
+    assert len(messages) > 1 and [m.more for m in messages] == [True] * (len(messages) - 1) + [False]
+    connection.close()
