@@ -7,7 +7,12 @@ What it proves (through test_crash_matrix.py), for a queue built by
    returns, calls only the nine phases of SPEC §6, each frame bracketed by
    `wal.before_write` / `wal.after_write`, one `wal.after_sync` per writing
    call (or per batch), the compaction phases in their documented order, and
-   ends with exactly one snapshot and one segment on disk.
+   ends with exactly one snapshot and one segment on disk. At every hook call
+   the directory is read from outside and must match SPEC §6's "bytes on disk
+   at that moment" (frames in the file at `wal.after_write` — not in a buffer —
+   none of the next frame at `wal.before_write`, the snapshot complete at
+   `snapshot.after_write`, CURRENT.tmp before the rename, the old files gone at
+   `compact.after_delete`).
 2. For every hook call k, a run that raises `InjectedCrash` at call k: the
    exception reaches the caller unchanged; the Queue is closed (`QueueClosed`)
    and its lock released at once (a new Queue opens while the crashed object
@@ -18,8 +23,8 @@ What it proves (through test_crash_matrix.py), for a queue built by
    frames), and the snapshot published so far; compaction phases never change
    the logical state. Resuming the script (re-running the interrupted call
    only if it did not take effect) ends in the uninterrupted final state.
-3. A torn tail (a prefix of the next real frame) is truncated on open; dying
-   at `recover.after_truncate` releases the lock and a reopen recovers the
+3. A torn tail (a prefix of the next real frame) is truncated on open (and is
+   gone from the file at `recover.after_truncate`); dying there releases the lock and a reopen recovers the
    model state, after which appends continue. A zero-filled tail is the same.
 
 `run_crash_matrix` returns a `MatrixReport` whose `failures` list is empty for
@@ -38,6 +43,7 @@ from typing import Any
 
 import walqueue
 from tests.crash.script import BATCHES, SCRIPT, ScriptModel
+from tests.model import disk
 from tests.model.driver import call_model, call_real
 from tests.model.reference import (
     ReferenceQueue,
@@ -87,16 +93,25 @@ class HookCall:
 
 
 class Recorder:
-    """A hook that records every call; optionally raises InjectedCrash at call `crash_at`."""
+    """A hook that records every call; optionally raises InjectedCrash at call `crash_at`,
+    and optionally inspects the directory at every call (`inspect(phase, op_index)`)."""
 
-    def __init__(self, crash_at: int | None = None):
+    def __init__(
+        self,
+        crash_at: int | None = None,
+        inspect: Callable[[str, int], list[str]] | None = None,
+    ):
         self.crash_at = crash_at
+        self.inspect = inspect
+        self.inspection_failures: list[str] = []
         self.calls: list[tuple[str, int]] = []
         self.op_index = -1
         self.raised: BaseException | None = None
 
     def __call__(self, phase: str) -> None:
         self.calls.append((phase, self.op_index))
+        if self.inspect is not None:
+            self.inspection_failures.extend(self.inspect(phase, self.op_index))
         if self.crash_at is not None and len(self.calls) - 1 == self.crash_at:
             self.raised = walqueue.InjectedCrash(f"injected at hook call {self.crash_at} ({phase})")
             raise self.raised
@@ -183,8 +198,8 @@ def learn_hook_calls(
 ) -> list[HookCall]:
     """Runs SCRIPT once with a counting hook; checks results, phases and the final layout."""
     context = f"uninterrupted ({'batched' if batched else 'plain'})"
-    recorder = Recorder()
     with scratch_directory("walqueue-crash-count-") as directory:
+        recorder = Recorder(inspect=DiskInspector(directory, account, context))
         queue = queue_factory(directory, hook=recorder)
         try:
             ScriptRunner(account, report.failures, context).run(queue, 0, batched, recorder)
@@ -207,6 +222,7 @@ def learn_hook_calls(
                 )
         finally:
             _close_quietly(queue)
+    report.failures.extend(recorder.inspection_failures)
     calls: list[HookCall] = []
     frames = publishes = 0
     for phase, op_index in recorder.calls:
@@ -222,6 +238,78 @@ def learn_hook_calls(
         )
     report.failures.extend(check_phase_order(calls, account, batched, context))
     return calls
+
+
+class DiskInspector:
+    """Checks SPEC §6's "bytes on disk at that moment" column at every hook call.
+
+    A crash by exception cannot tell a frame still in a user-space buffer from one
+    in the file; reading the files from outside at each phase can.
+    """
+
+    def __init__(self, directory: Path, account: ScriptModel, context: str):
+        self.directory = directory
+        self.account = account
+        self.context = context
+        self.frames = 0  # wal.after_write calls so far
+        self.compactions_done = 0
+
+    def __call__(self, phase: str, op_index: int) -> list[str]:
+        self.frames += phase == "wal.after_write"
+        where = f"{self.context}: on disk at {phase} (op {op_index}, {self.frames} frames)"
+        try:
+            problems = self._inspect(phase, op_index)
+        except (disk.FrameError, OSError, ValueError, KeyError) as error:
+            problems = [f"unreadable: {type(error).__name__}: {error}"]
+        return [f"{where}: {problem}" for problem in problems]
+
+    def _inspect(self, phase: str, op_index: int) -> list[str]:
+        problems: list[str] = []
+        directory, account = self.directory, self.account
+        current = disk.read_current(directory)
+        published = current["seq"] if current else 0
+        records = [r for r in disk.wal_records(directory) if r["seq"] > published]
+        expected = account.records[published : self.frames]
+        if records != expected:
+            problems.append(
+                f"WAL after seq {published} holds seqs {[r['seq'] for r in records]},"
+                f" expected {[r['seq'] for r in expected]}"
+            )
+        if SCRIPT[op_index].name != "compact" or phase not in COMPACTION_PHASES:
+            return problems
+        target = account.compaction_seqs[self.compactions_done]
+        previous = (
+            account.compaction_seqs[self.compactions_done - 1] if self.compactions_done else 0
+        )
+        name = f"snapshot-{target:020d}.snap"
+        pointer = {"format": 1, "seq": target, "snapshot": name}
+        before_publish = COMPACTION_PHASES.index(phase) < COMPACTION_PHASES.index(
+            "current.after_publish"
+        )
+        if published != (previous if before_publish else target):
+            problems.append(f"CURRENT names seq {published}")
+        if phase == "wal.after_rotate":
+            segment = directory / f"wal-{target + 1:020d}.log"
+            if not segment.exists() or disk.read_frames(segment):
+                problems.append(f"{segment.name} is missing or not empty")
+        if phase in ("snapshot.after_write", "current.after_write"):
+            snapshot = disk.read_snapshot(directory / name)
+            entries = account.after_frames(target, 0).snapshot_entries()
+            if snapshot.entries != entries or snapshot.header["seq"] != target:
+                problems.append(f"{name} does not hold the state through seq {target}")
+        if phase == "current.after_write":
+            frames = disk.read_frames(directory / "CURRENT.tmp")
+            if [frame.value for frame in frames] != [pointer]:
+                problems.append(f"CURRENT.tmp holds {[f.value for f in frames]}")
+        if phase == "compact.after_delete":
+            self.compactions_done += 1
+            snapshots = sorted(path.name for path in directory.glob("snapshot-*.snap"))
+            segments = [path.name for path in disk.segment_paths(directory)]
+            if snapshots != [name]:
+                problems.append(f"snapshots left: {snapshots}")
+            if segments != [f"wal-{target + 1:020d}.log"]:
+                problems.append(f"segments left: {segments}")
+        return problems
 
 
 def check_phase_order(
@@ -402,8 +490,10 @@ def run_torn_tail_checks(queue_factory: QueueFactory, report: MatrixReport) -> N
 
 
 class _CrashAfterTruncate:
-    def __init__(self, report: MatrixReport):
+    def __init__(self, report: MatrixReport, segment: Path, context: str):
         self.report = report
+        self.segment = segment
+        self.context = context
         self.phases: list[str] = []
         self.raised: BaseException | None = None
 
@@ -411,6 +501,15 @@ class _CrashAfterTruncate:
         self.phases.append(phase)
         self.report.phases_seen.add(phase)
         if phase == "recover.after_truncate":
+            # SPEC §6: at this moment the torn tail is already gone from the file.
+            data = self.segment.read_bytes()
+            frames = disk.read_frames(self.segment)
+            end = disk.frame_size(frames[-1].value) + frames[-1].offset if frames else 0
+            if any(data[end:]):
+                self.report.failures.append(
+                    f"{self.context}: at recover.after_truncate {self.segment.name} still has"
+                    f" {len(data) - end} bytes of torn tail"
+                )
             self.raised = walqueue.InjectedCrash("injected at recover.after_truncate")
             raise self.raised
 
@@ -437,7 +536,7 @@ def torn_tail_case(
             newest = sorted(directory.glob("wal-*.log"))[-1]
             with open(newest, "ab") as segment:
                 segment.write(tail)
-            hook = _CrashAfterTruncate(report)
+            hook = _CrashAfterTruncate(report, newest, context)
             try:
                 crashed_open = queue_factory(directory, hook=hook)
             except walqueue.InjectedCrash as error:
