@@ -468,25 +468,29 @@ def check_closed(queue: Any) -> list[str]:
 # --- 3. torn tails and a crash during recovery --------------------------------------
 
 TORN_PREFIX_LENGTHS = (1, 3, 4, 10, -1)  # -1: all but the last digest byte
-TORN_AFTER_OP = 4  # the tail is a prefix of op 5's frame (a release)
+# The tail is a prefix of the next operation's frame: after op 4 it lands in a
+# segment with frames; after op 7 (a compaction) in the fresh, empty segment.
+TORN_AFTER_OPS = (4, 7)
 
 
 def run_torn_tail_checks(queue_factory: QueueFactory, report: MatrixReport) -> None:
     account = ScriptModel.build()
-    before = ReferenceQueue()
-    for action in SCRIPT[: TORN_AFTER_OP + 1]:
-        call_model(before, action)
-    after = before.clone()
-    call_model(after, SCRIPT[TORN_AFTER_OP + 1])
-    frame = encode_frame(after.records[-1])
-    for length in TORN_PREFIX_LENGTHS:
-        tail = frame[:length]
-        context = f"torn tail of {len(tail)} of {len(frame)} bytes"
-        torn_tail_case(queue_factory, account, (before, after), tail, context, True, report)
-    # A power cut may leave zeros past the last write; open truncates them too, but a
-    # library that preallocates may keep them, so the hook is not required here.
-    context = "zero-filled tail of 64 bytes"
-    torn_tail_case(queue_factory, account, (before, after), bytes(64), context, False, report)
+    for after_op in TORN_AFTER_OPS:
+        before = ReferenceQueue()
+        for action in SCRIPT[: after_op + 1]:
+            call_model(before, action)
+        after = before.clone()
+        call_model(after, SCRIPT[after_op + 1])
+        frame = encode_frame(after.records[-1])
+        models = (before, after)
+        for length in TORN_PREFIX_LENGTHS:
+            tail = frame[:length]
+            context = f"torn tail of {len(tail)} of {len(frame)} bytes after op {after_op}"
+            torn_tail_case(queue_factory, account, models, after_op, tail, context, True, report)
+        # A power cut may leave zeros past the last write; open truncates them too, but
+        # a library that preallocates may keep them, so the hook is not required here.
+        context = f"zero-filled tail of 64 bytes after op {after_op}"
+        torn_tail_case(queue_factory, account, models, after_op, bytes(64), context, False, report)
 
 
 class _CrashAfterTruncate:
@@ -518,6 +522,7 @@ def torn_tail_case(
     queue_factory: QueueFactory,
     account: ScriptModel,
     models: tuple[ReferenceQueue, ReferenceQueue],
+    after_op: int,
     tail: bytes,
     context: str,
     expect_hook: bool,
@@ -530,7 +535,7 @@ def torn_tail_case(
         queue = crashed_open = reopened = None
         try:
             queue = queue_factory(directory)
-            for index in range(TORN_AFTER_OP + 1):
+            for index in range(after_op + 1):
                 runner.one(queue, index, None)
             queue.close()
             newest = sorted(directory.glob("wal-*.log"))[-1]
@@ -562,7 +567,7 @@ def torn_tail_case(
                     f"{model_state(before, with_wal_bytes=True)!r}"
                 )
                 return
-            runner.one(reopened, TORN_AFTER_OP + 1, None)
+            runner.one(reopened, after_op + 1, None)
             reopened.close()
             reopened = queue_factory(directory)
             state = logical_state(reopened, with_wal_bytes=True)
