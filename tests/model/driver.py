@@ -8,7 +8,13 @@ on `stats()` including `last_seq` (one frame per writing call, none for
 no-ops), `snapshot_seq` and `wal_bytes`; and on the bytes on disk (the WAL
 records after the snapshot, the snapshot entries and CURRENT, read with an
 independent §4 reader). Payload copies are scribbled on after every boundary
-crossing, so aliasing shows up as a disagreement.
+crossing, so aliasing shows up as a disagreement. The hook phases of every call
+are checked too: each frame bracketed by `wal.before_write`/`wal.after_write`,
+one `wal.after_sync` per writing call or per batch (at its exit, also on an
+exception; a nested batch joins), none for a call that writes nothing, and the
+five compaction phases in order. A `crash` action dies at a random hook call
+of a random writing call or batch, from whatever state the walk is in, and the
+reopened queue must hold exactly the frames that were complete.
 
 Reusable pieces for other suites (e.g. deliberately broken Queue variants):
 
@@ -52,6 +58,14 @@ from tests.model.reference import (
 )
 
 QueueFactory = Callable[..., Any]
+
+COMPACTION_PHASES = (
+    "wal.after_rotate",
+    "snapshot.after_write",
+    "current.after_write",
+    "current.after_publish",
+    "compact.after_delete",
+)
 
 TASK_IDS = ("a", "b", "c", "d", "e", "é-ü", "f")
 KEYS = ("a", "b", "k1", "k2")
@@ -100,6 +114,7 @@ class ArmableHook:
         self.countdown: int | None = None
         self.frames_complete = 0
         self.phases: list[str] = []
+        self.log: list[str] = []  # every call, armed or not
         self.raised: BaseException | None = None
 
     def arm(self, countdown: int) -> None:
@@ -110,6 +125,7 @@ class ArmableHook:
         self.countdown = None
 
     def __call__(self, phase: str) -> None:
+        self.log.append(phase)
         if self.countdown is None:
             return
         self.phases.append(phase)
@@ -576,10 +592,26 @@ class Driver:
             self.one(action)
 
     def one(self, action: Action) -> None:
+        mark, seq, snapshot_seq = len(self.hook.log), self.model.last_seq, self.model.snapshot_seq
         real = real_outcome(lambda: call_real(self.queue, action))
         model = model_outcome(lambda: self._model_call(action))
         if real != model:
             self.fail(f"{action!r}:\n  real  {real!r}\n  model {model!r}")
+        phases = self.hook.log[mark:]
+        frames = self.model.last_seq - seq
+        if action.name == "compact":
+            expected = list(COMPACTION_PHASES) if self.model.snapshot_seq != snapshot_seq else []
+            if phases != expected:
+                self.fail(f"{action!r}: hook phases {phases}, expected {expected}")
+            return
+        written = [phase for phase in phases if phase != "wal.after_sync"]
+        syncs = len(phases) - len(written)
+        if (
+            written != ["wal.before_write", "wal.after_write"] * frames
+            or (frames and not (1 <= syncs <= frames and phases[-1] == "wal.after_sync"))
+            or (not frames and syncs)
+        ):
+            self.fail(f"{action!r} wrote {frames} frames; hook phases {phases}")
 
     def _model_call(self, action: Action) -> Any:
         result = call_model(self.model, action)
@@ -596,6 +628,7 @@ class Driver:
         nested, raise_after = action.args["nested"], action.args["raise_after"]
         outcomes: list[tuple[Any, ...]] = []
         raised = False
+        mark, seq = len(self.hook.log), self.model.last_seq
         try:
             with self.queue.batch():
                 for index, inner in enumerate(actions):
@@ -616,6 +649,24 @@ class Driver:
             model = model_outcome(lambda a=inner: self._model_call(a))
             if real != model:
                 self.fail(f"{inner!r} inside {action!r}:\n  real  {real!r}\n  model {model!r}")
+        self.check_batch_phases(action, self.hook.log[mark:], self.model.last_seq - seq)
+
+    def check_batch_phases(self, action: Action, phases: list[str], frames: int) -> None:
+        """One fsync per batch, at its exit (also on an exception), nested ones joining;
+        a compaction inside syncs the batch first (SPEC §5, §6)."""
+        written = [phase for phase in phases if phase in ("wal.before_write", "wal.after_write")]
+        if written != ["wal.before_write", "wal.after_write"] * frames:
+            self.fail(f"{action!r} wrote {frames} frames; hook phases {phases}")
+        for index, phase in enumerate(phases):
+            following = phases[index + 1] if index + 1 < len(phases) else None
+            if phase == "wal.after_sync" and following not in (None, "wal.after_rotate"):
+                self.fail(f"{action!r}: wal.after_sync before the batch's exit: {phases}")
+        compacted = "wal.after_rotate" in phases
+        if frames and not compacted and phases.count("wal.after_sync") != 1:
+            self.fail(f"{action!r}: expected one wal.after_sync at the batch's exit: {phases}")
+        last_write = max((i for i, p in enumerate(phases) if p == "wal.after_write"), default=-1)
+        if frames and "wal.after_sync" not in phases[last_write:]:
+            self.fail(f"{action!r}: frames left unsynced at the batch's exit: {phases}")
 
     def crash(self, action: Action) -> None:
         """Die at a hook call inside `action`; the reopened queue must hold exactly the
