@@ -4,6 +4,7 @@ same run on the same disk: the serial fsync rate and a plain Python Unix-socket
 echo round trip.
 
     .venv/bin/python scripts/bench_daemon.py [--seconds 3] [--runs 3] [--workers 1,4,16]
+        [--compaction-tasks 100000,1000000]
 
 Every figure is the median of ``--runs`` runs (each run gets a fresh queue
 directory and a fresh daemon). The daemon counts its fsyncs through the
@@ -30,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
+from walqueue import protocol as p  # noqa: E402
 from walqueue.client import Client  # noqa: E402
 
 READY_SECONDS = 30.0
@@ -211,11 +213,44 @@ def daemon_run(workers: int, seconds: float) -> dict:
     }
 
 
+def compaction_stall(tasks: int, runs: int) -> tuple[float, float]:
+    """(compact round trip s, stall seen by another client s), medians of ``runs`` compactions
+    of a queue holding ``tasks`` tasks."""
+    from walqueue import Queue
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-compact-", dir=REPO / "var"))
+    try:
+        directory = workdir / "queue"
+        with Queue(directory) as queue:
+            for start in range(0, tasks, 5000):
+                queue.put_many([{"task_id": f"t{index:08d}", "payload": {"n": index}}
+                                for index in range(start, min(tasks, start + 5000))])
+            queue.compact()
+        compacts, stalls = [], []
+        with DaemonRun(workdir) as daemon, Client(daemon.socket_path) as first, \
+                Client(daemon.socket_path) as second:
+            first.stats(), second.stats()
+            for run in range(runs):
+                first.put(f"extra-{run}", {})  # so the compaction has something to publish
+                connection = first._connected()
+                (compact_id,) = connection.send(p.Compact(id=0))
+                started = time.perf_counter()
+                second.stats()
+                stalls.append(time.perf_counter() - started)
+                connection.receive(compact_id, timeout=600)
+                compacts.append(time.perf_counter() - started)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return statistics.median(compacts), statistics.median(stalls)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each measured run")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is shown)")
     parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
+    parser.add_argument("--compaction-tasks", default="",
+                        help="also measure how long compaction stalls service at these queue sizes")
     args = parser.parse_args()
     if args.runs < 3:
         parser.error("--runs must be at least 3 (medians of >= 3 runs)")
@@ -245,6 +280,10 @@ def main() -> None:
             f"{statistics.median(r['p50'][op] for r in runs):>9.2f}/{statistics.median(r['p99'][op] for r in runs):<10.2f}"
             for op in OPS)
         print(f"{workers:>7} {rate:>10,.0f} {rate / fsyncs:>8.2f} {per_fsync:>9.1f} {cells}")
+    for tasks in (int(n) for n in args.compaction_tasks.split(",") if n):
+        compact_seconds, stall_seconds = compaction_stall(tasks, args.runs)
+        print(f"compaction at {tasks:,} tasks: compact answered in {compact_seconds:.2f} s; "
+              f"another client's stats waited {stall_seconds:.2f} s")
 
 
 if __name__ == "__main__":

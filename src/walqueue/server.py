@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -74,6 +75,10 @@ RECV_BYTES = 256 * 1024
 MAX_RECV_BYTES = 4 * 1024 * 1024
 OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
 DRAIN_SECONDS = 5.0
+ACCEPT_PAUSE_SECONDS = 0.5
+# Descriptors the daemon needs besides its connections (listener, selector,
+# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs).
+RESERVED_DESCRIPTORS = 32
 # A timer never sleeps longer than this, so a wall clock set backwards far
 # cannot postpone due work indefinitely (the clock rule still decides).
 MAX_TIMER_SECONDS = 60.0
@@ -272,6 +277,7 @@ class Server:
         self._due_cache: int | None = None
         self._due_dirty = True
         self._next_watchdog = time.monotonic()
+        self._accept_paused_until: float | None = None
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
@@ -310,6 +316,9 @@ class Server:
         return code
 
     def _one_turn(self) -> None:
+        if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         events = self.selector.select(self._timeout())
         requests: list[tuple[Connection, p.Request]] = []
         for key, mask in events:
@@ -337,6 +346,8 @@ class Server:
 
     def _timeout(self) -> float | None:
         deadlines: list[float] = []
+        if self._accept_paused_until is not None:
+            deadlines.append(self._accept_paused_until - time.monotonic())
         if self.notifier.watchdog_seconds is not None:
             deadlines.append(self._next_watchdog - time.monotonic())
         if self.parked:
@@ -396,8 +407,11 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                # EMFILE and friends: log and try again next turn.
-                log.error("accept failed: %s", exc)
+                # EMFILE and friends: the listener stays readable, so stop
+                # watching it for a moment instead of spinning on it.
+                log.error("accept failed, pausing accepts for %.1f s: %s", ACCEPT_PAUSE_SECONDS, exc)
+                self.selector.unregister(self.listener)
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
                 return
             sock.setblocking(False)
             credentials = peer_credentials(sock)
@@ -516,7 +530,7 @@ class Server:
                     )
                 )
                 if request.client:
-                    conn.name += f" client={request.client!r}"
+                    conn.name += f" client={request.client[:64]!r}"
                 continue
             if isinstance(request, p.Hello):
                 self._fatal(conn, request.id, "hello sent twice on one connection")
@@ -894,9 +908,29 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
     sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook))
 
 
+def descriptor_budget(max_connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE as far as needed and allowed; return the usable connection bound."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + RESERVED_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+    if soft != resource.RLIM_INFINITY and soft - RESERVED_DESCRIPTORS < max_connections:
+        usable = max(1, soft - RESERVED_DESCRIPTORS)
+        log.warning("--max-connections %d lowered to %d by the open-file limit %d",
+                    max_connections, usable, soft)
+        return usable
+    return max_connections
+
+
 def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes: int,
            max_connections: int, hook: Callable[[str], None] | None) -> int:
     directory = os.path.abspath(directory)
+    max_connections = descriptor_budget(max_connections)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
     log.info("opening %s", directory)

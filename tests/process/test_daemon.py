@@ -3,6 +3,7 @@ blocking reserve, the real clock, signals, crashes, bad input and failures."""
 
 import json
 import os
+import signal
 import socket
 import stat
 import struct
@@ -418,3 +419,26 @@ def test_long_listings_arrive_in_chunks_and_are_reassembled(daemon):
     messages = connection.receive(request_id)
     assert len(messages) > 1 and [m.more for m in messages] == [True] * (len(messages) - 1) + [False]
     connection.close()
+
+
+def test_sigterm_mid_stream_answers_only_durable_writes_and_exits_0(make_daemon):
+    daemon = make_daemon()
+    connection = Connection(daemon.socket_path)
+    ids = connection.send(*[p.Put(id=0, task_id=f"t{index:04d}", payload={"i": index})
+                            for index in range(2000)])
+    connection.receive(ids[0])  # the daemon is working through the stream
+    daemon.proc.send_signal(signal.SIGTERM)
+    answered = []
+    for request_id in ids[1:]:
+        try:
+            (answer,) = connection.receive(request_id, timeout=10)
+        except DaemonUnavailable:
+            break  # closed by the stopping daemon: the rest were never applied or answered
+        assert isinstance(answer, p.PutOk)
+        answered.append(answer.task_id)
+    assert daemon.proc.wait(10) == 0
+    connection.close()
+    restarted = make_daemon()
+    with Client(restarted.socket_path) as client:
+        stored = {task.task_id for task in client.tasks()}
+    assert {"t0000", *answered} <= stored
