@@ -5,11 +5,15 @@ tombstones, stats, explicit time, generations, and batch() (§6)."""
 import pytest
 
 from walqueue import (
+    CorruptStore,
+    InjectedCrash,
     InvalidRequest,
     KeyConflict,
     Lease,
     PutRequest,
     Queue,
+    QueueClosed,
+    QueueLocked,
     QueueStats,
     StaleLease,
     TaskView,
@@ -1048,3 +1052,74 @@ def test_compact_calls_its_phases_in_order(q, phases):
         "current.after_publish",
         "compact.after_delete",
     ]
+
+
+# -- hooks, self-closing, the error tree (SPEC §1, §3, §6) ---------------------
+
+SPEC_PHASES = {
+    "wal.before_write",
+    "wal.after_write",
+    "wal.after_sync",
+    "wal.after_rotate",
+    "snapshot.after_write",
+    "current.after_write",
+    "current.after_publish",
+    "compact.after_delete",
+    "recover.after_truncate",
+}
+
+
+def test_the_hook_is_called_with_the_spec_phase_names_and_no_others(q, directory, phases):
+    q.put("t1", {})
+    q.put_many([PutRequest("t2", {}), PutRequest("t3", {}, max_attempts=1)])
+    with q.batch():
+        leases = q.reserve("w", now=0, lease_seconds=5, limit=3)
+        q.touch(leases[0], now=1, lease_seconds=5)
+    q.ack(leases[0], now=2)
+    q.release(leases[1], now=2)
+    q.reserve("w", now=10, lease_seconds=5)
+    q.revive(["t3"], now=11)
+    q.compact()
+    q.put("t4", {})
+    q.close()
+    with (directory / sorted(directory.glob("wal-*.log"))[-1].name).open("ab") as segment:
+        segment.write(b"\x00\x00\x01")
+    with Queue(directory, hook=phases.append):
+        pass
+    assert set(phases) == SPEC_PHASES
+
+
+class Crash(BaseException):
+    pass
+
+
+def crash_at(phase):
+    def hook(seen):
+        if seen == phase:
+            raise Crash(seen)
+
+    return hook
+
+
+@pytest.mark.parametrize("phase", ["wal.before_write", "wal.after_write", "wal.after_sync"])
+def test_a_hook_that_raises_closes_the_queue_and_releases_the_lock(directory, phase):
+    q = Queue(directory, hook=crash_at(phase))
+    with pytest.raises(Crash):
+        q.put("t1", {})
+    with pytest.raises(QueueClosed):
+        q.stats()
+    with pytest.raises(QueueClosed):
+        q.put("t2", {})
+    q.close()  # still idempotent
+    with Queue(directory) as again:
+        # The frame was complete on disk from wal.after_write on: recovered.
+        assert (again.get("t1") is not None) == (phase != "wal.before_write")
+
+
+def test_the_error_tree_is_the_specs():
+    for error in (KeyConflict, StaleLease, CorruptStore, QueueLocked, QueueClosed, InvalidRequest):
+        assert issubclass(error, WalQueueError)
+    assert issubclass(WalQueueError, Exception)
+    assert issubclass(InvalidRequest, ValueError)
+    assert issubclass(InjectedCrash, BaseException)
+    assert not issubclass(InjectedCrash, Exception)
