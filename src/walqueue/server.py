@@ -44,6 +44,7 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -76,6 +77,10 @@ MAX_RECV_BYTES = 4 * 1024 * 1024
 OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
 DRAIN_SECONDS = 5.0
 ACCEPT_PAUSE_SECONDS = 0.5
+# While recovery runs, systemd hears from us this often, and each message
+# extends its start timeout by RECOVERY_EXTEND_USEC from then.
+RECOVERY_REPORT_SECONDS = 2.0
+RECOVERY_EXTEND_USEC = 30_000_000
 # Descriptors the daemon needs besides its connections (listener, selector,
 # wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs).
 RESERVED_DESCRIPTORS = 32
@@ -384,10 +389,10 @@ class Server:
             self._due_dirty = False
         return self._due_cache
 
-    def _watchdog(self) -> None:
+    def _watchdog(self, *, force: bool = False) -> None:
         if self.notifier.watchdog_seconds is None:
             return
-        if time.monotonic() >= self._next_watchdog:
+        if force or time.monotonic() >= self._next_watchdog:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = time.monotonic() + self.notifier.watchdog_seconds
 
@@ -786,6 +791,8 @@ class Server:
             wal_bytes = self.queue.stats().wal_bytes
             if wal_bytes <= self.compact_wal_bytes:
                 return
+            # The loop stalls for the compaction: ping the watchdog first.
+            self._watchdog(force=True)
             started = time.monotonic()
             seq = self.queue.compact()
         except Exception as exc:
@@ -927,6 +934,36 @@ def descriptor_budget(max_connections: int) -> int:
     return max_connections
 
 
+def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, notifier: Notifier) -> Queue:
+    """Open (recover) the Queue; while that takes long, tell systemd it is still starting.
+
+    Recovery runs in a helper thread so the main thread can send STATUS= and
+    EXTEND_TIMEOUT_USEC= every RECOVERY_REPORT_SECONDS; it raises what Queue() raises.
+    """
+    outcome: dict[str, object] = {}
+
+    def recover() -> None:
+        try:
+            outcome["queue"] = Queue(directory, hook=hook)
+        except BaseException as exc:  # handed to the main thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=recover, name="recovery", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    while True:
+        thread.join(RECOVERY_REPORT_SECONDS)
+        if not thread.is_alive():
+            break
+        elapsed = time.monotonic() - started
+        log.info("still recovering %s after %.0f s", directory, elapsed)
+        notifier.notify(f"EXTEND_TIMEOUT_USEC={RECOVERY_EXTEND_USEC}\n"
+                        f"STATUS=recovering {directory}: {elapsed:.0f} s so far")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["queue"]  # type: ignore[return-value]
+
+
 def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes: int,
            max_connections: int, hook: Callable[[str], None] | None) -> int:
     directory = os.path.abspath(directory)
@@ -936,7 +973,7 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
     log.info("opening %s", directory)
     started = time.monotonic()
     try:
-        queue = Queue(directory, hook=hook)
+        queue = open_reporting_progress(directory, hook, notifier)
     except QueueLocked as exc:
         log.error("another walqueued owns %s: %s", directory, exc)
         print(f"walqueued: another process owns {directory}: {exc}", file=sys.stderr)

@@ -9,6 +9,8 @@ subprocess:
 * ``WALQUEUE_TEST_FAIL_FILE``: while this file exists, the next
   ``wal.before_write`` deletes it and raises OSError(ENOSPC) — one injected
   write failure per file the test creates.
+* ``WALQUEUE_TEST_RECOVERY_SECONDS``: sleep this long at
+  ``recover.after_truncate``, to make a recovery (of a torn tail) slow.
 * ``WALQUEUE_TEST_CORRUPT_SEGMENT``: with the above, also append a zero
   length prefix and non-zero bytes to this WAL segment before raising, so the
   daemon's reopen meets a corrupt directory.
@@ -16,9 +18,13 @@ subprocess:
 
 import errno
 import os
+import time
 
 
 def hook(phase: str) -> None:
+    recovery_seconds = os.environ.get("WALQUEUE_TEST_RECOVERY_SECONDS")
+    if recovery_seconds and phase == "recover.after_truncate":
+        time.sleep(float(recovery_seconds))  # stands for a long recovery
     sync_log = os.environ.get("WALQUEUE_TEST_SYNC_LOG")
     if sync_log and phase == "wal.after_sync":
         fd = os.open(sync_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

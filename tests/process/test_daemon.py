@@ -442,3 +442,21 @@ def test_sigterm_mid_stream_answers_only_durable_writes_and_exits_0(make_daemon)
     with Client(restarted.socket_path) as client:
         stored = {task.task_id for task in client.tasks()}
     assert {"t0000", *answered} <= stored
+
+
+def test_a_long_recovery_extends_the_start_timeout_before_ready(make_daemon, workdir):
+    first = make_daemon()
+    with Client(first.socket_path) as client:
+        client.put("a", {})
+    assert first.terminate() == 0
+    with open(workdir / "queue" / f"wal-{1:020d}.log", "ab") as segment:
+        segment.write(b"\0\0\0\x40torn")  # an incomplete last frame: a torn tail
+    slow = make_daemon(*HOOK, env={"WALQUEUE_TEST_RECOVERY_SECONDS": "2.5"}, start=False)
+    slow.start(wait_ready=False)
+    progress = slow.wait_for_notification("EXTEND_TIMEOUT_USEC=30000000", 15)
+    assert "STATUS=recovering" in progress
+    slow.wait_for_notification("READY=1", 15)
+    ready_index = next(i for i, m in enumerate(slow.notifications) if "READY=1" in m.split("\n"))
+    assert slow.notifications.index(progress) < ready_index
+    with Client(slow.socket_path) as client:
+        assert client.get("a").status == "ready"
