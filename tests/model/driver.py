@@ -412,7 +412,7 @@ class ActionGenerator:
         if kind == "crash":
             return self.crash()
         if kind == "reopen":
-            return Action("reopen")
+            return Action("reopen", {"discard": self.c.integer(0, 1, "discard, not close?") == 1})
         if kind == "batch":
             return self.batch()
         return self.by_name(kind)
@@ -583,7 +583,7 @@ class Driver:
     def step(self, action: Action) -> None:
         self.trace.append(action)
         if action.name == "reopen":
-            self.reopen()
+            self.reopen(discard=action.args.get("discard", False))
         elif action.name == "crash":
             self.crash(action)
         elif action.name == "batch":
@@ -736,7 +736,7 @@ class Driver:
             if task.status == "leased":
                 self.leases_seen.append(future._lease_of(task))
 
-    def reopen(self) -> None:
+    def reopen(self, discard: bool = False) -> None:
         try:
             second = self.factory(self.directory)
         except walqueue.QueueLocked:
@@ -744,6 +744,14 @@ class Driver:
         else:
             second.close()
             self.fail("a second Queue on an owned directory did not raise QueueLocked")
+        if discard:
+            # SPEC §3: discarding a Queue object releases its lock.
+            self.queue = None
+            try:
+                self.queue = self.factory(self.directory, hook=self.hook)
+            except walqueue.QueueLocked:
+                self.fail("a discarded (unclosed) Queue kept its lock")
+            return
         self.queue.close()
         self.queue.close()  # close() is idempotent
         try:
@@ -900,6 +908,10 @@ def make_state_machine(queue_factory: QueueFactory) -> type[RuleBasedStateMachin
         @rule()
         def close_and_reopen(self) -> None:
             self.driver.step(Action("reopen"))
+
+        @rule()
+        def discard_and_reopen(self) -> None:
+            self.driver.step(Action("reopen", {"discard": True}))
 
         @rule(data=st.data())
         def batch(self, data: Any) -> None:
