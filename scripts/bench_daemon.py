@@ -272,7 +272,7 @@ def main() -> None:
               + " ".join(f"{op + ' p50/p99 ms':>20}" for op in OPS))
     print(header)
     print("-" * len(header))
-    for workers in (int(n) for n in args.workers.split(",")):
+    for workers in (int(n) for n in args.workers.split(",") if n):
         runs = [daemon_run(workers, args.seconds) for _ in range(args.runs)]
         rate = statistics.median(run["cycles_per_second"] for run in runs)
         per_fsync = statistics.median(run["requests_per_fsync"] for run in runs)

@@ -121,7 +121,7 @@ class Connection:
             self._next_id += 1
             try:
                 frames.append(p.encode(request))
-            except (TypeError, OverflowError, ValueError, p.ProtocolError) as exc:
+            except (TypeError, OverflowError, ValueError, RecursionError, p.ProtocolError) as exc:
                 raise InvalidRequest(f"cannot send {type(request).__name__.lower()}: {exc}") from exc
             ids.append(request.id)
         try:

@@ -370,7 +370,7 @@ def _peek_id(body: bytes) -> int | None:
     """Best effort: the integer ``id`` of an undecodable message, for its error answer."""
     try:
         value = msgspec.msgpack.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if isinstance(value, dict):
         candidate = value.get("id")
@@ -383,7 +383,9 @@ def decode_request(body: bytes) -> Request:
     """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``."""
     try:
         return _request_decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
+        # msgspec raises RecursionError for deeply nested input: still the
+        # peer's fault, never the daemon's end.
         raise ProtocolError(f"undecodable request: {exc}", _peek_id(body)) from exc
 
 
@@ -391,7 +393,7 @@ def decode_response(body: bytes) -> Response:
     """Decode one answer body. Raises ProtocolError."""
     try:
         return _response_decoder.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise ProtocolError(f"undecodable answer from the daemon: {exc}") from exc
 
 

@@ -279,8 +279,6 @@ class Server:
         self.stopping = False
         self._answers: list[Answer] = []
         self._turn_requests: list[tuple[Connection, int]] = []
-        self._due_cache: int | None = None
-        self._due_dirty = True
         self._next_watchdog = time.monotonic()
         self._accept_paused_until: float | None = None
         self._wake_read, self._wake_write = socket.socketpair()
@@ -371,23 +369,8 @@ class Server:
         return min(MAX_TIMER_SECONDS, max(0.0, min(deadlines)))
 
     def _next_due(self) -> int | None:
-        """Earliest ready available_at or lease deadline in the queue."""
-        accessor = getattr(self.queue, "next_due_time", None)
-        if accessor is not None:
-            return accessor()
-        if self._due_dirty:
-            # Fallback through the public API: O(tasks), done only when a
-            # turn changed something while workers are parked.
-            best: int | None = None
-            for task in self.queue.tasks("ready"):
-                if best is None or task.available_at < best:
-                    best = task.available_at
-            for task in self.queue.tasks("leased"):
-                if task.deadline is not None and (best is None or task.deadline < best):
-                    best = task.deadline
-            self._due_cache = best
-            self._due_dirty = False
-        return self._due_cache
+        """Earliest ready available_at or lease deadline: O(1) from the library's heaps."""
+        return self.queue.next_due_time()
 
     def _watchdog(self, *, force: bool = False) -> None:
         if self.notifier.watchdog_seconds is None:
@@ -569,8 +552,6 @@ class Server:
         except Exception as exc:
             self._write_failed(exc, answered_before)
             return False
-        if writing or len(self._answers) > answered_before:
-            self._due_dirty = True
         return writing
 
     def _write_failed(self, exc: Exception, answered_before: int) -> None:
@@ -606,7 +587,6 @@ class Server:
             raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: CorruptStore: {exc}") from exc
         except Exception as exc:
             raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
-        self._due_dirty = True
         log.info("reopened %s", self.directory)
 
     def _answer(self, conn: Connection, request_id: int, messages: list) -> None:
@@ -830,7 +810,9 @@ class Server:
             if not pending:
                 break
             for key, _ in self.selector.select(max(0.0, deadline - time.monotonic())):
-                if isinstance(key.data, Connection):
+                if key.data is _WAKEUP:
+                    self._drain_wakeup()  # another signal: keep draining answers
+                elif isinstance(key.data, Connection):
                     self._send(key.data)
                     self._settle(key.data)
         for conn in list(self.connections.values()):

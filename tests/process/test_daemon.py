@@ -249,7 +249,13 @@ def test_garbage_and_oversized_frames_close_only_their_connection(daemon):
         error = read_message(unknown_field)
         assert isinstance(error, p.Error) and error.id == 3 and "extra" in error.message
 
-        for sock in (garbage, oversized, no_hello, wrong_version, unknown_field):
+        deep = raw_connect(daemon.socket_path)
+        hello(deep)
+        deep.sendall(p.frame(b"\x91" * 200_000 + b"\xc0"))
+        error = read_message(deep)
+        assert isinstance(error, p.Error) and error.fatal
+
+        for sock in (garbage, oversized, no_hello, wrong_version, unknown_field, deep):
             sock.close()
         assert bystander.put("after", {}) == "after"
         assert bystander.stats().ready == 2

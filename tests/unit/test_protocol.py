@@ -85,6 +85,18 @@ def test_unknown_fields_and_wrong_types_are_protocol_errors_carrying_the_id():
     assert error.value.args[1] == 8
 
 
+def test_deeply_nested_input_is_a_protocol_error_not_a_crash():
+    deep = b"\x91" * 100_000 + b"\xc0"
+    body = (b"\x84" + msgspec.msgpack.encode("type") + msgspec.msgpack.encode("put")
+            + msgspec.msgpack.encode("id") + b"\x05" + msgspec.msgpack.encode("task_id")
+            + msgspec.msgpack.encode("t") + msgspec.msgpack.encode("payload") + b"\x81"
+            + msgspec.msgpack.encode("a") + deep)
+    with pytest.raises(p.ProtocolError):
+        p.decode_request(body)
+    with pytest.raises(p.ProtocolError):
+        p.decode_response(deep)
+
+
 @settings(max_examples=300)
 @given(st.binary(max_size=64))
 def test_garbage_can_only_raise_protocol_error(garbage):
