@@ -33,6 +33,7 @@ a correct library, so a deliberately broken Queue can be shown to be caught.
 
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -92,17 +93,29 @@ class HookCall:
     publishes: int  # CURRENT publications so far, this call included
 
 
+def injected_crash(description: str) -> BaseException:
+    return walqueue.InjectedCrash(f"injected at {description}")
+
+
+def disk_full(description: str) -> BaseException:
+    """An ordinary exception, as a failing write or fsync would raise (SPEC §3)."""
+    return OSError(errno.ENOSPC, f"simulated: no space left on device at {description}")
+
+
 class Recorder:
-    """A hook that records every call; optionally raises InjectedCrash at call `crash_at`,
-    and optionally inspects the directory at every call (`inspect(phase, op_index)`)."""
+    """A hook that records every call; optionally raises `make_error(...)` (by default an
+    InjectedCrash) at call `crash_at`, and optionally inspects the directory at every
+    call (`inspect(phase, op_index)`)."""
 
     def __init__(
         self,
         crash_at: int | None = None,
         inspect: Callable[[str, int], list[str]] | None = None,
+        make_error: Callable[[str], BaseException] = injected_crash,
     ):
         self.crash_at = crash_at
         self.inspect = inspect
+        self.make_error = make_error
         self.inspection_failures: list[str] = []
         self.calls: list[tuple[str, int]] = []
         self.op_index = -1
@@ -113,7 +126,7 @@ class Recorder:
         if self.inspect is not None:
             self.inspection_failures.extend(self.inspect(phase, self.op_index))
         if self.crash_at is not None and len(self.calls) - 1 == self.crash_at:
-            self.raised = walqueue.InjectedCrash(f"injected at hook call {self.crash_at} ({phase})")
+            self.raised = self.make_error(f"hook call {self.crash_at} ({phase})")
             raise self.raised
 
 
@@ -179,6 +192,8 @@ class ScriptRunner:
         try:
             result = call_real(queue, action)
         except walqueue.WalQueueError as error:
+            if recorder is not None and recorder.raised is not None:
+                raise  # the injected failure, wrapped: judged by the caller
             self.failures.append(
                 f"{self.context}: op {index} {action!r} raised {type(error).__name__}: {error}"
             )
@@ -360,6 +375,7 @@ def crash_once(
     crash_at: int,
     batched: bool,
     report: MatrixReport,
+    make_error: Callable[[str], BaseException] = injected_crash,
 ) -> None:
     point = calls[crash_at]
     context = (
@@ -368,7 +384,7 @@ def crash_once(
     )
     report.crash_points.append(context)
     failures = report.failures
-    recorder = Recorder(crash_at=crash_at)
+    recorder = Recorder(crash_at=crash_at, make_error=make_error)
     with scratch_directory("walqueue-crash-") as directory:
         crashed = reopened = None
         try:
@@ -376,12 +392,13 @@ def crash_once(
             runner = ScriptRunner(account, failures, context)
             try:
                 runner.run(crashed, 0, batched, recorder)
-            except walqueue.InjectedCrash as error:
-                if error is not recorder.raised:
-                    failures.append(f"{context}: a different InjectedCrash reached the caller")
-            except Exception as error:  # noqa: BLE001 - recorded as a failure
-                failures.append(f"{context}: the crash surfaced as {type(error).__name__}: {error}")
-                return
+            except (walqueue.InjectedCrash, Exception) as error:  # noqa: BLE001 - judged here
+                injected = recorder.raised
+                if injected is None or injected not in (error, error.__cause__, error.__context__):
+                    failures.append(
+                        f"{context}: the failure surfaced as {type(error).__name__}: {error}"
+                    )
+                    return
             else:
                 failures.append(f"{context}: the run finished without reaching the crash point")
                 return
@@ -583,13 +600,22 @@ def torn_tail_case(
 # --- the whole matrix ---------------------------------------------------------------
 
 
-def run_crash_matrix(queue_factory: QueueFactory, *, batched: bool = False) -> MatrixReport:
-    """Every crash point of SCRIPT (plain or in batches), plus the torn-tail cases."""
+def run_crash_matrix(
+    queue_factory: QueueFactory,
+    *,
+    batched: bool = False,
+    make_error: Callable[[str], BaseException] = injected_crash,
+) -> MatrixReport:
+    """Every crash point of SCRIPT (plain or in batches), plus the torn-tail cases.
+
+    `make_error` builds what the hook raises: an InjectedCrash (process death) by
+    default, or e.g. `disk_full` (an ordinary OSError, as from a failed write).
+    """
     report = MatrixReport()
     account = ScriptModel.build()
     calls = learn_hook_calls(queue_factory, account, batched, report)
     report.hook_calls = len(calls)
     for crash_at in range(len(calls)):
-        crash_once(queue_factory, account, calls, crash_at, batched, report)
+        crash_once(queue_factory, account, calls, crash_at, batched, report, make_error)
     run_torn_tail_checks(queue_factory, report)
     return report

@@ -6,8 +6,10 @@ each hook call (`InjectedCrash`) leaves a directory that reopens to exactly
 the reference model's state after the frames that were complete at that
 moment; the dead Queue is closed and its lock released at once; resuming the
 script (re-running the interrupted call only if it did not take effect) ends
-where the uninterrupted run ends. Torn and zero-filled WAL tails are
-truncated on open, and dying right after that truncation is survivable. All
+where the uninterrupted run ends. The same holds when the hook raises an
+ordinary OSError (a failing write or fsync, SPEC §3). Torn and zero-filled
+WAL tails are truncated on open, and dying right after that truncation is
+survivable. All
 nine SPEC §6 phases are exercised, and no other phase name is ever used. See
 tests/crash/matrix.py for the details of each check.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 
 import walqueue
-from tests.crash.matrix import PHASES, MatrixReport, run_crash_matrix
+from tests.crash.matrix import PHASES, MatrixReport, disk_full, run_crash_matrix
 from tests.crash.script import SCRIPT, ScriptModel
 from tests.model import disk
 from tests.model.driver import default_factory
@@ -69,6 +71,15 @@ def test_a_crash_at_every_hook_call_inside_batches_recovers_to_exactly_the_compl
 ) -> None:
     assert len(batched_report.crash_points) == batched_report.hook_calls
     assert not batched_report.failures, _failures(batched_report)
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["plain", "batched"])
+def test_a_failing_write_at_every_hook_call_closes_the_queue_and_recovers_the_same_way(
+    batched: bool,
+) -> None:
+    report = run_crash_matrix(default_factory, batched=batched, make_error=disk_full)
+    assert len(report.crash_points) == report.hook_calls
+    assert not report.failures, _failures(report)
 
 
 def test_batches_sync_less_often_than_single_calls(
