@@ -4,12 +4,14 @@ What it proves: for random sequences of put / put_many (with identical
 retries, in-list duplicates and conflicts), reserve (several workers, limits,
 lease lengths, reaping), ack / release / touch with current and stale leases
 (old and new generations, wrong worker, unknown task, at and past the
-deadline), revive, get, compact, close-and-reopen, `with q.batch()` groups
-(nested, and left by an exception) and a clock that jumps backwards, the
-library returns what the model returns or raises the same error class, and
-after every step holds the same tasks, counts, `last_seq`, `snapshot_seq`,
+deadline), revive, get, compact, close-and-reopen, discard-and-reopen,
+`with q.batch()` groups (nested, and left by an exception), deaths at a
+random hook call of a random writing call, batch or compaction, and a clock
+that jumps backwards, the library returns what the model returns or raises
+the same error class, calls the hook phases SPEC §6 prescribes, and after
+every step holds the same tasks, counts, `last_seq`, `snapshot_seq`,
 `wal_bytes` and on-disk records as the model. Invalid arguments are mixed in
-and must raise `InvalidRequest` without writing.
+and must raise `InvalidRequest` without writing. See driver.py for details.
 
 Hypothesis runs derandomized (a fixed seed) so CI is deterministic; a failure
 prints the shrunk steps and the trace of actions. The seeded random walks
