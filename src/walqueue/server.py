@@ -541,7 +541,8 @@ class Server:
         now = self.now()
         self._turn_requests = [(conn, request.id) for conn, request in requests]
         answered_before = len(self._answers)
-        writing = any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
+        # Serving parked reserves may write too (expire and reserve frames).
+        writing = bool(self.parked) or any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
         try:
             with self.queue.batch():
                 if self.parked:
