@@ -710,11 +710,14 @@ class Driver:
             pass
         else:
             self.fail(f"{action!r}: the queue still answers after dying")
+        mark = len(self.hook.log)
         crashed.close()
         try:
             self.queue = self.factory(self.directory, hook=self.hook)
         except walqueue.QueueLocked:
             self.fail(f"{action!r}: the dead queue still holds the lock")
+        # A death by exception leaves whole frames only: nothing to truncate.
+        self._no_phases_since(mark, f"reopening after {action!r}")
         expected = self.model.clone()
         for record in new_records[: self.hook.frames_complete]:
             expected._append({k: v for k, v in record.items() if k != "seq"})
@@ -744,6 +747,7 @@ class Driver:
         else:
             second.close()
             self.fail("a second Queue on an owned directory did not raise QueueLocked")
+        mark = len(self.hook.log)
         if discard:
             # SPEC §3: discarding a Queue object releases its lock.
             self.queue = None
@@ -751,6 +755,7 @@ class Driver:
                 self.queue = self.factory(self.directory, hook=self.hook)
             except walqueue.QueueLocked:
                 self.fail("a discarded (unclosed) Queue kept its lock")
+            self._no_phases_since(mark, "discarding and reopening")
             return
         self.queue.close()
         self.queue.close()  # close() is idempotent
@@ -762,6 +767,12 @@ class Driver:
             self.fail("stats() after close() did not raise QueueClosed")
         self.queue = None
         self.queue = self.factory(self.directory, hook=self.hook)
+        self._no_phases_since(mark, "closing and reopening")
+
+    def _no_phases_since(self, mark: int, what: str) -> None:
+        """No sync at close, and nothing to truncate on a clean open (SPEC §6)."""
+        if self.hook.log[mark:]:
+            self.fail(f"{what} called the hook with {self.hook.log[mark:]}")
 
     # -- the full comparison --
 
