@@ -198,8 +198,10 @@ def result(messages: list) -> Any:
     Raises the library exception an ``Error`` answer carries.
     """
     first = messages[0]
-    if isinstance(first, p.Error):
-        raise p.error_from_wire(first)
+    for message in messages:
+        # An error may also end a chunked answer that had begun.
+        if isinstance(message, p.Error):
+            raise p.error_from_wire(message)
     if isinstance(first, p.Leases):
         return p.Leases(id=first.id, leases=[lease for m in messages for lease in m.leases])
     if isinstance(first, p.TaskList):

@@ -100,6 +100,10 @@ EXIT_CORRUPT = 4
 REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
 
 
+class ListingInterrupted(Exception):
+    """A lazily produced ``tasks`` answer outlived the Queue it was reading."""
+
+
 class DaemonExit(Exception):
     """Stop serving and exit with ``code`` (after the usual cleanup)."""
 
@@ -223,7 +227,11 @@ class Connection:
     greeted: bool = False
     eof: bool = False
     closing: bool = False  # a fatal error was queued: close once it is sent
-    fatal: bytes = b""  # that error, sent after the answers to earlier requests
+    fatal: p.Error | None = None  # that error, sent after the answers to earlier requests
+    # Answers not encoded yet, in order: (request id, iterator of messages).
+    # Encoded into `out` only while `out` is below OUTPUT_HIGH_WATER_BYTES, so
+    # a long listing is produced as fast as the client reads it.
+    backlog: deque = field(default_factory=deque)
     closed: bool = False
     parked: int = 0
     events: int = 0
@@ -443,13 +451,13 @@ class Server:
         """Register exactly the events the connection needs now, or close it."""
         if conn.closed:
             return
-        if (conn.closing or conn.eof) and not conn.out and not conn.parked:
+        if (conn.closing or conn.eof) and not conn.out and not conn.backlog and not conn.parked:
             self._close(conn, "protocol error" if conn.closing else "closed by peer")
             return
         wanted = 0
-        if not conn.eof and not conn.closing and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
+        if not conn.eof and not conn.closing and not conn.backlog and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
             wanted |= selectors.EVENT_READ
-        if conn.out:
+        if conn.out or conn.backlog:
             wanted |= selectors.EVENT_WRITE
         if wanted == conn.events:
             return
@@ -462,16 +470,19 @@ class Server:
         conn.events = wanted
 
     def _send(self, conn: Connection) -> None:
-        while conn.out:
+        self._fill(conn)
+        while conn.out and not conn.closed:
             try:
                 sent = conn.sock.send(conn.out)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 conn.out.clear()
+                conn.backlog.clear()
                 self._close(conn, f"send failed: {exc}")
                 return
             del conn.out[:sent]
+            self._fill(conn)
 
     def _receive(self, conn: Connection, requests: list) -> None:
         size = max(RECV_BYTES, min(conn.reader.wanted_bytes(), MAX_RECV_BYTES))
@@ -528,8 +539,7 @@ class Server:
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
         log.warning("protocol error from %s: %s", conn.name, message)
-        error = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
-        conn.fatal = p.encode(error)
+        conn.fatal = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
         conn.closing = True
 
     # -- applying a turn ---------------------------------------------------------------
@@ -692,8 +702,7 @@ class Server:
                     wire = None if task is None else p.task_to_wire(task)
                     self._answer(conn, request_id, [p.TaskOk(id=request_id, task=wire)])
                 case p.Tasks():
-                    tasks = [p.task_to_wire(task) for task in q.tasks(request.status)]
-                    self._answer(conn, request_id, self._chunked(request_id, tasks, p.TaskList))
+                    self._answer(conn, request_id, self._listing(request_id, request.status))
                 case p.Stats():
                     stats = p.stats_to_wire(q.stats())
                     self._answer(conn, request_id, [p.StatsOk(id=request_id, stats=stats)])
@@ -739,31 +748,66 @@ class Server:
         last = len(chunks) - 1
         return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
 
+    def _listing(self, request_id: int, status: str | None):
+        """The ``tasks`` answer, produced lazily as the client reads it.
+
+        Views are taken outside any batch (see _fill), so each shows durable
+        state; a task whose status changed since the listing began is left
+        out of a filtered listing. A reopen in between ends it with an error.
+        """
+        queue = self.queue
+        views = queue.tasks(status)  # raises InvalidRequest now, inside the batch
+
+        def chunks():
+            batch: list[msgspec.Raw] = []
+            size = 0
+            while True:
+                if self.queue is not queue:
+                    raise ListingInterrupted("the queue was reopened after a write failure; list again")
+                view = next(views, None)
+                if view is None:
+                    break
+                if status is not None and view.status != status:
+                    continue
+                encoded = p.encode_value(p.task_to_wire(view))
+                if batch and size + len(encoded) > p.CHUNK_BUDGET_BYTES:
+                    yield p.TaskList(request_id, batch, True)
+                    batch, size = [], 0
+                batch.append(msgspec.Raw(encoded))
+                size += len(encoded)
+            yield p.TaskList(request_id, batch, False)
+
+        return chunks()
+
     def _queue_answers(self) -> None:
         for answer in self._answers:
-            self._queue_answer(answer)
+            if not answer.conn.closed:
+                answer.conn.backlog.append((answer.request_id, iter(answer.messages)))
         self._answers = []
         for conn in self.connections.values():
-            if conn.fatal:
-                conn.out += conn.fatal
-                conn.fatal = b""
+            if conn.fatal is not None:
+                conn.backlog.append((conn.fatal.id, iter([conn.fatal])))
+                conn.fatal = None
+            self._fill(conn)
 
-    def _queue_answer(self, answer: Answer) -> None:
-        conn = answer.conn
-        if conn.closed:
-            return
-        for message in answer.messages:
+    def _fill(self, conn: Connection) -> None:
+        """Encode backlog answers into ``out`` until it reaches the high-water mark."""
+        while conn.backlog and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
+            request_id, messages = conn.backlog[0]
             try:
+                message = next(messages, None)
+                if message is None:
+                    conn.backlog.popleft()
+                    continue
                 conn.out += p.encode(message)
+            except ListingInterrupted as exc:
+                conn.backlog.popleft()
+                conn.out += p.encode(p.Error(id=request_id, error="QueueClosed", message=str(exc)))
             except (p.ProtocolError, TypeError, OverflowError) as exc:
-                error = p.Error(
-                    id=answer.request_id,
-                    error="InvalidRequest",
-                    message=f"the answer cannot be sent: {exc}",
-                )
+                conn.backlog.popleft()
+                error = p.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
                 conn.out += p.encode(error)
-                log.error("answer to request %s from %s not encodable: %s", answer.request_id, conn.name, exc)
-                return
+                log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, exc)
 
     # -- compaction and shutdown --------------------------------------------------------
 
@@ -807,7 +851,7 @@ class Server:
             self._send(conn)
             self._settle(conn)
         while self.connections and time.monotonic() < deadline:
-            pending = [c for c in self.connections.values() if c.out]
+            pending = [c for c in self.connections.values() if c.out or c.backlog]
             if not pending:
                 break
             for key, _ in self.selector.select(max(0.0, deadline - time.monotonic())):

@@ -466,3 +466,20 @@ def test_a_long_recovery_extends_the_start_timeout_before_ready(make_daemon, wor
     assert slow.notifications.index(progress) < ready_index
     with Client(slow.socket_path) as client:
         assert client.get("a").status == "ready"
+
+
+def test_a_slow_reader_of_a_long_listing_does_not_hold_up_other_clients(daemon):
+    with Client(daemon.socket_path) as client:
+        for start in range(0, 120, 10):
+            client.put_many([{"task_id": f"t{index:03d}", "payload": {"pad": "x" * 100_000}}
+                             for index in range(start, start + 10)])
+        reader = Connection(daemon.socket_path)
+        (request_id,) = reader.send(p.Tasks(id=0))
+        # 12 MB are due to the reader, which reads nothing yet; the daemon
+        # encodes only up to its high-water mark and serves everyone else.
+        for _ in range(5):
+            assert client.stats().ready == 120
+        messages = reader.receive(request_id)
+        listed = [task.task_id for message in messages for task in message.tasks]
+        assert listed == [f"t{index:03d}" for index in range(120)]
+        reader.close()
