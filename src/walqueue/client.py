@@ -286,6 +286,11 @@ class Client:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Close the connection; later calls raise QueueClosed. Idempotent."""
         with self._lock:

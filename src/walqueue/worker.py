@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from walqueue import Lease, StaleLease
+from walqueue import Lease, QueueClosed, StaleLease
 from walqueue.client import Client, DaemonUnavailable
 
 log = logging.getLogger("walqueue.worker")
@@ -99,7 +99,10 @@ class Worker:
         while not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks):
             try:
                 leases = self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
-            except DaemonUnavailable as exc:
+            except (DaemonUnavailable, QueueClosed) as exc:
+                if self.client.closed:
+                    raise
+                # The daemon is restarting, or a write failed on its side.
                 log.warning("reserve failed, retrying: %s", exc)
                 self._stop_event.wait(RECONNECT_PAUSE_SECONDS)
                 continue
@@ -132,8 +135,8 @@ class Worker:
             try:
                 operation()
                 return
-            except DaemonUnavailable as exc:
-                if attempt == 1:
+            except (DaemonUnavailable, QueueClosed) as exc:
+                if attempt == 1 or self.client.closed:
                     log.error("could not finish %s, its lease will expire: %s", lease.task_id, exc)
                     return
             except StaleLease as exc:

@@ -427,13 +427,14 @@ def test_long_listings_arrive_in_chunks_and_are_reassembled(daemon):
     connection.close()
 
 
-def test_sigterm_mid_stream_answers_only_durable_writes_and_exits_0(make_daemon):
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_mid_stream_answers_only_durable_writes_and_exits_0(make_daemon, signal_number):
     daemon = make_daemon()
     connection = Connection(daemon.socket_path)
     ids = connection.send(*[p.Put(id=0, task_id=f"t{index:04d}", payload={"i": index})
                             for index in range(2000)])
     connection.receive(ids[0])  # the daemon is working through the stream
-    daemon.proc.send_signal(signal.SIGTERM)
+    daemon.proc.send_signal(signal_number)
     answered = []
     for request_id in ids[1:]:
         try:
@@ -483,3 +484,22 @@ def test_a_slow_reader_of_a_long_listing_does_not_hold_up_other_clients(daemon):
         listed = [task.task_id for message in messages for task in message.tasks]
         assert listed == [f"t{index:03d}" for index in range(120)]
         reader.close()
+
+
+def test_one_client_can_be_shared_by_threads(daemon):
+    import threading
+
+    results: dict[int, list[str]] = {}
+    with Client(daemon.socket_path) as client:
+        def put_some(thread: int) -> None:
+            results[thread] = [client.put(f"th{thread}-{index:02d}", {"i": index}) for index in range(40)]
+
+        threads = [threading.Thread(target=put_some, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert all(not thread.is_alive() for thread in threads)
+        for thread, ids in results.items():
+            assert ids == [f"th{thread}-{index:02d}" for index in range(40)]
+        assert client.stats().ready == 8 * 40
