@@ -109,6 +109,10 @@ class Connection:
     def send(self, *requests: p.Request) -> list[int]:
         """Number the requests, send them in one write, and return their ids.
 
+        The daemon stops reading a connection whose unread answers pass 8 MiB,
+        so a very long pipeline must interleave ``receive`` calls or the write
+        blocks until the timeout.
+
         Raises InvalidRequest (nothing sent) if a request cannot be encoded or
         is too large, DaemonUnavailable if the connection is broken.
         """

@@ -8,7 +8,7 @@
 3. acks on return, or releases with ``backoff(attempts)`` seconds of delay when
    the handler raises (after ``max_attempts`` the queue marks the task dead).
 
-An ``ack``/``release`` whose connection broke is retried once reconnected;
+An ``ack``/``release`` whose connection broke is retried (up to three tries);
 a ``StaleLease`` answer showing the task no longer leased under this lease's
 generation means the first attempt already took effect. The handler must be
 idempotent: a task whose lease expired (or whose ack was lost with the
@@ -29,6 +29,7 @@ log = logging.getLogger("walqueue.worker")
 
 MAX_BACKOFF_SECONDS = 300
 RECONNECT_PAUSE_SECONDS = 1.0
+FINISH_ATTEMPTS = 3
 
 
 def exponential_backoff(attempts: int) -> int:
@@ -115,34 +116,39 @@ class Worker:
         toucher = _Toucher(self.client, lease, self.lease_seconds) if self.touch else None
         if toucher is not None:
             toucher.start()
+        failure: Exception | None = None
         try:
             self.handler(lease)
         except Exception as exc:
-            self.failed += 1
-            delay = self.backoff(lease.attempts)
-            log.warning("task %s failed (attempt %d), due again in %d s: %r",
-                        lease.task_id, lease.attempts, delay, exc)
-            self._finish(lease, lambda: self.client.release(lease, delay=delay))
-        else:
-            self.processed += 1
-            self._finish(lease, lambda: self.client.ack(lease))
+            failure = exc
         finally:
+            # Stop touching before finishing, so no touch races the ack.
             if toucher is not None:
                 toucher.stop()
+        if failure is None:
+            self.processed += 1
+            self._finish(lease, lambda: self.client.ack(lease))
+            return
+        self.failed += 1
+        delay = self.backoff(lease.attempts)
+        log.warning("task %s failed (attempt %d), due again in %d s: %r",
+                    lease.task_id, lease.attempts, delay, failure)
+        self._finish(lease, lambda: self.client.release(lease, delay=delay))
 
     def _finish(self, lease: Lease, operation: Callable[[], None]) -> None:
-        for attempt in range(2):
+        for attempt in range(FINISH_ATTEMPTS):
             try:
                 operation()
                 return
             except (DaemonUnavailable, QueueClosed) as exc:
-                if attempt == 1 or self.client.closed:
+                if attempt == FINISH_ATTEMPTS - 1 or self.client.closed:
                     log.error("could not finish %s, its lease will expire: %s", lease.task_id, exc)
                     return
+                self._stop_event.wait(RECONNECT_PAUSE_SECONDS)
             except StaleLease as exc:
-                # After a retry, "no longer leased, same generation" means our
-                # first attempt was applied before the connection broke.
-                if attempt == 1 and exc.status != "leased" and exc.generation == lease.generation:
+                # On a retry, "no longer leased, same generation" means an
+                # earlier attempt was applied before its answer was lost.
+                if attempt > 0 and exc.status != "leased" and exc.generation == lease.generation:
                     return
                 log.warning("task %s: %s", lease.task_id, exc)
                 return

@@ -1,0 +1,66 @@
+"""walqueue.worker's decisions, against a scripted client (no daemon needed)."""
+
+from walqueue import Lease, StaleLease
+from walqueue.client import Client, DaemonUnavailable
+from walqueue.worker import Worker, exponential_backoff
+
+
+class ScriptedClient(Client):
+    """A Client whose calls replay a script instead of talking to a daemon."""
+
+    def __init__(self, leases, ack_outcomes=(), release_outcomes=()):
+        super().__init__("/nonexistent/walqueued.sock")
+        self.leases = list(leases)
+        self.ack_outcomes = list(ack_outcomes)
+        self.release_outcomes = list(release_outcomes)
+        self.calls = []
+
+    def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
+        return [self.leases.pop(0)] if self.leases else []
+
+    def _outcome(self, outcomes, name, *args):
+        self.calls.append((name, *args))
+        if outcomes:
+            outcome = outcomes.pop(0)
+            if outcome is not None:
+                raise outcome
+
+    def ack(self, lease):
+        self._outcome(self.ack_outcomes, "ack", lease.task_id)
+
+    def release(self, lease, *, delay=0):
+        self._outcome(self.release_outcomes, "release", lease.task_id, delay)
+
+
+def lease(task_id, attempts=1, generation=1):
+    return Lease(task_id, "w", generation, 100, attempts, {})
+
+
+def test_backoff_doubles_from_one_second_and_is_capped():
+    assert [exponential_backoff(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert exponential_backoff(50) == 300
+
+
+def test_a_successful_handler_is_acked_and_a_failing_one_released_with_backoff():
+    client = ScriptedClient([lease("ok"), lease("bad", attempts=3)])
+
+    def handler(current):
+        if current.task_id == "bad":
+            raise RuntimeError("boom")
+
+    worker = Worker(client, "w", handler, touch=False, wait=0)
+    assert worker.run(max_tasks=2) == 2
+    assert client.calls == [("ack", "ok"), ("release", "bad", 4)]
+    assert (worker.processed, worker.failed) == (1, 1)
+
+
+def test_an_ack_whose_answer_was_lost_counts_as_done_when_the_retry_finds_it_completed(monkeypatch):
+    import walqueue.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "RECONNECT_PAUSE_SECONDS", 0)  # no daemon to wait for
+    completed = StaleLease("gone", task_id="t", status="completed", generation=1)
+    client = ScriptedClient([lease("t")], ack_outcomes=[DaemonUnavailable("lost"), completed])
+    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
+    assert worker.run(max_tasks=1) == 1
+    assert client.calls == [("ack", "t"), ("ack", "t")]
+    assert worker.processed == 1
