@@ -503,3 +503,36 @@ def test_one_client_can_be_shared_by_threads(daemon):
         for thread, ids in results.items():
             assert ids == [f"th{thread}-{index:02d}" for index in range(40)]
         assert client.stats().ready == 8 * 40
+
+
+def test_a_release_and_a_revive_wake_parked_reserves(daemon):
+    import threading
+
+    def reserve_in_background(results: list) -> threading.Thread:
+        def run():
+            with Client(daemon.socket_path) as own:
+                started = time.monotonic()
+                results.extend(own.reserve("parked", wait=30))
+                results.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    with Client(daemon.socket_path) as client:
+        client.put("job", {}, max_attempts=2)
+        (lease,) = client.reserve("holder")
+        woken: list = []
+        thread = reserve_in_background(woken)
+        daemon.wait_for_log("parked reserve")
+        client.release(lease)  # attempts 1 of 2: ready again, due now
+        thread.join(20)
+        assert woken[0].task_id == "job" and woken[1] < 10
+        client.release(woken[0])  # attempts 2 of 2: dead
+        assert client.get("job").status == "dead"
+        woken = []
+        thread = reserve_in_background(woken)
+        daemon.wait_for_log("parked reserve", count=2)
+        client.revive(["job"])
+        thread.join(20)
+        assert woken[0].task_id == "job" and woken[1] < 10
