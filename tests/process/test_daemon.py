@@ -536,3 +536,53 @@ def test_a_release_and_a_revive_wake_parked_reserves(daemon):
         client.revive(["job"])
         thread.join(20)
         assert woken[0].task_id == "job" and woken[1] < 10
+
+
+def test_random_well_typed_requests_get_answers_never_a_dead_daemon(daemon):
+    import random
+
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    strings = ["", "a", "t1", "t2", "é", "\x00", "x" * 1025, "w"]
+    integers = [0, 1, 2, -1, 3, 2**63 - 1, 2**63, 2**64 - 1, -(2**63)]
+    values = [None, True, 1.5, float("nan"), float("inf"), 2**64 - 1, -(2**63), "s", b"bytes", [1, [2]], {"k": {}}]
+
+    def text():
+        return rng.choice(strings)
+
+    def number():
+        return rng.choice(integers)
+
+    def payload():
+        return {text() or "k": rng.choice(values) for _ in range(rng.randrange(3))}
+
+    def put_item():
+        return p.PutItem(task_id=text(), payload=payload(), key=rng.choice([None, text()]),
+                         available_at=number(), max_attempts=number())
+
+    makers = [
+        lambda: p.Put(0, text(), payload(), rng.choice([None, text()]), number(), number()),
+        lambda: p.PutMany(0, [put_item() for _ in range(rng.randrange(4))]),
+        lambda: p.Reserve(0, text(), number(), number(), rng.choice([0.0, -1.0, 301.0, float("nan")])),
+        lambda: p.Ack(0, text(), text(), number()),
+        lambda: p.Release(0, text(), text(), number(), number()),
+        lambda: p.Touch(0, text(), text(), number(), number()),
+        lambda: p.Revive(0, [text() for _ in range(rng.randrange(3))]),
+        lambda: p.Get(0, text()),
+        lambda: p.Tasks(0, rng.choice([None, "ready", "dead", "bogus", ""])),
+        lambda: p.Stats(0),
+    ]
+    connection = Connection(daemon.socket_path)
+    requests = [rng.choice(makers)() for _ in range(400)]
+    ids = connection.send(*requests)
+    for request, request_id in zip(requests, ids, strict=True):
+        messages = connection.receive(request_id)
+        for message in messages:
+            if isinstance(message, p.Error):
+                assert message.error in {"InvalidRequest", "KeyConflict", "StaleLease"}, (seed, request, message)
+                assert not message.fatal, (seed, request, message)
+    connection.close()
+    with Client(daemon.socket_path) as client:
+        client.stats()
+    assert "write failed" not in daemon.log(), seed
+    assert daemon.proc.poll() is None, seed
