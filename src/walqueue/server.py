@@ -897,23 +897,26 @@ def _parse_mode(value: str) -> int:
     return mode
 
 
-@click.group(
-    help="""walqueued: serve one WALQueue directory to local workers over a Unix socket.
-
-\b
+EXIT_CODES_HELP = """\b
 Exit codes:
-  0  stopped by SIGTERM/SIGINT after answering every read request
-  1  failure (cannot bind, the queue could not be reopened after a write error)
-  2  usage error
+  0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
+  1  failure: cannot open the directory or bind the socket, or reopening
+     the queue after a failed write failed
+  2  usage error; the socket path is not a socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
-  4  the directory is corrupt (CorruptStore)
+  4  the directory is corrupt (CorruptStore), at start or at a reopen
 """
+
+
+@click.group(
+    help="walqueued: serve one WALQueue directory to local workers over a Unix socket.",
+    epilog=EXIT_CODES_HELP,
 )
 def cli() -> None:
     pass
 
 
-@cli.command()
+@cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="Socket path [default: DIRECTORY/walqueued.sock].")

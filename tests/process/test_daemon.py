@@ -586,3 +586,22 @@ def test_random_well_typed_requests_get_answers_never_a_dead_daemon(daemon):
         client.stats()
     assert "write failed" not in daemon.log(), seed
     assert daemon.proc.poll() is None, seed
+
+
+def test_a_file_that_is_not_a_socket_is_never_replaced(make_daemon, workdir):
+    path = workdir / "precious"
+    path.write_text("keep me")
+    daemon = make_daemon(socket_path=str(path), start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(15) == 2
+    assert path.read_text() == "keep me"
+    assert "not a socket" in daemon.log()
+
+
+def test_a_socket_another_server_answers_on_is_not_taken_over(make_daemon, workdir):
+    first = make_daemon()
+    second = make_daemon(directory=workdir / "other-queue", socket_path=first.socket_path, start=False)
+    second.start(wait_ready=False)
+    assert second.proc.wait(15) == 3
+    with Client(first.socket_path) as client:
+        assert client.stats().ready == 0
