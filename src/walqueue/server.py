@@ -77,6 +77,7 @@ MAX_RECV_BYTES = 4 * 1024 * 1024
 OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
 DRAIN_SECONDS = 5.0
 ACCEPT_PAUSE_SECONDS = 0.5
+DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 # While recovery runs, systemd hears from us this often, and each message
 # extends its start timeout by RECOVERY_EXTEND_USEC from then.
 RECOVERY_REPORT_SECONDS = 2.0
@@ -270,7 +271,9 @@ class Server:
         max_connections: int,
         hook: Callable[[str], None] | None,
         notifier: Notifier,
+        hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
     ) -> None:
+        self.hello_timeout = hello_timeout
         self.directory = directory
         self.queue = queue
         self.listener = listener
@@ -289,6 +292,8 @@ class Server:
         self._turn_requests: list[tuple[Connection, int]] = []
         self._next_watchdog = time.monotonic()
         self._accept_paused_until: float | None = None
+        # (deadline, connection) in accept order, so deadlines are ascending.
+        self._awaiting_hello: deque[tuple[float, Connection]] = deque()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
@@ -344,6 +349,7 @@ class Server:
                 if mask & selectors.EVENT_READ and not conn.closed:
                     self._receive(conn, requests)
         self.turn += 1
+        self._expire_hellos()
         wrote = self._apply(requests)
         self._expire_waits()
         self._queue_answers()
@@ -355,8 +361,24 @@ class Server:
         if wrote:
             self._maybe_compact()
 
+    def _expire_hellos(self) -> None:
+        """Close connections that did not say hello in time: they hold a slot for nothing."""
+        clock = time.monotonic()
+        while self._awaiting_hello:
+            deadline, conn = self._awaiting_hello[0]
+            if conn.greeted or conn.closed:
+                self._awaiting_hello.popleft()
+            elif deadline <= clock:
+                self._awaiting_hello.popleft()
+                if not conn.closing:
+                    self._fatal(conn, None, f"no hello within {self.hello_timeout:g} s")
+            else:
+                return
+
     def _timeout(self) -> float | None:
         deadlines: list[float] = []
+        if self._awaiting_hello:
+            deadlines.append(self._awaiting_hello[0][0] - time.monotonic())
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until - time.monotonic())
         if self.notifier.watchdog_seconds is not None:
@@ -430,6 +452,7 @@ class Server:
                 continue
             conn = Connection(sock=sock, name=name)
             self.connections[sock.fileno()] = conn
+            self._awaiting_hello.append((time.monotonic() + self.hello_timeout, conn))
             self._settle(conn)
             log.info("connect %s", name)
 
@@ -925,12 +948,15 @@ def cli() -> None:
               show_default=True, help="Compact when the WAL since the last snapshot grows past this.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
               show_default=True, help="Connections beyond this are answered with an error and closed.")
+@click.option("--hello-timeout", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_HELLO_TIMEOUT_SECONDS, show_default=True,
+              help="Seconds a new connection has to send its hello before it is closed.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
 @click.option("--test-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
-          max_connections: int, log_level: str, test_hook: str | None) -> None:
+          max_connections: int, hello_timeout: float, log_level: str, test_hook: str | None) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT."""
     logging.basicConfig(
         stream=sys.stderr,
@@ -942,7 +968,7 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
     if test_hook is not None:
         hook = _load_hook(test_hook)
         log.warning("TEST ONLY fault-injection hook loaded: %s", test_hook)
-    sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook))
+    sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook, hello_timeout))
 
 
 def descriptor_budget(max_connections: int) -> int:
@@ -995,7 +1021,8 @@ def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, 
 
 
 def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes: int,
-           max_connections: int, hook: Callable[[str], None] | None) -> int:
+           max_connections: int, hook: Callable[[str], None] | None,
+           hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS) -> int:
     directory = os.path.abspath(directory)
     max_connections = descriptor_budget(max_connections)
     notifier = Notifier(dict(os.environ))
@@ -1038,6 +1065,7 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
         max_connections=max_connections,
         hook=hook,
         notifier=notifier,
+        hello_timeout=hello_timeout,
     )
     try:
         return server.run()

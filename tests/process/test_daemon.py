@@ -605,3 +605,15 @@ def test_a_socket_another_server_answers_on_is_not_taken_over(make_daemon, workd
     assert second.proc.wait(15) == 3
     with Client(first.socket_path) as client:
         assert client.stats().ready == 0
+
+
+def test_a_connection_that_never_says_hello_is_closed(make_daemon):
+    daemon = make_daemon("--hello-timeout", "0.5")
+    silent = raw_connect(daemon.socket_path)
+    started = time.monotonic()
+    error = read_message(silent)
+    assert isinstance(error, p.Error) and error.fatal and "hello" in error.message
+    assert read_message(silent) is None and time.monotonic() - started < 5
+    silent.close()
+    with Client(daemon.socket_path) as client:  # a prompt client is unaffected
+        assert client.stats().ready == 0
