@@ -1,0 +1,123 @@
+"""Deliberately broken variants of the library, each one plausible change.
+
+A test that cannot fail proves nothing. Each variant here is the real
+library with a single change that could survive a code review, applied by
+patching one function for the length of a test run. `tests/crash/
+test_broken_variants.py` runs the ordinary suites with a variant active
+(environment variable WALQUEUE_BROKEN, read by tests/conftest.py) and
+requires them to go red; the same suites are green on the real library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from unittest import mock
+
+from walqueue import queue as queue_module
+from walqueue import snapshot as snapshot_module
+from walqueue.codec import encode_frame
+from walqueue.queue import Queue
+from walqueue.state import COMPLETED, LEASED, READY, State
+from walqueue.wal import ActiveSegment
+
+
+def _newest_snapshot_wins(fs, directory):
+    """Recovery that trusts the newest snapshot file instead of CURRENT."""
+    names = sorted(name for name in fs.listdir(directory) if snapshot_module.is_snapshot_name(name))
+    if not names:
+        return None
+    return int(names[-1][len("snapshot-"):-len(".snap")]), names[-1]
+
+
+def _delete_before_publishing(self):
+    """Compaction that deletes the covered WAL before CURRENT names the new snapshot."""
+    return (self._rotate, self._write_snapshot, self._delete_covered, self._publish)
+
+
+def _entries_without_leases(self):
+    """A snapshot that writes leased tasks as ready: lease owners and deadlines lost."""
+    for task_id in sorted(self.tasks):
+        entry = self.tasks[task_id].entry()
+        if entry["status"] == LEASED:
+            entry.update(status=READY, worker=None, deadline=None)
+        yield entry
+
+
+def _write_snapshot_without_tombstones(fs, directory, state):
+    """A snapshot that leaves completed tasks out, so their keys could be reused."""
+    live = [entry for entry in state.entries() if entry["status"] != COMPLETED]
+    filename = snapshot_module.snapshot_name(state.last_seq)
+    frames = [encode_frame({"format": 1, "kind": "walqueue.snapshot", "seq": state.last_seq,
+                            "task_count": len(live)})]
+    frames += [encode_frame(entry) for entry in live]
+    frames.append(encode_frame({"kind": "end", "task_count": len(live)}))
+    fd = fs.create(os.path.join(directory, filename))
+    try:
+        fs.write(fd, b"".join(frames))
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    return filename
+
+
+def _append_before_checking(self, record):
+    """Writes the frame first and checks the lease after: a stale ack leaves a frame."""
+    frame = encode_frame(record)
+    self._active.append(frame)
+    change = self._state.check(record)
+    self._state.commit(change)
+
+
+_real_commit_expire = State._commit_expire
+
+
+def _expire_at_now(self, record, targets):
+    """A reap that makes expired tasks available at `now`, not at their old deadline."""
+    _real_commit_expire(self, record, targets)
+    for task in targets:
+        if task.status == READY:
+            task.available_at = record["now"]
+
+
+_real_current_lease = State._current_lease
+
+
+def _lease_valid_at_its_deadline(self, record):
+    """An off-by-one: a lease still counts at now == deadline."""
+    task = self.tasks.get(record["task_id"])
+    if task is not None and task.deadline is not None and record["now"] == task.deadline:
+        record = {**record, "now": record["now"] - 1}
+    return _real_current_lease(self, record)
+
+
+def _keep_torn_tail(self, size):
+    """Recovery that leaves a torn tail in place and appends after it."""
+
+
+VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "recovery_trusts_the_newest_snapshot":
+        lambda: mock.patch.object(queue_module, "read_current", _newest_snapshot_wins),
+    "compaction_deletes_before_publishing":
+        lambda: mock.patch.object(Queue, "_compaction_steps", _delete_before_publishing),
+    "snapshot_drops_lease_state":
+        lambda: mock.patch.object(State, "entries", _entries_without_leases),
+    "snapshot_drops_tombstones":
+        lambda: mock.patch.object(queue_module, "write_snapshot", _write_snapshot_without_tombstones),
+    "stale_ack_appends_a_frame":
+        lambda: mock.patch.object(Queue, "_append", _append_before_checking),
+    "reap_forgets_the_old_deadline":
+        lambda: mock.patch.object(State, "_commit_expire", _expire_at_now),
+    "lease_valid_at_its_deadline":
+        lambda: mock.patch.object(State, "_current_lease", _lease_valid_at_its_deadline),
+    "torn_tail_left_in_place":
+        lambda: mock.patch.object(ActiveSegment, "truncate", _keep_torn_tail),
+}
+
+
+@contextlib.contextmanager
+def active(name: str) -> Iterator[None]:
+    """Run the body with the named variant patched in. KeyError for an unknown name."""
+    with VARIANTS[name]():
+        yield

@@ -1,0 +1,96 @@
+"""Every deliberately broken variant (tests/broken.py) is caught; the real library is not.
+
+Three kinds of evidence, each run against every variant:
+  - the crash matrix (tests/crash/matrix.py), in process, with the variant patched in;
+  - seeded random walks against the reference model (tests/model/driver.py);
+  - the example-based unit suites, in a child pytest with WALQUEUE_BROKEN set.
+CAUGHT says which checks must go red for which variant; a variant that a
+check should catch and does not fails the test, and so does a check that
+goes red where it should not (the variant would then be broken in more ways
+than its one change, which would make the evidence worthless).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import broken
+from tests.crash.matrix import run_crash_matrix
+from tests.model.driver import run_model_check
+from walqueue import Queue
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_SEEDS = range(6)
+MODEL_STEPS = 150
+
+# variant -> (caught by the crash matrix, caught by the model walks, unit test file that catches it)
+CAUGHT = {
+    "recovery_trusts_the_newest_snapshot": (True, True, "tests/unit/test_recovery.py"),
+    "compaction_deletes_before_publishing": (True, True, "tests/unit/test_format.py"),
+    "snapshot_drops_lease_state": (True, True, "tests/unit/test_format.py"),
+    "snapshot_drops_tombstones": (True, True, "tests/unit/test_format.py"),
+    "stale_ack_appends_a_frame": (True, True, "tests/unit/test_semantics.py"),
+    "reap_forgets_the_old_deadline": (True, True, "tests/unit/test_semantics.py"),
+    "lease_valid_at_its_deadline": (False, True, "tests/unit/test_semantics.py"),
+    "torn_tail_left_in_place": (True, False, "tests/unit/test_recovery.py"),
+}
+
+
+def test_every_variant_in_tests_broken_has_an_expectation() -> None:
+    assert set(CAUGHT) == set(broken.VARIANTS)
+
+
+def test_the_real_library_passes_the_checks_that_catch_the_variants() -> None:
+    assert run_crash_matrix(Queue).failures == []
+    for seed in MODEL_SEEDS:
+        run_model_check(Queue, seed, steps=MODEL_STEPS)
+
+
+@pytest.mark.parametrize("variant", sorted(CAUGHT))
+def test_the_crash_matrix_catches_exactly_the_expected_variants(variant: str) -> None:
+    with broken.active(variant):
+        try:
+            failures = run_crash_matrix(Queue).failures
+        except Exception as error:  # noqa: BLE001 - the harness tripping over the variant is a catch
+            failures = [f"the matrix raised {type(error).__name__}: {error}"]
+    expected, _, _ = CAUGHT[variant]
+    assert bool(failures) == expected, failures[:3]
+
+
+@pytest.mark.parametrize("variant", sorted(CAUGHT))
+def test_the_model_walks_catch_exactly_the_expected_variants(variant: str) -> None:
+    caught = []
+    with broken.active(variant):
+        for seed in MODEL_SEEDS:
+            try:
+                run_model_check(Queue, seed, steps=MODEL_STEPS)
+            except AssertionError as error:
+                caught.append((seed, str(error).splitlines()[0]))
+            except Exception as error:  # noqa: BLE001 - a crash of the walk is a catch too
+                caught.append((seed, f"{type(error).__name__}: {error}"))
+    _, expected, _ = CAUGHT[variant]
+    assert bool(caught) == expected, caught[:3]
+
+
+@pytest.mark.parametrize("variant", sorted(CAUGHT))
+def test_a_unit_suite_goes_red_under_each_variant(variant: str) -> None:
+    _, _, suite = CAUGHT[variant]
+    env = {**os.environ, "WALQUEUE_BROKEN": variant}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", suite],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    summary = result.stdout.strip().splitlines()[-3:]
+    # Exit code 1 means tests ran and failed (not a collection or usage error).
+    assert result.returncode == 1, (result.returncode, summary, result.stderr[-2000:])
+    assert any(line.startswith("FAILED") for line in result.stdout.splitlines()), summary
