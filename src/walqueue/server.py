@@ -564,6 +564,9 @@ class Server:
         log.warning("protocol error from %s: %s", conn.name, message)
         conn.fatal = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
         conn.closing = True
+        if conn.parked:  # the connection is closing: its waits end with it
+            self.parked = deque(entry for entry in self.parked if entry.conn is not conn)
+            conn.parked = 0
 
     # -- applying a turn ---------------------------------------------------------------
 
