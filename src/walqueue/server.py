@@ -26,10 +26,12 @@ The loop (``selectors``, single thread) and why it is shaped this way:
   turn with ``QueueClosed``, drops the Queue and opens it again from disk;
   if that fails the daemon exits non-zero for its supervisor.
 
-Bounds: ``--max-connections`` open connections; a request body of at most
+Bounds: ``--max-connections`` open connections, each of which must say
+hello within ``--hello-timeout``; a request body of at most
 ``protocol.MAX_BODY_BYTES`` (checked from the length prefix before the body
 is read); a connection whose unsent answers exceed OUTPUT_HIGH_WATER_BYTES is
-not read from until they drain.
+not read from until they drain, and a long ``tasks`` listing is encoded only
+as fast as its client reads it.
 """
 
 from __future__ import annotations

@@ -104,6 +104,9 @@ def test_pipelined_requests_are_answered_by_id(daemon):
     assert [answers[i][0].task_id for i in ids[:-1]] == [f"t{index:03d}" for index in range(200)]
     assert answers[ids[-1]][0].task.payload == {"i": 7}
     connection.close()
+    # Connects and disconnects are logged with the peer's credentials.
+    daemon.wait_for_log(f"pid={os.getpid()} uid={os.getuid()}", count=2)
+    assert "disconnect" in daemon.log()
 
 
 def test_group_commit_answers_many_clients_with_fewer_fsyncs_than_requests(make_daemon, workdir, client_process):
