@@ -235,6 +235,8 @@ def learn_hook_calls(
                 report.failures.append(
                     f"{context}: directory holds {layout}, expected {expected_layout}"
                 )
+        except Exception as error:  # noqa: BLE001 - recorded; the calls seen so far still count
+            report.failures.append(f"{context}: raised {type(error).__name__}: {error}")
         finally:
             _close_quietly(queue)
     report.failures.extend(recorder.inspection_failures)
@@ -267,14 +269,14 @@ class DiskInspector:
         self.account = account
         self.context = context
         self.frames = 0  # wal.after_write calls so far
-        self.compactions_done = 0
+        self.compaction_ops = [i for i, action in enumerate(SCRIPT) if action.name == "compact"]
 
     def __call__(self, phase: str, op_index: int) -> list[str]:
         self.frames += phase == "wal.after_write"
         where = f"{self.context}: on disk at {phase} (op {op_index}, {self.frames} frames)"
         try:
             problems = self._inspect(phase, op_index)
-        except (disk.FrameError, OSError, ValueError, KeyError) as error:
+        except Exception as error:  # noqa: BLE001 - a broken library yields a report, not a crash
             problems = [f"unreadable: {type(error).__name__}: {error}"]
         return [f"{where}: {problem}" for problem in problems]
 
@@ -292,10 +294,9 @@ class DiskInspector:
             )
         if SCRIPT[op_index].name != "compact" or phase not in COMPACTION_PHASES:
             return problems
-        target = account.compaction_seqs[self.compactions_done]
-        previous = (
-            account.compaction_seqs[self.compactions_done - 1] if self.compactions_done else 0
-        )
+        number = self.compaction_ops.index(op_index)
+        target = account.compaction_seqs[number]
+        previous = account.compaction_seqs[number - 1] if number else 0
         name = f"snapshot-{target:020d}.snap"
         pointer = {"format": 1, "seq": target, "snapshot": name}
         before_publish = COMPACTION_PHASES.index(phase) < COMPACTION_PHASES.index(
@@ -317,7 +318,6 @@ class DiskInspector:
             if [frame.value for frame in frames] != [pointer]:
                 problems.append(f"CURRENT.tmp holds {[f.value for f in frames]}")
         if phase == "compact.after_delete":
-            self.compactions_done += 1
             snapshots = sorted(path.name for path in directory.glob("snapshot-*.snap"))
             segments = [path.name for path in disk.segment_paths(directory)]
             if snapshots != [name]:
@@ -613,9 +613,21 @@ def run_crash_matrix(
     """
     report = MatrixReport()
     account = ScriptModel.build()
-    calls = learn_hook_calls(queue_factory, account, batched, report)
+    # A broken library must yield a report, never crash the harness: every stage
+    # records an unexpected exception as a failure and the matrix goes on.
+    try:
+        calls = learn_hook_calls(queue_factory, account, batched, report)
+    except Exception as error:  # noqa: BLE001 - recorded as a failure
+        report.failures.append(f"uninterrupted run raised {type(error).__name__}: {error}")
+        calls = []
     report.hook_calls = len(calls)
     for crash_at in range(len(calls)):
-        crash_once(queue_factory, account, calls, crash_at, batched, report, make_error)
-    run_torn_tail_checks(queue_factory, report)
+        try:
+            crash_once(queue_factory, account, calls, crash_at, batched, report, make_error)
+        except Exception as error:  # noqa: BLE001 - recorded as a failure
+            report.failures.append(f"crash point {crash_at}: {type(error).__name__}: {error}")
+    try:
+        run_torn_tail_checks(queue_factory, report)
+    except Exception as error:  # noqa: BLE001 - recorded as a failure
+        report.failures.append(f"torn-tail checks raised {type(error).__name__}: {error}")
     return report
