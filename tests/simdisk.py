@@ -1,0 +1,183 @@
+"""A simulated disk for power-loss tests, behind the library's FileSystem seam.
+
+A process kill leaves everything the process wrote in the page cache, so it
+cannot catch a missing fsync. This disk keeps two images:
+
+  - the *volatile* one, what the running process sees (every write, rename
+    and unlink at once), and
+  - the *durable* one, what a power cut leaves: a file's bytes as of its last
+    fsync, and a directory's entries as of its last fsync.
+
+`power_loss(rng)` replaces the volatile image by the durable one plus a
+seeded choice of each file's unsynced operations: none, a prefix of them, or
+a prefix and then one write torn part-way (its first bytes, or zeros of its
+length, as a file extended past its last synced write reads). That is the
+model of POSIX durability the library relies on (file data needs fsync of
+the file; a name created, renamed or removed needs fsync of its directory).
+
+`skip` removes one fsync from the library without copying its code: an
+fsync (or directory fsync) called from a function of that name does nothing.
+
+The directory lock is not simulated: Queue takes it on the real directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Inode:
+    content: bytearray = field(default_factory=bytearray)
+    synced: bytes = b""
+    pending: list = field(default_factory=list)  # ("write", offset, bytes) | ("truncate", size)
+
+
+class SimFileSystem:
+    def __init__(self, skip: tuple[str, str] | None = None) -> None:
+        self.volatile: dict[str, dict[str, Inode]] = {}   # directory -> name -> inode
+        self.durable: dict[str, dict[str, Inode]] = {}
+        self.fds: dict[int, tuple[Inode, bool]] = {}       # fd -> (inode, append)
+        self.next_fd = 1000
+        self.skip = skip          # (caller function name, "fsync" | "fsync_directory")
+        self.skipped = 0          # how many fsyncs `skip` swallowed
+        self.fsyncs = 0
+
+    # -- the FileSystem seam ----------------------------------------------
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)  # the real one holds the LOCK file
+        self.volatile.setdefault(path, {})
+        self.durable.setdefault(path, {})
+
+    def listdir(self, path: str) -> list[str]:
+        return list(self.volatile[path])
+
+    def read(self, path: str) -> bytes:
+        return bytes(self._inode(path).content)
+
+    def open_append(self, path: str) -> int:
+        return self._open(path, append=True, truncate=False)
+
+    def create(self, path: str) -> int:
+        return self._open(path, append=False, truncate=True)
+
+    def write(self, fd: int, data: bytes) -> None:
+        inode, _ = self.fds[fd]
+        offset = len(inode.content)  # the library only appends, or writes a fresh file
+        inode.content += data
+        inode.pending.append(("write", offset, bytes(data)))
+
+    def fsync(self, fd: int) -> None:
+        if self._skipped("fsync"):
+            return
+        self.fsyncs += 1
+        inode, _ = self.fds[fd]
+        inode.synced = bytes(inode.content)
+        inode.pending.clear()
+
+    def close(self, fd: int) -> None:
+        # After power_loss() the dying process may still close what it held.
+        self.fds.pop(fd, None)
+
+    def truncate(self, fd: int, size: int) -> None:
+        inode, _ = self.fds[fd]
+        del inode.content[size:]
+        inode.pending.append(("truncate", size))
+
+    def rename(self, source: str, target: str) -> None:
+        source_dir, source_name = os.path.split(source)
+        target_dir, target_name = os.path.split(target)
+        self.volatile[target_dir][target_name] = self.volatile[source_dir].pop(source_name)
+
+    def unlink(self, path: str) -> None:
+        directory, name = os.path.split(path)
+        if name not in self.volatile[directory]:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        del self.volatile[directory][name]
+
+    def fsync_directory(self, path: str) -> None:
+        if self._skipped("fsync_directory"):
+            return
+        self.fsyncs += 1
+        self.durable[path] = dict(self.volatile[path])
+
+    # -- power ----------------------------------------------------------
+
+    def power_loss(self, rng: random.Random) -> None:
+        """Lose everything not durable, keeping a seeded choice of unsynced writes."""
+        self.fds.clear()
+        survivors: dict[int, Inode] = {}
+        for directory, entries in self.durable.items():
+            self.volatile[directory] = {}
+            for name, inode in entries.items():
+                if id(inode) not in survivors:
+                    survivors[id(inode)] = _after_power_loss(inode, rng)
+                self.volatile[directory][name] = survivors[id(inode)]
+            self.durable[directory] = dict(self.volatile[directory])
+
+    def durable_image(self, directory: str) -> dict[str, bytes]:
+        """What a power cut now would certainly leave: synced bytes of durable names."""
+        return {name: inode.synced for name, inode in self.durable[directory].items()}
+
+    def volatile_image(self, directory: str) -> dict[str, bytes]:
+        return {name: bytes(inode.content) for name, inode in self.volatile[directory].items()}
+
+    # -- internals --------------------------------------------------------
+
+    def _inode(self, path: str) -> Inode:
+        directory, name = os.path.split(path)
+        try:
+            return self.volatile[directory][name]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+
+    def _open(self, path: str, *, append: bool, truncate: bool) -> int:
+        directory, name = os.path.split(path)
+        entries = self.volatile[directory]
+        inode = entries.get(name)
+        if inode is None:
+            inode = entries[name] = Inode()
+        elif truncate:
+            del inode.content[:]
+            inode.pending.append(("truncate", 0))
+        self.next_fd += 1
+        self.fds[self.next_fd] = (inode, append)
+        return self.next_fd
+
+    def _skipped(self, kind: str) -> bool:
+        if self.skip is None or self.skip[1] != kind:
+            return False
+        caller = sys._getframe(2).f_code.co_name
+        if caller == self.skip[0]:
+            self.skipped += 1
+            return True
+        return False
+
+
+def _after_power_loss(inode: Inode, rng: random.Random) -> Inode:
+    content = bytearray(inode.synced)
+    operations = inode.pending
+    kept = rng.randint(0, len(operations))
+    for operation in operations[:kept]:
+        _apply(content, operation)
+    if kept < len(operations) and operations[kept][0] == "write" and rng.random() < 0.5:
+        _, offset, data = operations[kept]
+        cut = rng.randint(1, len(data))
+        torn = data[:cut] if rng.random() < 0.5 else bytes(cut)
+        _apply(content, ("write", offset, torn))
+    return Inode(content=content, synced=bytes(content))
+
+
+def _apply(content: bytearray, operation) -> None:
+    if operation[0] == "truncate":
+        del content[operation[1]:]
+        return
+    _, offset, data = operation
+    if len(content) < offset:
+        content += bytes(offset - len(content))
+    content[offset:offset + len(data)] = data
