@@ -294,6 +294,7 @@ class Server:
         self._turn_requests: list[tuple[Connection, int]] = []
         self._next_watchdog = time.monotonic()
         self._accept_paused_until: float | None = None
+        self.queue_epoch = 0  # bumped whenever the Queue is dropped after a failure
         # (deadline, connection) in accept order, so deadlines are ascending.
         self._awaiting_hello: deque[tuple[float, Connection]] = deque()
         self._wake_read, self._wake_write = socket.socketpair()
@@ -616,6 +617,9 @@ class Server:
         self._reopen()
 
     def _reopen(self) -> None:
+        # Listings in progress read the old state, which may hold the failed
+        # batch's undurable changes: end them, whether or not the reopen works.
+        self.queue_epoch += 1
         try:
             self.queue.close()
         except Exception as exc:  # the queue is being discarded either way
@@ -783,14 +787,14 @@ class Server:
         state; a task whose status changed since the listing began is left
         out of a filtered listing. A reopen in between ends it with an error.
         """
-        queue = self.queue
-        views = queue.tasks(status)  # raises InvalidRequest now, inside the batch
+        epoch = self.queue_epoch
+        views = self.queue.tasks(status)  # raises InvalidRequest now, inside the batch
 
         def chunks():
             batch: list[msgspec.Raw] = []
             size = 0
             while True:
-                if self.queue is not queue:
+                if self.queue_epoch != epoch:
                     raise ListingInterrupted("the queue was reopened after a write failure; list again")
                 view = next(views, None)
                 if view is None:

@@ -620,3 +620,27 @@ def test_a_connection_that_never_says_hello_is_closed(make_daemon):
     silent.close()
     with Client(daemon.socket_path) as client:  # a prompt client is unaffected
         assert client.stats().ready == 0
+
+
+def test_a_listing_in_progress_ends_with_an_error_when_the_queue_is_reopened(make_daemon, workdir):
+    from walqueue.client import result
+
+    fail_file = workdir / "fail"
+    daemon = make_daemon(*HOOK, env={"WALQUEUE_TEST_FAIL_FILE": str(fail_file)})
+    with Client(daemon.socket_path, retry_seconds=0) as client:
+        for start in range(0, 120, 10):
+            client.put_many([{"task_id": f"t{index:03d}", "payload": {"pad": "x" * 100_000}}
+                             for index in range(start, start + 10)])
+        reader = Connection(daemon.socket_path)
+        (request_id,) = reader.send(p.Tasks(id=0))
+        client.stats()  # the listing has begun (answers are in order per turn)
+        fail_file.touch()
+        with pytest.raises(QueueClosed):
+            client.put("boom", {})
+        messages = reader.receive(request_id)
+        assert isinstance(messages[-1], p.Error) and messages[-1].error == "QueueClosed"
+        assert all(isinstance(message, p.TaskList) and message.more for message in messages[:-1])
+        with pytest.raises(QueueClosed):
+            result(messages)
+        reader.close()
+        assert len(client.tasks()) == 120  # listing again works
