@@ -9,7 +9,8 @@ Two layers:
 * ``Client`` — SPEC §8's blocking API returning the library's dataclasses and
   raising the library's exceptions, plus ``DaemonUnavailable`` when the daemon
   cannot be reached. It connects lazily, reconnects on the next call after a
-  lost connection, and retries ``put``/``put_many`` (idempotent by key) across a
+  lost connection (before sending, when it sees the daemon closed an idle
+  connection — e.g. after a restart — so that call does not fail at all), and retries ``put``/``put_many`` (idempotent by key) across a
   reconnect or a daemon-side write failure for up to ``retry_seconds``. It never
   retries ``reserve`` (a lost answer would leak a lease until it expires) nor
   ``ack``/``release``/``touch`` (a retried ``ack`` may answer ``StaleLease``
@@ -24,6 +25,7 @@ whole wait. Give each thread that blocks in ``reserve`` its own ``Client``.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
@@ -93,6 +95,26 @@ class Connection:
     @property
     def broken(self) -> bool:
         return self._broken is not None
+
+    def idle_and_closed_by_peer(self) -> bool:
+        """True if nothing is outstanding and the daemon has closed this connection.
+
+        Lets a caller reconnect before sending, when that is certainly safe:
+        nothing was sent that the closed connection could have lost.
+        """
+        if self._broken is not None or self._pending:
+            return False
+        try:
+            ready, _, _ = select.select([self._sock], [], [], 0)
+            if not ready:
+                return False
+            closed = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (OSError, ValueError):
+            closed = True
+        if closed:
+            self._broken = "closed by the daemon"
+            self._sock.close()
+        return closed
 
     def close(self) -> None:
         if self._broken is None:
@@ -306,7 +328,11 @@ class Client:
     def _connected(self) -> Connection:
         if self._closed:
             raise QueueClosed(f"this Client of {self.path} is closed")
-        if self._connection is None or self._connection.broken:
+        if (
+            self._connection is None
+            or self._connection.broken
+            or self._connection.idle_and_closed_by_peer()  # e.g. the daemon restarted
+        ):
             self._connection = Connection(self.path, timeout=self.timeout, name=self.name)
         return self._connection
 

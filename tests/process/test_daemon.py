@@ -277,6 +277,18 @@ def test_the_client_reconnects_after_a_daemon_restart(make_daemon):
     client.close()
 
 
+def test_an_idle_client_does_not_notice_a_clean_daemon_restart(make_daemon):
+    daemon = make_daemon()
+    client = Client(daemon.socket_path)
+    client.put("a", {})
+    assert daemon.terminate() == 0
+    make_daemon()
+    # The old connection was closed by the daemon while idle: the client
+    # sees that before sending and reconnects, so even a reserve just works.
+    assert [lease.task_id for lease in client.reserve("w")] == ["a"]
+    client.close()
+
+
 def test_a_put_is_retried_across_a_reconnect(make_daemon):
     daemon = make_daemon()
     client = Client(daemon.socket_path, retry_seconds=20)
