@@ -168,7 +168,6 @@ class Compact(_Message, tag="compact"):
 
 
 Request = Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
-REQUEST_TYPES: tuple[type, ...] = Request.__args__  # type: ignore[attr-defined]
 
 # Requests that may append to the WAL; the others only read state.
 WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact)

@@ -33,6 +33,8 @@ def make_daemon(workdir):
     yield make
     for daemon in daemons:
         daemon.cleanup()
+        # Captured output is shown only when the test failed: the daemon's log.
+        print(f"--- {daemon.log_path.name} ---\n{daemon.log()}")
 
 
 @pytest.fixture
