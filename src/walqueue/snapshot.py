@@ -130,8 +130,11 @@ def read_current(fs: OsFileSystem, directory: str) -> tuple[int, str] | None:
     finally:
         if hasattr(data, "close"):
             data.close()
-    if len(frames) != 1:
-        raise CorruptStore(f"{CURRENT}: expected exactly one frame, found {len(frames)}")
+    if not frames:
+        raise CorruptStore(f"{CURRENT}: empty at offset 0; it must hold exactly one frame")
+    if len(frames) > 1:
+        raise CorruptStore(f"{CURRENT}: a second frame at offset {frames[1].offset}; "
+                           f"it must hold exactly one frame")
     value = frames[0].value
     if (type(value) is not dict or value.keys() != {"format", "seq", "snapshot"}
             or not _is_int(value["format"]) or value["format"] != FORMAT
