@@ -24,6 +24,7 @@ whole wait. Give each thread that blocks in ``reserve`` its own ``Client``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -57,6 +58,28 @@ def socket_path(socket_or_directory: str | os.PathLike) -> str:
     return path
 
 
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+
+
+@contextlib.contextmanager
+def unix_address(path: str):
+    """An address for ``path`` that fits in sun_path.
+
+    A longer path is reached through the parent directory's descriptor
+    (``/proc/self/fd/N/NAME``, Linux), which works for bind and connect alike.
+    """
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+        yield path
+        return
+    parent, name = os.path.split(os.path.abspath(path))
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
+
+
 class Connection:
     """One connection to walqueued, with the hello exchange done.
 
@@ -74,7 +97,8 @@ class Connection:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             self._sock.settimeout(timeout)
-            self._sock.connect(path)
+            with unix_address(path) as address:
+                self._sock.connect(address)
         except OSError as exc:
             self._sock.close()
             raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc}") from exc

@@ -66,6 +66,7 @@ from walqueue import (
     StaleLease,
 )
 from walqueue import protocol as p
+from walqueue.client import unix_address
 
 log = logging.getLogger("walqueued")
 
@@ -182,7 +183,8 @@ def bind_listener(path: str, mode: int) -> socket.socket:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.settimeout(1.0)
-            probe.connect(path)
+            with unix_address(path) as address:
+                probe.connect(address)
         except (ConnectionRefusedError, FileNotFoundError):
             log.info("replacing stale socket %s", path)
             os.unlink(path)
@@ -197,7 +199,8 @@ def bind_listener(path: str, mode: int) -> socket.socket:
     # chmod below sets exactly the requested mode.
     old_umask = os.umask(0o777)
     try:
-        listener.bind(path)
+        with unix_address(path) as address:
+            listener.bind(address)
     except OSError as exc:
         listener.close()
         raise DaemonExit(EXIT_FAILURE, f"cannot bind {path}: {exc}") from exc

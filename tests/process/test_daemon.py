@@ -656,3 +656,15 @@ def test_a_listing_in_progress_ends_with_an_error_when_the_queue_is_reopened(mak
             result(messages)
         reader.close()
         assert len(client.tasks()) == 120  # listing again works
+
+
+def test_socket_paths_longer_than_sun_path_work(make_daemon, workdir):
+    deep = workdir / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "walqueued.sock")
+    assert len(path) > 108
+    daemon = make_daemon(socket_path=path)
+    with Client(path) as client:
+        assert client.put("a", {}) == "a"
+    assert daemon.terminate() == 0
+    assert not os.path.exists(path)
