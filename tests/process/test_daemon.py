@@ -119,7 +119,8 @@ def test_group_commit_answers_many_clients_with_fewer_fsyncs_than_requests(make_
         assert code == 0, err
     requests = 4 * 100 + 4 * 25
     syncs = sync_log.stat().st_size
-    assert Client(daemon.socket_path).stats().ready == requests
+    with Client(daemon.socket_path) as client:
+        assert client.stats().ready == requests
     assert 0 < syncs < requests / 2, f"{syncs} fsyncs for {requests} durable puts"
 
 
@@ -207,7 +208,8 @@ def test_a_second_daemon_on_the_same_directory_exits_3_naming_it(daemon, make_da
 def test_sigkill_and_restart_keep_every_answered_write(make_daemon, client_process):
     daemon = make_daemon()
     writer = client_process("puts", daemon.socket_path, "k", 100000)
-    wait_until(lambda: Client(daemon.socket_path).stats().ready >= 50, 20, "50 durable puts")
+    with Client(daemon.socket_path) as watcher:
+        wait_until(lambda: watcher.stats().ready >= 50, 20, "50 durable puts")
     daemon.kill()
     code, out, err = writer.result(timeout=20)
     answered = [json.loads(line) for line in out.splitlines()]
@@ -338,7 +340,8 @@ def test_a_stale_socket_file_is_replaced_and_the_mode_applied(make_daemon, workd
     leftover.close()  # the file stays, nobody listens: a dead owner's socket
     daemon = make_daemon(socket_path=path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
-    assert Client(path).stats().ready == 0
+    with Client(path) as client:
+        assert client.stats().ready == 0
     assert daemon.terminate() == 0
     other = make_daemon("--socket-mode", "0600", socket_path=path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
