@@ -96,7 +96,9 @@ def _parse_snapshot(data, filename: str, seq: int) -> State:
     count = value["task_count"]
     loaded = 0
     end = None
+    last_end = header.end
     for frame in frames:
+        last_end = frame.end
         if end is not None:
             raise CorruptStore(f"{filename}: frame at offset {frame.offset} follows the end frame")
         entry = frame.value
@@ -113,8 +115,8 @@ def _parse_snapshot(data, filename: str, seq: int) -> State:
             raise CorruptStore(f"{filename}: entry at offset {frame.offset}: {error}") from error
         loaded += 1
     if end is None:
-        raise CorruptStore(f"{filename}: no end frame (the file is torn or truncated) "
-                           f"after {loaded} entries")
+        raise CorruptStore(f"{filename}: no end frame at offset {last_end}, after {loaded} "
+                           f"entries (the file is torn or truncated)")
     state.finish_loading(seq)
     return state
 
