@@ -292,7 +292,14 @@ Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
 )
 
-_encoder = msgspec.msgpack.Encoder()
+def _encode_other(value: Any) -> Any:
+    """Let any Mapping travel as a map, as the library accepts any Mapping in a payload."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"cannot encode {type(value).__name__} (not a JSON value)")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_encode_other)
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _response_decoder = msgspec.msgpack.Decoder(Response)
 

@@ -149,3 +149,14 @@ def test_put_many_items_come_from_put_requests_or_mappings():
         p.put_item({"task_id": "t", "payload": {}, "delay": 3})
     with pytest.raises(InvalidRequest):
         p.put_item({"payload": {}})
+
+
+def test_nested_mappings_of_any_kind_travel_as_maps():
+    from types import MappingProxyType
+
+    message = p.Put(id=1, task_id="t", payload={"inner": MappingProxyType({"a": 1})})
+    reader = p.FrameReader()
+    reader.feed(p.encode(message))
+    assert p.decode_request(reader.next_body()).payload == {"inner": {"a": 1}}
+    with pytest.raises(TypeError):
+        p.encode(p.Put(id=1, task_id="t", payload={"x": object()}))
