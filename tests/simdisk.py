@@ -49,10 +49,12 @@ class SimFileSystem:
 
     # -- the FileSystem seam ----------------------------------------------
 
-    def makedirs(self, path: str) -> None:
+    def makedirs(self, path: str) -> bool:
         os.makedirs(path, exist_ok=True)  # the real one holds the LOCK file
+        created = path not in self.volatile
         self.volatile.setdefault(path, {})
         self.durable.setdefault(path, {})
+        return created
 
     def listdir(self, path: str) -> list[str]:
         return list(self.volatile[path])
@@ -104,7 +106,8 @@ class SimFileSystem:
         if self._skipped("fsync_directory"):
             return
         self.fsyncs += 1
-        self.durable[path] = dict(self.volatile[path])
+        if path in self.volatile:  # a parent outside the simulation is already durable
+            self.durable[path] = dict(self.volatile[path])
 
     # -- power ----------------------------------------------------------
 

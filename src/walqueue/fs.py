@@ -19,8 +19,12 @@ DIRECTORY_MODE = 0o750
 class OsFileSystem:
     """File operations on the real file system, with short writes handled."""
 
-    def makedirs(self, path: str) -> None:
+    def makedirs(self, path: str) -> bool:
+        """Create the directory (and parents) if missing; True if it was created."""
+        if os.path.isdir(path):
+            return False
         os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
+        return True
 
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)

@@ -37,7 +37,7 @@ from .snapshot import (
     snapshot_name,
     write_snapshot,
 )
-from .state import LEASED, MAX_EXPIRE_IDS, State, Task
+from .state import LEASED, MAX_EXPIRE_IDS, RECORD_FIELDS, State, Task
 from .values import Lease, PutRequest, QueueStats, TaskView, copy_json
 from .wal import ActiveSegment, SegmentReader, list_segments
 
@@ -66,7 +66,9 @@ class Queue:
         self._active: ActiveSegment | None = None
         self._lock_fd: int | None = None
         self._batch_depth = 0
-        self._fs.makedirs(self._directory)
+        if self._fs.makedirs(self._directory):
+            # A new directory's own name must survive a power cut too.
+            self._fs.fsync_directory(os.path.dirname(os.path.abspath(self._directory)))
         self._lock_fd = _take_lock(self._directory)
         try:
             self._recover()
@@ -106,6 +108,10 @@ class Queue:
                                    newest=index == len(live) - 1)
             for offset, record in reader.records():
                 if record["seq"] <= snapshot_seq:
+                    # Covered by the snapshot: not applied, but still a record.
+                    if record.keys() != RECORD_FIELDS.get(record.get("op"), ()):
+                        raise CorruptStore(f"{filename}: frame at offset {offset} (seq "
+                                           f"{record['seq']}) is not a well-formed record")
                     continue
                 try:
                     state.apply(record)

@@ -37,7 +37,12 @@ def segment_name(first_seq: int) -> str:
 def segment_first_seq(filename: str) -> int | None:
     """F for a file named like a segment, else None."""
     match = _SEGMENT_NAME.fullmatch(filename)
-    return int(match.group(1)) if match else None
+    if match is None:
+        return None
+    first_seq = int(match.group(1))
+    if first_seq < 1:
+        raise CorruptStore(f"{filename}: a segment cannot start at seq 0 (seqs start at 1)")
+    return first_seq
 
 
 def list_segments(names) -> list[tuple[int, str]]:

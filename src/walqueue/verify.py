@@ -1,0 +1,583 @@
+"""Offline, read-only verification of a queue directory (`walqueue-ctl verify`).
+
+`verify_directory(path)` reads the directory the way `Queue(path)` recovers
+it (SPEC §5) and reports what it finds, without changing anything:
+
+  - it takes no lock and creates no file (not even LOCK); every file is
+    opened read-only (with O_NOATIME where the kernel allows it), so no byte
+    and no modification time changes;
+  - its verdict agrees with `Queue`: a directory has a problem of severity
+    "corrupt" if and only if opening it raises CorruptStore. It uses the
+    library's own pieces for that — `snapshot.read_current` and
+    `load_snapshot`, the frame rules of `codec`, the segment naming of `wal`,
+    and `State.apply` for every record recovery would apply;
+  - unlike recovery it does not stop at the first problem: after a damaged
+    frame it searches for the next valid frame and goes on, so one report
+    lists every damaged place it can find (file, offset, seq).
+
+Severities:
+  "corrupt"     open would raise CorruptStore because of this;
+  "torn-tail"   open would truncate this tail of the newest segment (a torn
+                write or preallocated zeros): expected after a crash, not an
+                error. If a complete valid frame is found inside the region
+                open would cut off, the description says so, because then the
+                "tail" is more likely a damaged length field than a torn write;
+  "note"        open would delete or ignore this (an orphan snapshot,
+                CURRENT.tmp, WAL segments the snapshot covers, a stray file);
+  "unreadable"  verify could not read a file (permissions, I/O error), so it
+                cannot say whether the directory is healthy.
+
+Records are checked against the state only up to the first corrupt problem:
+after it the state recovery would rebuild is unknown (the report says so in
+a note), while frames, checksums and seq continuity are still checked.
+
+Standard library only (this is the library layer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import re
+import struct
+from dataclasses import asdict, dataclass, field
+
+from .codec import DIGEST_BYTES, LENGTH_BYTES, MAX_FRAME_BYTES, decode_body
+from .errors import CorruptStore, WalQueueError
+from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name, load_snapshot, read_current
+from .state import RECORD_FIELDS, State
+from .validation import STATUSES
+from .wal import list_segments
+
+CORRUPT = "corrupt"
+TORN_TAIL = "torn-tail"
+NOTE = "note"
+UNREADABLE = "unreadable"
+SEVERITIES = (CORRUPT, TORN_TAIL, NOTE, UNREADABLE)
+
+LOCK = "LOCK"
+SOCKET_NAME = "walqueued.sock"  # the daemon's default socket lives in the directory
+# After a damaged frame, at most this many body bytes are hashed while
+# searching for the next valid frame, so verifying a file of garbage stays
+# bounded (the rest of such a file is then reported as unreadable bytes).
+MAX_RESYNC_HASH_BYTES = 256 * 1024 * 1024
+
+_LENGTH = struct.Struct(">I")
+_OFFSET = re.compile(r"\boffset (\d+)\b")
+_SEQ = re.compile(r"\bseq (\d+)\b")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: where it is and what it is."""
+
+    severity: str
+    file: str | None
+    what: str
+    offset: int | None = None
+    seq: int | None = None
+
+    def location(self) -> str:
+        parts = [self.file or "(directory)"]
+        if self.offset is not None:
+            parts.append(f"offset {self.offset}")
+        if self.seq is not None:
+            parts.append(f"seq {self.seq}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `verify_directory` found. `corrupt` is True iff `Queue(directory)` would raise CorruptStore.
+
+    `counts` (tasks per status) is None when the state cannot be rebuilt
+    (a corrupt directory). `last_seq` is the last seq recovery would reach,
+    or on a corrupt directory the last seq applied before the first problem.
+    `wal_bytes` is what `QueueStats.wal_bytes` would say right after open.
+    """
+
+    directory: str
+    problems: tuple[Problem, ...]
+    counts: dict[str, int] | None
+    last_seq: int | None
+    snapshot_seq: int | None
+    snapshot: str | None
+    segments: int
+    wal_bytes: int
+    total_bytes: int
+    lock_holder: int | None = field(default=None)
+
+    @property
+    def corrupt(self) -> bool:
+        return any(problem.severity == CORRUPT for problem in self.problems)
+
+    @property
+    def unreadable(self) -> bool:
+        return any(problem.severity == UNREADABLE for problem in self.problems)
+
+    @property
+    def healthy(self) -> bool:
+        """Open would succeed (torn tails and notes are not errors)."""
+        return not self.corrupt and not self.unreadable
+
+    def by_severity(self, severity: str) -> list[Problem]:
+        return [problem for problem in self.problems if problem.severity == severity]
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict of the whole report."""
+        report = asdict(self)
+        report["problems"] = [asdict(problem) for problem in self.problems]
+        report["healthy"] = self.healthy
+        report["corrupt"] = self.corrupt
+        return report
+
+
+class _ReadOnlyFiles:
+    """The two file-system calls verify needs; there is deliberately no way to write.
+
+    Passed to the library's `read_current` and `load_snapshot` in place of
+    `OsFileSystem`: if they ever tried to write, verify would fail loudly
+    instead of changing the directory.
+    """
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def read(self, path: str):
+        fd = _open_read_only(path)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return b""
+            return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+
+
+def _open_read_only(path: str) -> int:
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    noatime = getattr(os, "O_NOATIME", 0)
+    if noatime:
+        try:
+            return os.open(path, flags | noatime)
+        except PermissionError:
+            pass  # O_NOATIME needs ownership of the file; read it anyway
+    return os.open(path, flags)
+
+
+def _close(data) -> None:
+    if hasattr(data, "close"):
+        data.close()
+
+
+def _numbers_in(message: str, directory: str, pattern: re.Pattern) -> int | None:
+    match = pattern.search(message.replace(directory, ""))
+    return int(match.group(1)) if match else None
+
+
+class _Verifier:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.files = _ReadOnlyFiles()
+        self.problems: list[Problem] = []
+        # The state recovery would have at this point; None once it is unknown
+        # (the snapshot is unusable, or a corrupt problem came before).
+        self.state: State | None = None
+        self.state_stopped_at: str | None = None
+        self.resync_budget = MAX_RESYNC_HASH_BYTES
+        self.last_applied: int | None = None  # the last seq applied to a trusted state
+
+    def add(self, severity: str, file: str | None, what: str, *, offset: int | None = None,
+            seq: int | None = None) -> None:
+        self.problems.append(Problem(severity, file, what, offset, seq))
+        if severity in (CORRUPT, UNREADABLE) and self.state is not None:
+            self.state = None
+            where = file if offset is None else f"{file} offset {offset}"
+            self.state_stopped_at = where
+
+    def add_library_error(self, file: str, error: CorruptStore) -> None:
+        message = str(error)
+        self.add(CORRUPT, file, message,
+                 offset=_numbers_in(message, self.directory, _OFFSET),
+                 seq=_numbers_in(message, self.directory, _SEQ))
+
+    # -- frames ---------------------------------------------------------
+
+    def frames(self, data, name: str):
+        """Yield (offset, value, after_damage) of every valid frame; return (tail offset, tail kind).
+
+        Like codec.scan_frames, but a damaged frame is reported (as corrupt)
+        and the scan resumes at the next valid frame it can find. The tail
+        kind is "clean", "incomplete" or "zeros" as in codec.Tail, or
+        "damaged" when the file ends in bytes that hold no valid frame.
+        `after_damage` is True for the first frame found after a damaged one.
+        """
+        size = len(data)
+        offset = 0
+        after_damage = False
+        while True:
+            if offset >= size:
+                return offset, "clean"
+            if size - offset < LENGTH_BYTES:
+                return offset, ("zeros" if _all_zero(data, offset) else "incomplete")
+            (length,) = _LENGTH.unpack_from(data, offset)
+            if length == 0 and _all_zero(data, offset):
+                return offset, "zeros"
+            end = offset + LENGTH_BYTES + length + DIGEST_BYTES
+            if 1 <= length <= MAX_FRAME_BYTES and end > size:
+                return offset, "incomplete"
+            problem = self._frame_problem(data, offset, length, end)
+            if problem is None:
+                body = data[offset + LENGTH_BYTES:offset + LENGTH_BYTES + length]
+                yield offset, decode_body(body, ""), after_damage  # cannot fail: checked above
+                after_damage = False
+                offset = end
+                continue
+            resume = self._next_valid_frame(data, offset + 1)
+            if resume is None:
+                extent = f"; no valid frame follows in the {size - offset} bytes from there to the end"
+            elif 1 <= length <= MAX_FRAME_BYTES and resume == end:
+                extent = ""
+            else:
+                extent = f"; the next valid frame starts at offset {resume}"
+            self.add(CORRUPT, name, f"{name}: frame at offset {offset} {problem}{extent}",
+                     offset=offset)
+            if resume is None:
+                return size, "damaged"
+            offset = resume
+            after_damage = True
+
+    def _frame_problem(self, data, offset: int, length: int, end: int) -> str | None:
+        """Why the complete frame at `offset` is not valid (codec's rules), or None."""
+        if length == 0:
+            return "has length 0"
+        if length > MAX_FRAME_BYTES:
+            return f"has length {length}, above MAX_FRAME_BYTES={MAX_FRAME_BYTES}"
+        body = data[offset + LENGTH_BYTES:offset + LENGTH_BYTES + length]
+        if hashlib.sha256(body).digest() != data[end - DIGEST_BYTES:end]:
+            return "fails its SHA-256 checksum"
+        try:
+            decode_body(body, "")
+        except CorruptStore as error:
+            return str(error).strip()
+        return None
+
+    def _next_valid_frame(self, data, start: int) -> int | None:
+        """The first offset >= start where a complete valid frame begins, or None.
+
+        Hashes at most `resync_budget` body bytes over the whole run.
+        """
+        size = len(data)
+        unpack = _LENGTH.unpack_from
+        for offset in range(start, size - LENGTH_BYTES - DIGEST_BYTES):
+            (length,) = unpack(data, offset)
+            if not 1 <= length <= MAX_FRAME_BYTES:
+                continue
+            end = offset + LENGTH_BYTES + length + DIGEST_BYTES
+            if end > size:
+                continue
+            if self.resync_budget < length:
+                return None
+            self.resync_budget -= length
+            if self._frame_problem(data, offset, length, end) is None:
+                return offset
+        return None
+
+    # -- files ----------------------------------------------------------
+
+    def read(self, name: str):
+        """The bytes of a file in the directory, or None (reported) if it cannot be read."""
+        try:
+            return self.files.read(os.path.join(self.directory, name))
+        except OSError as error:
+            self.add(UNREADABLE, name, f"{name}: cannot be read: {error.strerror or error}")
+            return None
+
+
+def verify_directory(path: str | os.PathLike) -> VerifyReport:
+    """Check a queue directory offline and report every problem found.
+
+    Changes nothing: takes no lock, creates and writes no file.
+    Raises FileNotFoundError / NotADirectoryError if `path` is not an
+    existing directory (open would create it; there is nothing to verify),
+    and PermissionError if it cannot be listed.
+    """
+    directory = os.fspath(path)
+    verifier = _Verifier(directory)
+    names = sorted(verifier.files.listdir(directory))
+    total_bytes = 0
+    for name in names:
+        try:
+            total_bytes += os.lstat(os.path.join(directory, name)).st_size
+        except OSError:
+            pass
+
+    # -- CURRENT and the snapshot it names ----------------------------------
+    snapshot_seq: int | None = 0
+    snapshot_file: str | None = None
+    try:
+        current = read_current(verifier.files, directory)
+    except CorruptStore as error:
+        verifier.add_library_error(CURRENT, error)
+        current, snapshot_seq = None, None
+    except OSError as error:
+        verifier.add(UNREADABLE, CURRENT, f"{CURRENT}: cannot be read: {error.strerror or error}")
+        current, snapshot_seq = None, None
+    if current is None:
+        if snapshot_seq == 0:
+            verifier.state = State()
+    else:
+        snapshot_seq, snapshot_file = current
+        try:
+            verifier.state = load_snapshot(verifier.files, directory, snapshot_file, snapshot_seq)
+        except CorruptStore as error:
+            verifier.add_library_error(snapshot_file, error)
+            _survey_snapshot(verifier, snapshot_file)
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as error:
+            # SPEC §4: anything malformed on disk is CorruptStore; a library
+            # that raises something else here has a bug, which is named.
+            verifier.add(CORRUPT, snapshot_file, f"{snapshot_file}: malformed (the library raised "
+                         f"{type(error).__name__}: {error} instead of CorruptStore, a library bug)")
+            _survey_snapshot(verifier, snapshot_file)
+        except OSError as error:
+            verifier.add(UNREADABLE, snapshot_file,
+                         f"{snapshot_file}: cannot be read: {error.strerror or error}")
+    if snapshot_seq is None:
+        verifier.add(NOTE, None, "CURRENT is unusable, so which WAL segments the snapshot covers "
+                     "is unknown: every segment is checked on its own")
+
+    # -- the WAL segments, exactly as recovery walks them -------------------
+    segments = _segments(verifier, names)
+    if snapshot_seq is None:
+        covered: list[str] = []
+    else:
+        covered = [name for index, (_, name) in enumerate(segments[:-1])
+                   if segments[index + 1][0] <= snapshot_seq + 1]
+    for name in covered:
+        verifier.add(NOTE, name, f"{name}: wholly covered by the published snapshot "
+                     f"(seq {snapshot_seq}); open deletes it without reading it")
+    live = segments[len(covered):]
+    sizes: dict[str, int] = {}
+    tails: dict[str, tuple[int, str, str]] = {}
+    previous_last: int | None = None   # the last seq of the previous live segment
+    previous_unreadable = False
+    newest_last: int | None = None
+    for index, (first_seq, filename) in enumerate(live):
+        newest = index == len(live) - 1
+        if snapshot_seq is not None and not previous_unreadable:
+            expected = snapshot_seq + 1 if previous_last is None else previous_last + 1
+            if first_seq > expected or (previous_last is not None and first_seq != expected):
+                kind = "a sequence gap" if first_seq > expected else "overlapping segments"
+                verifier.add(CORRUPT, filename, f"{filename}: starts at seq {first_seq}, expected "
+                             f"seq {expected} ({kind})", seq=first_seq)
+        last = _verify_segment(verifier, filename, first_seq, newest, snapshot_seq, sizes, tails)
+        previous_unreadable = last is None
+        previous_last = last
+        newest_last = last
+
+    # -- what open would do with the tail and the leftovers ------------------
+    wal_bytes = 0
+    if live and snapshot_seq is not None and newest_last is not None and newest_last >= snapshot_seq:
+        wal_bytes = sum(sizes.get(name, 0) for _, name in live)
+        newest_name = live[-1][1]
+        if newest_name in tails:
+            offset, kind, what = tails[newest_name]
+            verifier.add(TORN_TAIL, newest_name, what, offset=offset)
+    elif live and snapshot_seq is not None:
+        for _, name in live:
+            verifier.add(NOTE, name, f"{name}: ends at or before the published snapshot "
+                         f"(seq {snapshot_seq}); open deletes it")
+    for name in names:
+        if name == CURRENT_TMP:
+            verifier.add(NOTE, name, f"{name}: left by an interrupted compaction; never "
+                         f"authoritative, open deletes it")
+        elif is_snapshot_name(name) and name != snapshot_file:
+            verifier.add(NOTE, name, f"{name}: an orphan snapshot (CURRENT does not name it); "
+                         f"never authoritative, open deletes it")
+        elif (name not in (CURRENT, LOCK, SOCKET_NAME) and not is_snapshot_name(name)
+              and not any(name == segment for _, segment in segments)):
+            verifier.add(NOTE, name, f"{name}: not a queue file; open ignores it")
+    if verifier.state is None and verifier.state_stopped_at is not None:
+        verifier.add(NOTE, None, f"records after the first problem ({verifier.state_stopped_at}) "
+                     f"were not checked against the state, which is unknown from there on")
+
+    state = verifier.state
+    healthy = not any(p.severity in (CORRUPT, UNREADABLE) for p in verifier.problems)
+    counts = dict(state.counts) if state is not None and healthy else None
+    return VerifyReport(
+        directory=directory,
+        problems=tuple(verifier.problems),
+        counts=counts,
+        last_seq=state.last_seq if state is not None else verifier.last_applied,
+        snapshot_seq=snapshot_seq,
+        snapshot=snapshot_file,
+        segments=len(segments),
+        wal_bytes=wal_bytes,
+        total_bytes=total_bytes,
+        lock_holder=_lock_holder(directory),
+    )
+
+
+def _verify_segment(verifier: _Verifier, filename: str, first_seq: int, newest: bool,
+                    snapshot_seq: int | None, sizes: dict, tails: dict) -> int | None:
+    """Check one segment like wal.SegmentReader plus recovery's apply loop.
+
+    Returns the seq of its last frame (first_seq - 1 when it has none),
+    or None when it cannot be read.
+    """
+    data = verifier.read(filename)
+    if data is None:
+        return None
+    last_seq = first_seq - 1
+    frame_count = 0
+    try:
+        scanner = verifier.frames(data, filename)
+        while True:
+            try:
+                offset, record, after_damage = next(scanner)
+            except StopIteration as stop:
+                tail_offset, tail_kind = stop.value
+                break
+            frame_count += 1
+            if type(record) is not dict or type(record.get("seq")) is not int:
+                verifier.add(CORRUPT, filename, f"{filename}: frame at offset {offset} is not a "
+                             f"record with a seq", offset=offset)
+                last_seq += 1
+                continue
+            seq = record["seq"]
+            if after_damage and seq > last_seq + 1:
+                pass  # the frames in between are the damage already reported
+            elif seq != last_seq + 1:
+                what = "first frame" if offset == 0 else "frame"
+                verifier.add(CORRUPT, filename, f"{filename}: {what} at offset {offset} has seq "
+                             f"{seq}, expected {last_seq + 1}", offset=offset, seq=seq)
+            last_seq = seq
+            if snapshot_seq is not None and seq <= snapshot_seq:
+                # Covered by the snapshot: not applied, but it must still be
+                # a well-formed record, as recovery insists.
+                op = record.get("op")
+                if record.keys() != (RECORD_FIELDS.get(op, ()) if isinstance(op, str) else ()):
+                    verifier.add(CORRUPT, filename, f"{filename}: frame at offset {offset} (seq "
+                                 f"{seq}) is not a well-formed record", offset=offset, seq=seq)
+                continue
+            state = verifier.state
+            if state is None:
+                continue
+            try:
+                state.apply(record)
+            except WalQueueError as error:
+                verifier.add(CORRUPT, filename, f"{filename}: frame at offset {offset} (seq {seq}): "
+                             f"invalid {record.get('op')!r} record: {error}", offset=offset, seq=seq)
+            except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as error:
+                verifier.add(CORRUPT, filename, f"{filename}: frame at offset {offset} (seq {seq}): "
+                             f"malformed {record.get('op')!r} record (the library raised "
+                             f"{type(error).__name__}: {error} instead of CorruptStore, a library "
+                             f"bug)", offset=offset, seq=seq)
+            else:
+                verifier.last_applied = seq
+        if tail_kind == "damaged":
+            sizes[filename] = len(data)
+            return last_seq
+        sizes[filename] = tail_offset
+        if not newest:
+            if tail_kind != "clean":
+                what = "an incomplete frame" if tail_kind == "incomplete" else \
+                    "zero bytes after its last frame"
+                verifier.add(CORRUPT, filename, f"{filename}: sealed segment has {what} at offset "
+                             f"{tail_offset}", offset=tail_offset)
+            elif frame_count == 0:
+                verifier.add(CORRUPT, filename, f"{filename}: sealed segment holds no frame")
+        elif tail_kind != "clean":
+            tails[filename] = (tail_offset, tail_kind,
+                               _describe_tail(verifier, data, filename, tail_offset, tail_kind))
+        return last_seq
+    finally:
+        _close(data)
+
+
+def _describe_tail(verifier: _Verifier, data, filename: str, offset: int, kind: str) -> str:
+    cut = len(data) - offset
+    if kind == "zeros":
+        return (f"{filename}: {cut} zero bytes after the last frame at offset {offset} "
+                f"(a preallocated or torn tail); open truncates them")
+    what = (f"{filename}: an incomplete final frame at offset {offset} ({cut} bytes, a torn "
+            f"write); open truncates it")
+    hidden = verifier._next_valid_frame(data, offset + 1)
+    if hidden is not None:
+        what += (f". WARNING: a complete valid frame starts at offset {hidden} inside that tail, "
+                 f"so this looks like a damaged length field rather than a torn write, and open "
+                 f"would discard the frames after it; keep a copy of {filename} before opening")
+    return what
+
+
+def _survey_snapshot(verifier: _Verifier, filename: str) -> None:
+    """After load_snapshot failed: report further damaged frames of the snapshot."""
+    first = verifier.problems[-1]
+    data = verifier.read(filename)
+    if data is None:
+        return
+    try:
+        before = len(verifier.problems)
+        scanner = verifier.frames(data, filename)
+        while True:
+            try:
+                next(scanner)
+            except StopIteration as stop:
+                tail_offset, tail_kind = stop.value
+                break
+        if tail_kind in ("incomplete", "zeros"):
+            what = "an incomplete frame" if tail_kind == "incomplete" else "zero bytes"
+            verifier.add(CORRUPT, filename, f"{filename}: {what} at offset {tail_offset} "
+                         f"(the file is torn)", offset=tail_offset)
+        # The first problem is already reported, in load_snapshot's words.
+        verifier.problems[before:] = [problem for problem in verifier.problems[before:]
+                                      if problem.offset != first.offset]
+    finally:
+        _close(data)
+
+
+def _segments(verifier: _Verifier, names) -> list[tuple[int, str]]:
+    """wal.list_segments, reporting (instead of raising) a name recovery rejects."""
+    segments = []
+    for name in names:
+        try:
+            found = list_segments([name])
+        except CorruptStore as error:
+            verifier.add_library_error(name, error)
+            continue
+        segments.extend(found)
+    return sorted(segments)
+
+
+def _all_zero(data, offset: int) -> bool:
+    tail = bytes(data[offset:])
+    return tail.count(0) == len(tail)
+
+
+def _lock_holder(directory: str) -> int | None:
+    """The pid holding LOCK (a running Queue or daemon), read from /proc/locks; None if none or unknown.
+
+    Taking or testing the lock would be a change (and could block an owner
+    starting up), so this only reads the kernel's table of flock locks.
+    """
+    try:
+        info = os.stat(os.path.join(directory, LOCK))
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            table = locks.read()
+    except OSError:
+        return None
+    wanted = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == wanted:
+            try:
+                return int(fields[4])
+            except ValueError:
+                return None
+    return None
+
+
+__all__ = ["CORRUPT", "NOTE", "SEVERITIES", "STATUSES", "TORN_TAIL", "UNREADABLE", "Problem",
+           "VerifyReport", "verify_directory"]
