@@ -1,0 +1,54 @@
+"""Recovery edge cases found while documenting the format (each was once accepted)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from walqueue import CorruptStore, Queue
+from walqueue.codec import encode_frame
+from walqueue.fs import OsFileSystem
+
+
+class RecordingFileSystem(OsFileSystem):
+    def __init__(self) -> None:
+        self.synced_directories: list[str] = []
+
+    def fsync_directory(self, path: str) -> None:
+        self.synced_directories.append(path)
+        super().fsync_directory(path)
+
+
+def test_a_junk_frame_covered_by_the_snapshot_is_still_corrupt(tmp_path) -> None:
+    queue = Queue(tmp_path)
+    queue.put("a", {})
+    queue.put("b", {})
+    queue.compact()  # snapshot through seq 2; wal-1 deleted, wal-3 active
+    queue.put("c", {})
+    queue.close()
+    # A leftover segment covered by the snapshot, whose first frame is not a record.
+    (tmp_path / "wal-00000000000000000001.log").write_bytes(
+        encode_frame({"bogus": 1, "seq": 1}) + encode_frame({"op": "nonsense", "seq": 2}))
+    os.unlink(tmp_path / "wal-00000000000000000003.log")
+    (tmp_path / "wal-00000000000000000001.log").write_bytes(
+        (tmp_path / "wal-00000000000000000001.log").read_bytes()
+        + encode_frame({"op": "put", "seq": 3, "tasks": [
+            {"available_at": 0, "key": "c", "max_attempts": 3, "payload": {}, "task_id": "c"}]}))
+    with pytest.raises(CorruptStore, match=r"wal-0+1\.log: frame at offset 0 \(seq 1\)"):
+        Queue(tmp_path)
+
+
+def test_a_segment_named_for_seq_zero_is_corrupt(tmp_path) -> None:
+    (tmp_path / "wal-00000000000000000000.log").write_bytes(encode_frame({"junk": True, "seq": 0}))
+    with pytest.raises(CorruptStore, match="wal-0+0.log"):
+        Queue(tmp_path)
+
+
+def test_creating_the_queue_directory_fsyncs_its_parent(tmp_path) -> None:
+    fs = RecordingFileSystem()
+    Queue(tmp_path / "new", filesystem=fs).close()
+    assert str(tmp_path) in fs.synced_directories
+    fs.synced_directories.clear()
+    Queue(tmp_path / "new", filesystem=fs).close()
+    assert str(tmp_path) not in fs.synced_directories
