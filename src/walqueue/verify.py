@@ -396,7 +396,8 @@ def verify_directory(path: str | os.PathLike) -> VerifyReport:
             verifier.add(NOTE, name, f"{name}: an orphan snapshot (CURRENT does not name it); "
                          f"never authoritative, open deletes it")
         elif (name not in (CURRENT, LOCK, SOCKET_NAME) and not is_snapshot_name(name)
-              and not any(name == segment for _, segment in segments)):
+              and not any(name == segment for _, segment in segments)
+              and not any(problem.file == name for problem in verifier.problems)):
             verifier.add(NOTE, name, f"{name}: not a queue file; open ignores it")
     if verifier.state is None and verifier.state_stopped_at is not None:
         verifier.add(NOTE, None, f"records after the first problem ({verifier.state_stopped_at}) "
