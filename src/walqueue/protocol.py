@@ -292,6 +292,7 @@ Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
 )
 
+
 def _encode_other(value: Any) -> Any:
     """Let any Mapping travel as a map, as the library accepts any Mapping in a payload."""
     if isinstance(value, Mapping):
