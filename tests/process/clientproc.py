@@ -39,6 +39,24 @@ def reserve(path: str, worker: str, wait: str, lease_seconds: str = "30") -> Non
     print(json.dumps({"task_ids": [lease.task_id for lease in leases], "elapsed": elapsed}), flush=True)
 
 
+def logged_cycles(path: str, worker: str) -> None:
+    """put + reserve + ack until killed, printing each answered write as it is answered."""
+    from walqueue.client import DaemonUnavailable
+
+    with Client(path, retry_seconds=0) as client:
+        index = 0
+        while True:
+            index += 1
+            try:
+                task_id = client.put(f"{worker}-{index:06d}", {"n": index})
+                print(json.dumps(["put", task_id]), flush=True)
+                for lease in client.reserve(worker, lease_seconds=60):
+                    client.ack(lease)
+                    print(json.dumps(["ack", lease.task_id]), flush=True)
+            except DaemonUnavailable:
+                return
+
+
 def cycles(path: str, worker: str, count: str) -> None:
     """put + reserve + ack, ``count`` times, one request at a time."""
     with Client(path) as client:

@@ -671,3 +671,27 @@ def test_socket_paths_longer_than_sun_path_work(make_daemon, workdir):
         assert client.put("a", {}) == "a"
     assert daemon.terminate() == 0
     assert not os.path.exists(path)
+
+
+def test_sigkill_under_concurrent_load_loses_no_answered_put_or_ack(make_daemon, client_process):
+    answered_puts: set[str] = set()
+    answered_acks: set[str] = set()
+    for round_number in range(2):
+        daemon = make_daemon()
+        workers = [client_process("logged_cycles", daemon.socket_path, f"r{round_number}w{n}") for n in range(3)]
+        with Client(daemon.socket_path) as watcher:
+            target = len(answered_puts) + 150
+            wait_until(lambda target=target: watcher.stats().last_seq >= target, 20, "load on the daemon")
+        daemon.kill()
+        for worker in workers:
+            code, out, err = worker.result(timeout=20)
+            assert code == 0, err
+            for line in out.splitlines():
+                kind, task_id = json.loads(line)
+                (answered_puts if kind == "put" else answered_acks).add(task_id)
+    restarted = make_daemon()
+    with Client(restarted.socket_path) as client:
+        tasks = {task.task_id: task.status for task in client.tasks()}
+    assert answered_puts <= set(tasks)
+    assert all(tasks[task_id] == "completed" for task_id in answered_acks)
+    assert len(answered_acks) > 50

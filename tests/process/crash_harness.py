@@ -1,0 +1,438 @@
+"""Seeded real-kill harness: walqueued SIGKILLed under live workers, restarted, drained, checked.
+
+``run_seed(seed)`` draws everything from ``random.Random(seed)``
+(``schedule_for``): the number of worker processes, the daemon's
+``--compact-wal-bytes``, and a list of daemon *incarnations*, each of which
+dies by SIGKILL:
+
+* armed: walqueued runs with ``--test-hook tests.process.kill_hook:hook``,
+  which kills it at the n-th occurrence of a named phase (SPEC §6);
+* a tear: armed at ``wal.before_write``, the hook first appends part of a
+  frame to the newest segment, then dies — a kill in the middle of a write.
+  The next incarnation is armed at ``recover.after_truncate`` (n=1), so it
+  dies during the recovery that truncates that torn tail;
+* timed: unarmed, and the harness sends SIGKILL a seeded time after READY.
+
+Like a supervisor, the harness starts the next incarnation on the same
+directory as soon as one dies. The workers (tests/process/crash_worker.py,
+separate processes) run throughout, reconnect and go on. After the last kill
+one unarmed incarnation serves a little longer; then the workers are told to
+stop, the harness drains the queue (reserve + ack until nothing is ready or
+leased, bounded, and logged like a worker), stops the daemon with SIGTERM
+(it must exit 0), and ``tests.process.checker`` judges the directory and the
+logs.
+
+Bounds: every wait has a deadline; every child is waited for; whatever is
+still running when ``run_seed`` leaves — by success, a failure or an
+exception — is SIGKILLed by pid and reaped. An armed incarnation whose phase
+never comes within ``FALLBACK_SECONDS`` is SIGKILLed by the harness and
+counted as ``fallback`` (not as that phase).
+
+A failure names the seed and the schedule; ``python scripts/crash_proof.py
+--seeds 1 --start SEED`` replays it (the schedule is the same; the exact
+interleaving of the processes is the operating system's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from walqueue import PHASES
+
+from . import checker
+from .crash_worker import CrashWorker
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK = "tests.process.kill_hook:hook"
+READY_SECONDS = 20.0
+FALLBACK_SECONDS = 8.0
+FINAL_MIN_SECONDS = 0.3
+WORKER_EXIT_SECONDS = 45.0
+WORKER_MAX_SECONDS = 600.0
+DRAIN_SECONDS = 40.0
+STOP_SECONDS = 15.0
+REAP_SECONDS = 10.0
+
+TIMER = "timer"
+FALLBACK = "fallback"
+COMPACTION_PHASES = ("wal.after_rotate", "snapshot.after_write", "current.after_write",
+                     "current.after_publish", "compact.after_delete")
+KILL_MODES = (*PHASES, TIMER)
+MAX_TORN_BYTES = 235  # below 4 + 200 + 32: kill_hook's torn frame is always incomplete
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One daemon run that is meant to die: armed at (phase, at), or killed ``timer`` s after READY."""
+
+    phase: str | None = None
+    at: int = 1
+    tear_bytes: int = 0
+    timer: float | None = None
+
+    def describe(self) -> str:
+        if self.phase is None:
+            return f"timer@{self.timer:.2f}s"
+        tear = f"+tear{self.tear_bytes}B" if self.tear_bytes else ""
+        return f"{self.phase}#{self.at}{tear}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    workers: int
+    compact_wal_bytes: int
+    incarnations: tuple[Incarnation, ...]
+    final_seconds: float
+
+    def describe(self) -> str:
+        kills = ", ".join(incarnation.describe() for incarnation in self.incarnations)
+        return (f"seed={self.seed} workers={self.workers} compact_wal_bytes={self.compact_wal_bytes} "
+                f"kills=[{kills}] final={self.final_seconds:.2f}s")
+
+
+def schedule_for(seed: int) -> Schedule:
+    """Everything a run decides up front, from the seed alone."""
+    rng = random.Random(seed)
+    workers = rng.randint(2, 4)
+    compact_wal_bytes = rng.choice([2048, 4096, 16384, 65536])
+    incarnations: list[Incarnation] = []
+    for _ in range(rng.randint(2, 4)):
+        mode = rng.choice(KILL_MODES)
+        if mode == TIMER:
+            incarnations.append(Incarnation(timer=round(rng.uniform(0.05, 1.5), 3)))
+        elif mode == "recover.after_truncate":
+            incarnations.append(Incarnation("wal.before_write", at=rng.randint(1, 30),
+                                            tear_bytes=rng.randint(1, MAX_TORN_BYTES)))
+            incarnations.append(Incarnation("recover.after_truncate", at=1))
+        elif mode in COMPACTION_PHASES:
+            incarnations.append(Incarnation(mode, at=rng.randint(1, 2)))
+        else:
+            incarnations.append(Incarnation(mode, at=rng.randint(1, 40)))
+    return Schedule(seed, workers, compact_wal_bytes, tuple(incarnations),
+                    round(rng.uniform(FINAL_MIN_SECONDS, 1.0), 3))
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    schedule: Schedule
+    kills: list[str] = field(default_factory=list)  # a phase, "timer" or "fallback" per kill
+    operations: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)  # the checker's, and the harness's own failures
+    tasks: int = 0
+    seconds: float = 0.0
+    workdir: str = ""
+    daemon_logs: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def report(self) -> str:
+        """Everything needed to understand and replay a failure."""
+        lines = [f"seed {self.seed} FAILED: {len(self.violations)} violation(s)",
+                 f"replay: python scripts/crash_proof.py --seeds 1 --start {self.seed}",
+                 f"schedule: {self.schedule.describe()}",
+                 f"kills as they happened: {self.kills}",
+                 f"directory and logs kept in: {self.workdir}",
+                 *(f"  {violation}" for violation in self.violations),
+                 "daemon logs (tails):", self.daemon_logs]
+        return "\n".join(lines)
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO)])
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+                 "WALQUEUE_KILL_PHASE", "WALQUEUE_KILL_AT", "WALQUEUE_KILL_TEAR_DIRECTORY",
+                 "WALQUEUE_KILL_TEAR_BYTES"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+class HarnessFailure(Exception):
+    """Something the harness expected did not happen (a daemon exited on its own, a worker hung, ...)."""
+
+
+class DaemonRun:
+    """One walqueued incarnation: a child process with its own log and sd_notify socket."""
+
+    def __init__(self, workdir: Path, number: int, directory: Path, socket_path: Path,
+                 compact_wal_bytes: int, env: dict[str, str]) -> None:
+        self.log_path = workdir / f"daemon-{number}.log"
+        self.notify_path = workdir / f"n{number}.sock"
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._notify.bind(str(self.notify_path))
+        command = [sys.executable, "-m", "walqueue.server", "serve", str(directory),
+                   "--socket", str(socket_path), "--compact-wal-bytes", str(compact_wal_bytes),
+                   "--log-level", "info", "--test-hook", HOOK]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env=child_env({"NOTIFY_SOCKET": str(self.notify_path), **env}),
+                                         cwd=REPO)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True at READY=1; False if the process exited first. Raises HarnessFailure on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise HarnessFailure(f"walqueued (pid {self.proc.pid}) not ready after {timeout} s")
+            self._notify.settimeout(min(remaining, 0.1))  # also re-checks that the process lives
+            try:
+                message = self._notify.recv(4096).decode()
+            except TimeoutError:
+                continue
+            if "READY=1" in message.split("\n"):
+                return True
+
+    def sigkill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(REAP_SECONDS)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.sigkill()
+        self._notify.close()
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(f"    {self.log_path.name}: {line}" for line in text[-lines:])
+
+
+class Run:
+    """The mutable state of one seed's run; ``run_seed`` is its only user."""
+
+    def __init__(self, schedule: Schedule, workdir: Path) -> None:
+        self.schedule = schedule
+        self.workdir = workdir
+        self.directory = workdir / "queue"
+        self.socket_path = workdir / "wq.sock"
+        self.kill_log = workdir / "kills.jsonl"
+        self.stop_file = workdir / "stop"
+        self.daemons: list[DaemonRun] = []
+        self.workers: list[subprocess.Popen] = []
+        self.worker_logs: list[Path] = []
+        self.kills: list[str] = []
+        self._kill_lines_seen = 0
+
+    def start_daemon(self, incarnation: Incarnation | None) -> DaemonRun:
+        env = {"WALQUEUE_KILL_LOG": str(self.kill_log)}
+        if incarnation is not None and incarnation.phase is not None:
+            env["WALQUEUE_KILL_PHASE"] = incarnation.phase
+            env["WALQUEUE_KILL_AT"] = str(incarnation.at)
+            if incarnation.tear_bytes:
+                env["WALQUEUE_KILL_TEAR_DIRECTORY"] = str(self.directory)
+                env["WALQUEUE_KILL_TEAR_BYTES"] = str(incarnation.tear_bytes)
+        daemon = DaemonRun(self.workdir, len(self.daemons) + 1, self.directory, self.socket_path,
+                           self.schedule.compact_wal_bytes, env)
+        self.daemons.append(daemon)
+        return daemon
+
+    def start_workers(self) -> None:
+        for number in range(self.schedule.workers):
+            name = f"w{number}"
+            log_path = self.workdir / f"{name}.jsonl"
+            self.worker_logs.append(log_path)
+            stderr = open(self.workdir / f"{name}.err", "ab")  # noqa: SIM115 - closed right after Popen
+            with stderr:
+                self.workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "tests.process.crash_worker", str(self.socket_path), str(log_path),
+                     name, str(self.schedule.seed), str(self.stop_file), str(WORKER_MAX_SECONDS)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                    env=child_env({}), cwd=REPO))
+
+    def new_kill_lines(self) -> list[dict]:
+        try:
+            lines = self.kill_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        fresh = lines[self._kill_lines_seen:]
+        self._kill_lines_seen = len(lines)
+        return [json.loads(line) for line in fresh]
+
+    def expect_sigkilled(self, daemon: DaemonRun, what: str) -> None:
+        code = daemon.proc.returncode
+        if code != -signal.SIGKILL:
+            raise HarnessFailure(f"walqueued {what} exited with code {code} instead of dying by SIGKILL")
+
+    def kill_one(self, incarnation: Incarnation) -> None:
+        """Run one incarnation until it dies; record how."""
+        daemon = self.start_daemon(incarnation)
+        if incarnation.phase is None:
+            if not daemon.wait_ready(READY_SECONDS):
+                raise HarnessFailure(f"walqueued exited with code {daemon.proc.returncode} before READY")
+            try:
+                daemon.proc.wait(incarnation.timer)
+            except subprocess.TimeoutExpired:
+                daemon.sigkill()
+                self.kills.append(TIMER)
+                return
+            raise HarnessFailure(f"walqueued exited on its own with code {daemon.proc.returncode}")
+        try:
+            daemon.proc.wait(FALLBACK_SECONDS)
+        except subprocess.TimeoutExpired:
+            daemon.sigkill()
+            self.kills.append(FALLBACK)
+            return
+        self.expect_sigkilled(daemon, f"armed at {incarnation.describe()}")
+        lines = self.new_kill_lines()
+        if len(lines) != 1 or lines[0]["phase"] != incarnation.phase or lines[0]["pid"] != daemon.proc.pid:
+            raise HarnessFailure(f"walqueued armed at {incarnation.describe()} died by SIGKILL but the kill "
+                                 f"log says {lines}")
+        self.kills.append(incarnation.phase)
+
+    def run(self) -> bool:
+        """Kills, final serve, drain, stop. Returns whether the drain emptied the queue."""
+        # The workers start first and wait for the daemon on their own.
+        self.start_workers()
+        for incarnation in self.schedule.incarnations:
+            self.kill_one(incarnation)
+        final = self.start_daemon(None)
+        if not final.wait_ready(READY_SECONDS):
+            raise HarnessFailure(f"the final walqueued exited with code {final.proc.returncode} before READY")
+        try:
+            final.proc.wait(self.schedule.final_seconds)
+            raise HarnessFailure(f"the final walqueued exited on its own with code {final.proc.returncode}")
+        except subprocess.TimeoutExpired:
+            pass
+        self.stop_file.touch()
+        for worker in self.workers:
+            try:
+                code = worker.wait(WORKER_EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise HarnessFailure(f"worker pid {worker.pid} did not stop within {WORKER_EXIT_SECONDS} s") \
+                    from None
+            if code != 0:
+                raise HarnessFailure(f"worker pid {worker.pid} exited with code {code}")
+        drain_log = self.workdir / "drain.jsonl"
+        self.worker_logs.append(drain_log)
+        drainer = CrashWorker(str(self.socket_path), str(drain_log), "drain", self.schedule.seed, None)
+        try:
+            drained = drainer.drain(DRAIN_SECONDS)
+        finally:
+            drainer.close()
+        final.proc.send_signal(signal.SIGTERM)
+        try:
+            code = final.proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise HarnessFailure(f"walqueued ignored SIGTERM for {STOP_SECONDS} s") from None
+        if code != 0:
+            raise HarnessFailure(f"walqueued exited with code {code} after SIGTERM")
+        if not drained:
+            raise HarnessFailure(f"the drain did not empty the queue within {DRAIN_SECONDS} s")
+        return drained
+
+    def cleanup(self) -> None:
+        """SIGKILL and reap, by pid, every child still running."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGKILL)
+            try:
+                worker.wait(REAP_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        for daemon in self.daemons:
+            try:
+                daemon.close()
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def count_operations(log_paths: list[Path]) -> tuple[int, Counter]:
+    outcomes: Counter = Counter()
+    for record in checker.read_logs([path for path in log_paths if path.exists()]):
+        outcomes[record["outcome"]] += 1
+    return sum(outcomes.values()), outcomes
+
+
+def run_seed(seed: int, *, keep: bool = False) -> SeedResult:
+    """Run one seed end to end; never leaves a process running. The workdir is kept on failure."""
+    schedule = schedule_for(seed)
+    result = SeedResult(seed, schedule)
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix=f"wqc{seed}-", dir="/tmp"))  # short: socket paths
+    result.workdir = str(workdir)
+    run = Run(schedule, workdir)
+    drained = False
+    try:
+        try:
+            drained = run.run()
+        except HarnessFailure as exc:
+            result.violations.append(f"harness: {exc}")
+        finally:
+            run.cleanup()
+        result.kills = list(run.kills)
+        if not any(kill != FALLBACK for kill in run.kills):
+            result.violations.append("harness: the daemon was never killed by a hook or a timer")
+        existing_logs = [path for path in run.worker_logs if path.exists()]
+        result.operations, result.outcomes = count_operations(existing_logs)
+        if not result.violations:
+            tasks = checker.read_directory(run.directory)
+            result.tasks = len(tasks)
+            result.violations.extend(checker.check(run.directory, existing_logs, drained=drained))
+            if not tasks:
+                result.violations.append("harness: no task reached the directory (a vacuous run)")
+    except Exception as exc:  # a crash of the harness or the checker is a failed seed, with its report
+        result.violations.append(f"harness: {type(exc).__name__}: {exc}")
+    finally:
+        run.cleanup()
+        result.seconds = time.monotonic() - started
+        result.daemon_logs = "\n".join(daemon.log_tail() for daemon in run.daemons)
+        if result.ok and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+@dataclass
+class Summary:
+    seeds: int = 0
+    kills: int = 0
+    kills_by_phase: Counter = field(default_factory=Counter)
+    operations: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    violations: int = 0
+    failed_seeds: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, result: SeedResult) -> None:
+        self.seeds += 1
+        self.kills += sum(1 for kill in result.kills if kill != FALLBACK)
+        self.kills_by_phase.update(result.kills)
+        self.operations += result.operations
+        self.outcomes.update(result.outcomes)
+        self.violations += len(result.violations)
+        if result.violations:
+            self.failed_seeds.append(result.seed)
+
+    def phases_hit(self) -> set[str]:
+        return {phase for phase in PHASES if self.kills_by_phase[phase]}
+
+    def line(self) -> str:
+        by_phase = {phase: self.kills_by_phase[phase] for phase in (*PHASES, TIMER, FALLBACK)}
+        outcomes = {name: self.outcomes[name] for name in ("ok", "error", "unknown")}
+        return (f"[crash proof] seeds={self.seeds} kills={self.kills} kills_by_phase={by_phase} "
+                f"operations={self.operations} outcomes={outcomes} violations={self.violations} "
+                f"phases_hit={len(self.phases_hit())}/{len(PHASES)}")
+
