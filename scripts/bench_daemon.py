@@ -4,7 +4,7 @@ same run on the same disk: the serial fsync rate and a plain Python Unix-socket
 echo round trip.
 
     .venv/bin/python scripts/bench_daemon.py [--seconds 3] [--runs 3] [--workers 1,4,16]
-        [--compaction-tasks 100000,1000000]
+        [--latency-samples 300] [--compaction-tasks 100000,1000000]
 
 Every figure is the median of ``--runs`` runs (each run gets a fresh queue
 directory and a fresh daemon). The daemon counts its fsyncs through the
@@ -213,6 +213,41 @@ def daemon_run(workers: int, seconds: float) -> dict:
     }
 
 
+def request_latencies(samples: int) -> dict[str, tuple[float, float]]:
+    """(p50 ms, p99 ms) of every request type from one client on an otherwise idle daemon."""
+    from walqueue import PutRequest
+
+    timings: dict[str, list[float]] = {}
+
+    def timed(name, call, *args, **kwargs):
+        started = time.perf_counter()
+        value = call(*args, **kwargs)
+        timings.setdefault(name, []).append(time.perf_counter() - started)
+        return value
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-latency-", dir=REPO / "var"))
+    try:
+        with DaemonRun(workdir) as daemon, Client(daemon.socket_path) as client:
+            for index in range(samples):
+                task_id = f"a{index:06d}"  # sorts before the put_many ids: reserved first
+                timed("put", client.put, task_id, {"n": index}, max_attempts=1)
+                timed("put_many(10)", client.put_many,
+                      [PutRequest(f"z{index:06d}-{n}", {"n": n}) for n in range(10)])
+                (lease,) = timed("reserve", client.reserve, "w", limit=1)
+                lease = timed("touch", client.touch, lease, lease_seconds=60)
+                timed("release", client.release, lease)  # max_attempts=1: now dead
+                timed("revive", client.revive, [lease.task_id])
+                (lease,) = client.reserve("w", limit=1)
+                timed("ack", client.ack, lease)
+                timed("get", client.get, task_id)
+                timed("stats", client.stats)
+                timed("tasks(dead)", client.tasks, "dead")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {name: (percentile(values, 0.5) * 1e3, percentile(values, 0.99) * 1e3)
+            for name, values in timings.items()}
+
+
 def compaction_stall(tasks: int, runs: int) -> tuple[float, float]:
     """(compact round trip s, stall seen by another client s), medians of ``runs`` compactions
     of a queue holding ``tasks`` tasks."""
@@ -249,6 +284,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each measured run")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is shown)")
     parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
+    parser.add_argument("--latency-samples", type=int, default=300,
+                        help="samples per request type for the one-client latency table (0: skip)")
     parser.add_argument("--compaction-tasks", default="",
                         help="also measure how long compaction stalls service at these queue sizes")
     args = parser.parse_args()
@@ -280,6 +317,14 @@ def main() -> None:
             f"{statistics.median(r['p50'][op] for r in runs):>9.2f}/{statistics.median(r['p99'][op] for r in runs):<10.2f}"
             for op in OPS)
         print(f"{workers:>7} {rate:>10,.0f} {rate / fsyncs:>8.2f} {per_fsync:>9.1f} {cells}")
+    if args.latency_samples:
+        runs = [request_latencies(args.latency_samples) for _ in range(args.runs)]
+        print()
+        print(f"one client, idle daemon, {args.latency_samples} samples a run: p50 / p99 ms")
+        for name in runs[0]:
+            p50 = statistics.median(run[name][0] for run in runs)
+            p99 = statistics.median(run[name][1] for run in runs)
+            print(f"  {name:<13} {p50:>7.2f} / {p99:<7.2f}")
     for tasks in (int(n) for n in args.compaction_tasks.split(",") if n):
         compact_seconds, stall_seconds = compaction_stall(tasks, args.runs)
         print(f"compaction at {tasks:,} tasks: compact answered in {compact_seconds:.2f} s; "
