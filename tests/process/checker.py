@@ -26,7 +26,9 @@ generation and the log lines at fault; empty means every claim held:
    that generation.
 8. A StaleLease answer changed nothing: an ack answered StaleLease (and never
    answered ok or unknown for that lease) did not complete the task at that
-   generation; the generation it reports is never below the lease's.
+   generation; the generation it reports is never below the lease's; after an
+   ack ok, a second ack of that lease reports "completed" at that generation
+   (SPEC §8: how a client tells its own completed ack from a lost lease).
 9. An ack sent after the lease's deadline (``late``) is never answered ok.
 10. After a successful drain, nothing is ready or leased: every task put ok is
     completed or dead.
@@ -232,6 +234,16 @@ def check_records(records: list[dict], tasks: dict, *, drained: bool) -> list[st
                     and task.generation == generation:
                 violation("stale ack completed", f"task {task_id} is completed at generation {generation}, "
                           f"whose only ack was answered StaleLease ({line['log']})")
+        for line in lines:
+            if line["op"] != "ack" or line["error"] != "StaleLease":
+                continue
+            acked_before = [ack for ack in lines if ack["op"] == "ack" and ack["outcome"] == "ok"
+                            and ack["generation"] == line["generation"] and ack["finished"] < line["started"]]
+            if acked_before and (line["stale_status"], line["stale_generation"]) != ("completed", line["generation"]):
+                violation("stale answer", f"a second ack of task {task_id} generation {line['generation']} "
+                          f"({line['log']}) after its ack ok ({acked_before[0]['log']}) reported "
+                          f"{line['stale_status']} at generation {line['stale_generation']}, not completed at "
+                          f"{line['generation']}")
         for line in lines:
             if line["op"] == "ack" and line.get("late") and line["outcome"] == "ok":
                 violation("late ack", f"task {task_id} generation {line['generation']} was acked ok after its "

@@ -238,14 +238,24 @@ class CrashWorker:
 
     def handle(self, lease) -> None:
         """Do something seeded with one lease."""
-        action = self.rng.choices(["ack", "release", "touch", "abandon", "late"], [60, 15, 15, 5, 2])[0]
+        action = self.rng.choices(["ack", "release", "touch", "abandon", "late", "ack twice", "ack released"],
+                                  [55, 13, 15, 5, 2, 5, 5])[0]
         if action == "ack":
             if self.ack(lease) == "ok":
                 self.outstanding -= 1
         elif action == "release":
             self.release(lease, self.rng.choice([0, 0, 1]))
+        elif action == "ack twice":
+            # The second ack must be refused (StaleLease: completed, this generation).
+            if self.ack(lease) == "ok":
+                self.outstanding -= 1
+                self.ack(lease)
+        elif action == "ack released":
+            # An ack of a lease already given back must be refused.
+            if self.release(lease, 0) == "ok":
+                self.ack(lease)
         elif action == "touch":
-            touched = self.touch(lease, self.rng.randint(2, 3))
+            touched = self.touch(lease, self.rng.randint(1, 3))
             if touched is not None and self.ack(touched) == "ok":
                 self.outstanding -= 1
         elif action == "late":
@@ -286,7 +296,7 @@ class CrashWorker:
         elif kind == "compact":
             self.compact()
         else:
-            leases = self.reserve(limit=self.rng.randint(1, 3), lease_seconds=self.rng.randint(2, 3),
+            leases = self.reserve(limit=self.rng.randint(1, 3), lease_seconds=self.rng.randint(1, 3),
                                   wait=self.rng.choice([0, 0, 0.2]))
             for lease in leases:
                 self.handle(lease)

@@ -1,0 +1,249 @@
+"""The crash proof in CI: real walqueued processes SIGKILLed under real workers.
+
+A handful of seeds (``CI_SEEDS``) whose schedules, together, arm every one of
+the nine phases of SPEC §6; the test asserts the kills really happened at all
+nine, that every seed killed its daemon at least once, and that the checker
+found nothing. ``scripts/crash_proof.py --seeds N`` runs hundreds.
+
+The checker is itself tested: each of its claims is shown to fail on a log
+or a directory doctored from a real run, so a green run cannot be a vacuous
+one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from walqueue import PHASES
+
+from . import checker
+from .crash_harness import FALLBACK, Summary, run_seed, schedule_for
+
+# Chosen so that their schedules arm all nine phases (a tear and a kill in
+# the recovery that truncates it included); test_the_ci_seeds_arm_every_phase
+# keeps that true if the schedule generator changes.
+CI_SEEDS = (311, 312, 313, 314, 315, 316)
+JOBS = 3
+
+
+@pytest.fixture(scope="module")
+def ci_results():
+    with ThreadPoolExecutor(JOBS) as pool:
+        results = list(pool.map(lambda seed: run_seed(seed, keep=True), CI_SEEDS))
+    yield results
+    for result in results:
+        if result.ok:
+            shutil.rmtree(result.workdir, ignore_errors=True)
+
+
+def test_the_ci_seeds_arm_every_phase():
+    armed = {incarnation.phase for seed in CI_SEEDS for incarnation in schedule_for(seed).incarnations}
+    assert set(PHASES) <= armed
+
+
+def test_the_same_seed_draws_the_same_schedule():
+    assert schedule_for(311) == schedule_for(311)
+    assert schedule_for(311) != schedule_for(312)
+
+
+@pytest.mark.timeout(110)
+def test_killed_daemons_lose_no_answered_write_and_run_no_completed_task_again(ci_results):
+    summary = Summary()
+    for result in ci_results:
+        summary.add(result)
+    print(summary.line())
+    failures = [result.report() for result in ci_results if not result.ok]
+    assert not failures, "\n\n".join(failures)
+    for result in ci_results:
+        real_kills = [kill for kill in result.kills if kill != FALLBACK]
+        assert real_kills, f"seed {result.seed} never killed its daemon: {result.schedule.describe()}"
+        assert result.outcomes["ok"] > 0 and result.tasks > 0, f"seed {result.seed} did nothing"
+    assert summary.phases_hit() == set(PHASES), f"phases never killed at: {set(PHASES) - summary.phases_hit()}"
+    # Kills that interrupt requests must show up as unknown outcomes somewhere,
+    # or the workers were not really working while the daemon died.
+    assert summary.outcomes["unknown"] > 0
+    assert summary.outcomes["error"] > 0  # the StaleLease answers the workers provoke
+
+
+# -- the checker is not vacuous --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_run(ci_results):
+    """(records, tasks) of one CI seed's kept directory and logs."""
+    result = next(result for result in ci_results if result.ok)
+    workdir = Path(result.workdir)
+    logs = sorted(workdir.glob("*.jsonl"))
+    logs = [path for path in logs if path.name != "kills.jsonl"]
+    return checker.read_logs(logs), checker.read_directory(workdir / "queue")
+
+
+def _copy(records):
+    return [dict(record) for record in records]
+
+
+def _completed(tasks):
+    return next(task for task in tasks.values() if task.status == "completed" and task.generation >= 1)
+
+
+def _acked_line(records, tasks):
+    for record in records:
+        if record["op"] == "ack" and record["outcome"] == "ok":
+            task = tasks[record["task_id"]]
+            if task.status == "completed" and task.generation == record["generation"]:
+                return record
+    raise AssertionError("the run has no ack answered ok")
+
+
+def _later(record, **changes):
+    line = dict(record, **changes)
+    line["started"] = line["finished"] = max(record["finished"], 0) + 1000.0
+    line["log"] = "doctored:1"
+    return line
+
+
+def doctor_fake_ack(records, tasks):
+    dead = [task for task in tasks.values() if task.status == "dead"]
+    if dead:  # an ack ok for a task that is not completed
+        task, generation = dead[0], dead[0].generation
+    else:  # an ack ok under a generation the task was not completed at
+        task = _completed(tasks)
+        generation = task.generation + 1
+    records.append(_later(records[0], op="ack", outcome="ok", error=None, task_id=task.task_id,
+                          generation=generation))
+    return records, tasks
+
+
+def doctor_fake_put(records, tasks):
+    put = next(record for record in records if record["op"] == "put" and record["outcome"] == "ok")
+    request = dict(put["request"], task_id="w9-999999")
+    records.append(_later(put, request=request, task_id="w9-999999"))
+    return records, tasks
+
+
+def doctor_forgotten_put(records, tasks):
+    task_id = next(iter(tasks))
+    kept = [record for record in records
+            if not (record["op"] == "put" and record["request"]["task_id"] == task_id)
+            and not (record["op"] == "put_many" and task_id in [t["task_id"] for t in record["tasks"]])]
+    return kept, tasks
+
+
+def doctor_double_lease(records, tasks):
+    reserve = next(record for record in records if record["op"] == "reserve" and record["task_id"])
+    records.append(_later(reserve, worker="w9"))
+    return records, tasks
+
+
+def doctor_reserve_after_completion(records, tasks):
+    ack = _acked_line(records, tasks)
+    records.append(_later(ack, op="reserve", generation=ack["generation"] + 1))
+    return records, tasks
+
+
+def doctor_second_ack_generation(records, tasks):
+    ack = _acked_line(records, tasks)
+    records.append(_later(ack, generation=ack["generation"] + 1))
+    return records, tasks
+
+
+def doctor_stale_ack_that_completed(records, tasks):
+    ack = _acked_line(records, tasks)
+    for record in records:
+        if record["op"] == "ack" and record["task_id"] == ack["task_id"] and \
+                record["generation"] == ack["generation"]:
+            record.update(outcome="error", error="StaleLease", stale_status="leased",
+                          stale_generation=ack["generation"])
+    return records, tasks
+
+
+def doctor_late_ack(records, tasks):
+    _acked_line(records, tasks)["late"] = True
+    return records, tasks
+
+
+def doctor_lease_ended_twice(records, tasks):
+    ack = _acked_line(records, tasks)
+    records.append(_later(ack, op="release", delay=0))
+    return records, tasks
+
+
+def doctor_lost_release(records, tasks):
+    ack = _acked_line(records, tasks)
+    records.append(_later(ack, op="release", delay=0))
+    records.remove(ack)
+    task = tasks[ack["task_id"]]
+    tasks = dict(tasks)
+    tasks[task.task_id] = dataclasses.replace(task, status="leased", worker=ack["worker"], deadline=1)
+    return records, tasks
+
+
+def doctor_undrained(records, tasks):
+    task = _completed(tasks)
+    tasks = dict(tasks)
+    tasks[task.task_id] = dataclasses.replace(task, status="ready")
+    return records, tasks
+
+
+def doctor_lost_task(records, tasks):
+    tasks = dict(tasks)
+    put = next(record for record in records if record["op"] == "put" and record["outcome"] == "ok")
+    del tasks[put["request"]["task_id"]]
+    return records, tasks
+
+
+def doctor_changed_payload(records, tasks):
+    task = next(task for task in tasks.values() if task.status == "dead") \
+        if any(task.status == "dead" for task in tasks.values()) else None
+    tasks = dict(tasks)
+    if task is None:  # no dead task in this run: pretend one kept its payload, changed
+        task = _completed(tasks)
+        tasks[task.task_id] = dataclasses.replace(task, status="dead", payload={"changed": True})
+    else:
+        tasks[task.task_id] = dataclasses.replace(task, payload={"changed": True})
+    return records, tasks
+
+
+DOCTORED = {
+    "fake ack ok": (doctor_fake_ack, {"lost ack"}),
+    "fake put ok": (doctor_fake_put, {"lost put"}),
+    "a put nobody logged": (doctor_forgotten_put, {"phantom"}),
+    "one generation leased twice": (doctor_double_lease, {"double lease"}),
+    "reserved after completion": (doctor_reserve_after_completion, {"ran after completion"}),
+    "acked under two generations": (doctor_second_ack_generation, {"completed twice"}),
+    "StaleLease yet completed": (doctor_stale_ack_that_completed, {"stale ack completed"}),
+    "late ack answered ok": (doctor_late_ack, {"late ack"}),
+    "acked and released": (doctor_lease_ended_twice, {"lease ended twice"}),
+    "released yet still leased": (doctor_lost_release, {"lost release"}),
+    "ready after the drain": (doctor_undrained, {"not drained"}),
+    "put ok, missing on disk": (doctor_lost_task, {"lost put"}),
+    "payload changed on disk": (doctor_changed_payload, {"wrong task"}),
+}
+
+
+def test_the_checker_passes_the_real_run_it_is_doctored_from(real_run):
+    records, tasks = real_run
+    assert checker.check_records(_copy(records), tasks, drained=True) == []
+
+
+@pytest.mark.parametrize("name", sorted(DOCTORED))
+def test_the_checker_catches_a_doctored_log_or_directory(real_run, name):
+    doctor, expected = DOCTORED[name]
+    records, tasks = doctor(_copy(real_run[0]), dict(real_run[1]))
+    violations = checker.check_records(records, tasks, drained=True)
+    kinds = {violation.split(":", 1)[0] for violation in violations}
+    assert expected <= kinds, f"{name}: expected {expected}, the checker said {violations}"
+
+
+def test_the_checker_reads_what_the_worker_wrote(tmp_path):
+    log = tmp_path / "w.jsonl"
+    log.write_text(json.dumps({"op": "put", "outcome": "ok"}) + "\n" + '{"op": "ack", "outc')
+    records = checker.read_logs([log])
+    assert [record["op"] for record in records] == ["put"]  # a torn last line is a dead writer's
+    assert records[0]["log"] == "w.jsonl:1"
