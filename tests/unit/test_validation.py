@@ -233,6 +233,23 @@ def test_a_self_referencing_payload_is_rejected_not_a_recursion_error(q, directo
     assert_rejected(q, directory, "payload", lambda: q.put("fresh", payload))
 
 
+def test_a_payload_int_too_long_for_json_is_rejected_or_round_trips(q, directory):
+    """Python's json refuses ints of more than 4300 digits both ways, so such
+    a payload cannot be stored and read back unless the library handles it:
+    InvalidRequest (never a bare ValueError) or a faithful round trip."""
+    huge = 10**5000
+    before = read_dir(directory)
+    try:
+        q.put("huge", {"x": huge})
+    except InvalidRequest as error:
+        assert "payload" in str(error)
+        assert read_dir(directory) == before
+        return
+    q.close()
+    with Queue(directory) as again:
+        assert again.get("huge").payload == {"x": huge}
+
+
 def test_tuples_in_a_payload_are_stored_as_lists(q):
     q.put("tuples", {"a": (1, 2), "b": {"c": ((3,), [4, (5,)])}})
     assert q.get("tuples").payload == {"a": [1, 2], "b": {"c": [[3], [4, [5]]]}}
