@@ -10,7 +10,9 @@ generation and the log lines at fault; empty means every claim held:
 1. Every put answered ok exists on disk, with the key and max_attempts it was
    put with (and, unless completed, its payload).
 2. No phantom: every task on disk was put by some worker (answered ok,
-   error or unknown).
+   error or unknown). No put was refused: each carries a fresh task id and
+   key, and a retry repeats the same request, so KeyConflict would mean
+   idempotency broke.
 3. Every ack answered ok is completed, at exactly the acked generation; no
    task was acked ok under two generations (completed twice).
 4. A generation is handed out once: no two reserves answered ok returned the
@@ -124,6 +126,12 @@ def check_records(records: list[dict], tasks: dict, *, drained: bool) -> list[st
             violation("harness", f"task {task_id} was put with two different requests ({record['log']})")
         if record["outcome"] == "ok":
             answered_ok.setdefault(task_id, record["log"])
+    for record in records:
+        if record["op"] in ("put", "put_many") and record["outcome"] == "error" \
+                and record["error"] in ("KeyConflict", "InvalidRequest"):
+            # Every put carries a fresh task id and key, and a retry repeats the
+            # very same request: only a broken idempotency check can refuse one.
+            violation("put refused", f"{record['op']} answered {record['error']} ({record['log']})")
     for task_id, where in answered_ok.items():
         task = tasks.get(task_id)
         if task is None:
