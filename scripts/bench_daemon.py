@@ -66,6 +66,14 @@ def fsync_rate(directory: Path, seconds: float) -> float:
     return count / (time.monotonic() - started)
 
 
+def fsync_rate_in_var(seconds: float) -> float:
+    scratch = Path(tempfile.mkdtemp(prefix="bench-fsync-", dir=REPO / "var"))
+    try:
+        return fsync_rate(scratch, seconds)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _echo_server(path: str, ready) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -305,18 +313,28 @@ def main() -> None:
     print(f"baseline: serial fsync {fsyncs:,.0f}/s; Unix-socket echo {echo_rate:,.0f} round trips/s "
           f"(p50 {echo_p50:.0f} µs)")
     print()
-    header = (f"{'workers':>7} {'cycles/s':>10} {'x fsync':>8} {'req/fsync':>9} "
+    print("per row: the disk's fsync rate is measured again for 1 s right before each run, and")
+    print("'x fsync' is the median of cycles/s divided by that adjacent rate (the disk drifts)")
+    header = (f"{'workers':>7} {'cycles/s':>10} {'fsync/s':>8} {'x fsync':>8} {'req/fsync':>9} "
               + " ".join(f"{op + ' p50/p99 ms':>20}" for op in OPS))
     print(header)
     print("-" * len(header))
     for workers in (int(n) for n in args.workers.split(",") if n):
-        runs = [daemon_run(workers, args.seconds) for _ in range(args.runs)]
+        runs = []
+        for _ in range(args.runs):
+            adjacent = fsync_rate_in_var(1.0)
+            run = daemon_run(workers, args.seconds)
+            run["fsync_per_second"] = adjacent
+            run["x_fsync"] = run["cycles_per_second"] / adjacent
+            runs.append(run)
         rate = statistics.median(run["cycles_per_second"] for run in runs)
+        adjacent = statistics.median(run["fsync_per_second"] for run in runs)
+        ratio = statistics.median(run["x_fsync"] for run in runs)
         per_fsync = statistics.median(run["requests_per_fsync"] for run in runs)
         cells = " ".join(
             f"{statistics.median(r['p50'][op] for r in runs):>9.2f}/{statistics.median(r['p99'][op] for r in runs):<10.2f}"
             for op in OPS)
-        print(f"{workers:>7} {rate:>10,.0f} {rate / fsyncs:>8.2f} {per_fsync:>9.1f} {cells}")
+        print(f"{workers:>7} {rate:>10,.0f} {adjacent:>8,.0f} {ratio:>8.2f} {per_fsync:>9.1f} {cells}")
     if args.latency_samples:
         runs = [request_latencies(args.latency_samples) for _ in range(args.runs)]
         print()
