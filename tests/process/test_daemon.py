@@ -260,6 +260,11 @@ def test_garbage_and_oversized_frames_close_only_their_connection(daemon):
         error = read_message(deep)
         assert isinstance(error, p.Error) and error.fatal
 
+        partial = raw_connect(daemon.socket_path)
+        hello(partial)
+        partial.sendall(struct.pack(">I", 1000) + b"only part of the body")
+        partial.close()  # gone mid-frame
+
         for sock in (garbage, oversized, no_hello, wrong_version, unknown_field, deep):
             sock.close()
         assert bystander.put("after", {}) == "after"
@@ -695,3 +700,10 @@ def test_sigkill_under_concurrent_load_loses_no_answered_put_or_ack(make_daemon,
     assert answered_puts <= set(tasks)
     assert all(tasks[task_id] == "completed" for task_id in answered_acks)
     assert len(answered_acks) > 50
+
+
+def test_a_bad_socket_mode_is_a_usage_error(make_daemon):
+    daemon = make_daemon("--socket-mode", "0999", start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(15) == 2
+    assert "octal" in daemon.log()
