@@ -435,8 +435,11 @@ def print_report(report: VerifyReport) -> None:
     if report.problems:
         click.echo(f"problems ({len(report.problems)}):")
         for problem in report.problems:
+            what = problem.what
+            if problem.file and what.startswith(f"{problem.file}: "):
+                what = what[len(problem.file) + 2:]  # the location already names the file
             click.echo(f"  {_LABELS.get(problem.severity, problem.severity):<10} {problem.location()}: "
-                       f"{problem.what}")
+                       f"{what}")
     if report.corrupt:
         click.echo("next: keep a copy of the directory as evidence; the daemon will not start on it. "
                    "See docs/operations.md, 'Reading verify output'.")
