@@ -298,6 +298,7 @@ class Server:
         self._next_watchdog = time.monotonic()
         self._accept_paused_until: float | None = None
         self.queue_epoch = 0  # bumped whenever the Queue is dropped after a failure
+        self._touched: set[Connection] = set()  # connections with news this turn
         self._receive_buffer = bytearray(MAX_RECV_BYTES)
         self._receive_view = memoryview(self._receive_buffer)
         # (deadline, connection) in accept order, so deadlines are ascending.
@@ -352,6 +353,7 @@ class Server:
                 self._drain_wakeup()
             else:
                 conn: Connection = key.data
+                self._touched.add(conn)
                 if mask & selectors.EVENT_WRITE:
                     self._send(conn)
                 if mask & selectors.EVENT_READ and not conn.closed:
@@ -361,7 +363,12 @@ class Server:
         wrote = self._apply(requests)
         self._expire_waits()
         self._queue_answers()
-        for conn in list(self.connections.values()):
+        # Only connections this turn touched can need sending or new
+        # interests: idle connections cost nothing per turn.
+        touched, self._touched = self._touched, set()
+        for conn in touched:
+            if conn.closed:
+                continue
             if conn.out:
                 self._send(conn)
             self._settle(conn)
@@ -574,6 +581,7 @@ class Server:
         log.warning("protocol error from %s: %s", conn.name, message)
         conn.fatal = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
         conn.closing = True
+        self._touched.add(conn)
         if conn.parked:  # the connection is closing: its waits end with it
             self.parked = deque(entry for entry in self.parked if entry.conn is not conn)
             conn.parked = 0
@@ -822,8 +830,9 @@ class Server:
         for answer in self._answers:
             if not answer.conn.closed:
                 answer.conn.backlog.append((answer.request_id, iter(answer.messages)))
+                self._touched.add(answer.conn)
         self._answers = []
-        for conn in self.connections.values():
+        for conn in self._touched:
             if conn.fatal is not None:
                 conn.backlog.append((conn.fatal.id, iter([conn.fatal])))
                 conn.fatal = None
