@@ -227,14 +227,23 @@ class _Verifier:
             end = offset + LENGTH_BYTES + length + DIGEST_BYTES
             if 1 <= length <= MAX_FRAME_BYTES and end > size:
                 return offset, "incomplete"
-            problem = self._frame_problem(data, offset, length, end)
+            problem, value = self._check_frame(data, offset, length, end)
             if problem is None:
-                body = data[offset + LENGTH_BYTES:offset + LENGTH_BYTES + length]
-                yield offset, decode_body(body, ""), after_damage  # cannot fail: checked above
+                yield offset, value, after_damage
                 after_damage = False
                 offset = end
                 continue
-            resume = self._next_valid_frame(data, offset + 1)
+            resume = None
+            if 1 <= length <= MAX_FRAME_BYTES and end + LENGTH_BYTES + DIGEST_BYTES < size:
+                # Most damage is inside one frame whose length is intact: try
+                # the frame right after it before searching byte by byte.
+                (next_length,) = _LENGTH.unpack_from(data, end)
+                next_end = end + LENGTH_BYTES + next_length + DIGEST_BYTES
+                if 1 <= next_length <= MAX_FRAME_BYTES and next_end <= size and \
+                        self._check_frame(data, end, next_length, next_end)[0] is None:
+                    resume = end
+            if resume is None:
+                resume = self._next_valid_frame(data, offset + 1)
             if resume is None:
                 extent = f"; no valid frame follows in the {size - offset} bytes from there to the end"
             elif 1 <= length <= MAX_FRAME_BYTES and resume == end:
@@ -248,40 +257,49 @@ class _Verifier:
             offset = resume
             after_damage = True
 
-    def _frame_problem(self, data, offset: int, length: int, end: int) -> str | None:
-        """Why the complete frame at `offset` is not valid (codec's rules), or None."""
+    def _check_frame(self, data, offset: int, length: int, end: int) -> tuple[str | None, object]:
+        """(None, value) for a valid frame at `offset` (codec's rules), else (why not, None)."""
         if length == 0:
-            return "has length 0"
+            return "has length 0", None
         if length > MAX_FRAME_BYTES:
-            return f"has length {length}, above MAX_FRAME_BYTES={MAX_FRAME_BYTES}"
+            return f"has length {length}, above MAX_FRAME_BYTES={MAX_FRAME_BYTES}", None
         body = data[offset + LENGTH_BYTES:offset + LENGTH_BYTES + length]
         if hashlib.sha256(body).digest() != data[end - DIGEST_BYTES:end]:
-            return "fails its SHA-256 checksum"
+            return "fails its SHA-256 checksum", None
         try:
-            decode_body(body, "")
+            return None, decode_body(body, "")
         except CorruptStore as error:
-            return str(error).strip()
-        return None
+            return str(error).strip(), None
 
     def _next_valid_frame(self, data, start: int) -> int | None:
         """The first offset >= start where a complete valid frame begins, or None.
 
-        Hashes at most `resync_budget` body bytes over the whole run.
+        A length prefix is at most MAX_FRAME_BYTES = 0x01000000, so its first
+        byte is 0x00 (or the prefix is exactly 01 00 00 00): only offsets
+        holding such a byte are tried, and canonical JSON never contains a raw
+        zero byte, so inside bodies that leaves few candidates. Hashes at most
+        `resync_budget` body bytes over the whole run.
         """
         size = len(data)
+        last = size - LENGTH_BYTES - DIGEST_BYTES - 1  # a frame of length 1 starting here ends at size
         unpack = _LENGTH.unpack_from
-        for offset in range(start, size - LENGTH_BYTES - DIGEST_BYTES):
-            (length,) = unpack(data, offset)
-            if not 1 <= length <= MAX_FRAME_BYTES:
-                continue
-            end = offset + LENGTH_BYTES + length + DIGEST_BYTES
-            if end > size:
-                continue
-            if self.resync_budget < length:
+        offset = start
+        while offset <= last:
+            zero = data.find(b"\x00", offset, last + 1)
+            largest = data.find(_LENGTH.pack(MAX_FRAME_BYTES), offset, last + LENGTH_BYTES)
+            candidates = [found for found in (zero, largest) if 0 <= found <= last]
+            if not candidates:
                 return None
-            self.resync_budget -= length
-            if self._frame_problem(data, offset, length, end) is None:
-                return offset
+            offset = min(candidates)
+            (length,) = unpack(data, offset)
+            end = offset + LENGTH_BYTES + length + DIGEST_BYTES
+            if 1 <= length <= MAX_FRAME_BYTES and end <= size:
+                if self.resync_budget < length:
+                    return None
+                self.resync_budget -= length
+                if self._check_frame(data, offset, length, end)[0] is None:
+                    return offset
+            offset += 1
         return None
 
     # -- files ----------------------------------------------------------
