@@ -314,6 +314,68 @@ def test_several_damaged_snapshot_frames_are_all_reported(directory):
     assert [p.offset for p in report.by_severity(CORRUPT)] == [second, fourth]
 
 
+# -- the damage tests/unit/test_recovery.py feeds to open, fed to verify too ----------------
+
+try:  # its tables of invalid records, CURRENTs and snapshots; reused, not copied
+    from . import test_recovery as recovery
+except Exception:  # a file being edited must not hide this module's tests
+    recovery = None
+
+
+def recovery_table(name: str) -> dict:
+    return dict(getattr(recovery, name, None) or {})
+
+
+def first_corrupt_file(report) -> str:
+    return report.by_severity(CORRUPT)[0].file
+
+
+@pytest.mark.parametrize("name", sorted(recovery_table("INVALID_RECORDS")))
+def test_every_invalid_record_of_the_recovery_tests_is_corrupt_at_its_seq(directory, name):
+    record = recovery_table("INVALID_RECORDS")[name]
+    (directory / wal_name(1)).write_bytes(recovery.PREFIX + frame(record))
+    report = assert_agrees(directory)
+    assert report.corrupt and first_corrupt_file(report) == wal_name(1)
+    assert report.by_severity(CORRUPT)[0].offset == len(recovery.PREFIX)
+
+
+@pytest.mark.parametrize("name", sorted(recovery_table("NON_CANONICAL_BODIES")))
+def test_every_non_canonical_body_of_the_recovery_tests_is_corrupt(directory, name):
+    body = recovery_table("NON_CANONICAL_BODIES")[name]
+    (directory / wal_name(1)).write_bytes(recovery.PREFIX + frame_body(body))
+    report = assert_agrees(directory)
+    assert report.corrupt and report.by_severity(CORRUPT)[0].offset == len(recovery.PREFIX)
+
+
+@pytest.mark.parametrize("name", sorted(recovery_table("CURRENT_VARIANTS")))
+def test_every_bad_current_of_the_recovery_tests_is_corrupt(directory, name):
+    recovery.write_published(directory, current=recovery_table("CURRENT_VARIANTS")[name])
+    (directory / snapshot_name(3)).write_bytes(snapshot_bytes(3, recovery.SNAP_ENTRIES))
+    report = assert_agrees(directory)
+    assert report.corrupt and first_corrupt_file(report) == "CURRENT"
+
+
+@pytest.mark.parametrize("name", sorted(recovery_table("SNAPSHOT_VARIANTS")))
+def test_every_malformed_snapshot_of_the_recovery_tests_is_corrupt(directory, name):
+    data, offsets = recovery_table("SNAPSHOT_VARIANTS")[name]
+    recovery.write_published(directory, snapshot=data)
+    (directory / wal_name(1)).write_bytes(recovery.PREFIX)
+    report = assert_agrees(directory)
+    assert report.corrupt and first_corrupt_file(report) == recovery.SNAP2
+
+
+@pytest.mark.skipif(recovery is None, reason="tests/unit/test_recovery.py does not import")
+@pytest.mark.parametrize("position", range(0, 300, 7))
+def test_flips_of_the_recovery_tests_published_directory_agree(directory, position):
+    recovery.write_published(directory)
+    names = sorted(path.name for path in directory.iterdir())
+    path = directory / names[position % len(names)]
+    data = bytearray(path.read_bytes())
+    data[position % len(data)] ^= 0x08
+    path.write_bytes(bytes(data))
+    assert_agrees(directory)
+
+
 # -- hypothesis: damage to real directories -------------------------------------------------
 
 
