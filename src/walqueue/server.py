@@ -36,6 +36,7 @@ as fast as its client reads it.
 
 from __future__ import annotations
 
+import heapq
 import importlib
 import logging
 import os
@@ -249,6 +250,73 @@ class Parked:
     request: p.Reserve
     deadline: float  # time.monotonic() at which the wait ends
     turn: int
+    done: bool = False
+
+
+class ParkedReserves:
+    """Waiting reserves: arrival order for serving, a heap of deadlines for the timer.
+
+    Entries leave by being marked done (served, expired, dropped); done
+    entries are skipped lazily, so serving the head, finding the next deadline
+    and expiring waits cost O(log n), not O(n), per loop turn.
+    """
+
+    def __init__(self) -> None:
+        self._arrivals: deque[Parked] = deque()
+        self._deadlines: list[tuple[float, int, Parked]] = []
+        self._counter = 0
+        self.live = 0
+
+    def __bool__(self) -> bool:
+        return self.live > 0
+
+    def add(self, entry: Parked) -> None:
+        self._arrivals.append(entry)
+        self._counter += 1
+        heapq.heappush(self._deadlines, (entry.deadline, self._counter, entry))
+        entry.conn.parked += 1
+        self.live += 1
+
+    def _finish(self, entry: Parked) -> None:
+        entry.done = True
+        entry.conn.parked -= 1
+        self.live -= 1
+        if len(self._arrivals) > 2 * self.live + 64:
+            self._arrivals = deque(e for e in self._arrivals if not e.done)
+            self._deadlines = [item for item in self._deadlines if not item[2].done]
+            heapq.heapify(self._deadlines)
+
+    def head(self) -> Parked | None:
+        """The longest-waiting live entry."""
+        while self._arrivals and self._arrivals[0].done:
+            self._arrivals.popleft()
+        return self._arrivals[0] if self._arrivals else None
+
+    def finish_head(self) -> Parked:
+        entry = self._arrivals.popleft()
+        self._finish(entry)
+        return entry
+
+    def next_deadline(self) -> float | None:
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def expire(self, clock: float) -> list[Parked]:
+        """Finish and return the live entries whose wait ended by ``clock``."""
+        ended = []
+        while (deadline := self.next_deadline()) is not None and deadline <= clock:
+            entry = heapq.heappop(self._deadlines)[2]
+            self._finish(entry)
+            ended.append(entry)
+        return ended
+
+    def drop(self, predicate: Callable[[Parked], bool]) -> list[Parked]:
+        """Finish and return the live entries matching ``predicate`` (O(n); rare events)."""
+        dropped = [entry for entry in self._arrivals if not entry.done and predicate(entry)]
+        for entry in dropped:
+            self._finish(entry)
+        return dropped
 
 
 @dataclass(eq=False)
@@ -289,7 +357,7 @@ class Server:
         self.notifier = notifier
         self.selector = selectors.DefaultSelector()
         self.connections: dict[int, Connection] = {}
-        self.parked: deque[Parked] = deque()
+        self.parked = ParkedReserves()
         self.last_now = 0
         self.turn = 0
         self.stopping = False
@@ -399,7 +467,7 @@ class Server:
         if self.notifier.watchdog_seconds is not None:
             deadlines.append(self._next_watchdog - time.monotonic())
         if self.parked:
-            deadlines.append(min(entry.deadline for entry in self.parked) - time.monotonic())
+            deadlines.append(self.parked.next_deadline() - time.monotonic())
             due = self._next_due()
             if due is not None:
                 if due <= self.last_now:
@@ -481,8 +549,7 @@ class Server:
         self.connections.pop(conn.sock.fileno(), None)
         conn.sock.close()
         if conn.parked:
-            self.parked = deque(entry for entry in self.parked if entry.conn is not conn)
-            conn.parked = 0
+            self.parked.drop(lambda entry: entry.conn is conn)
         log.info("disconnect %s (%s)", conn.name, reason)
 
     def _settle(self, conn: Connection) -> None:
@@ -583,8 +650,7 @@ class Server:
         conn.closing = True
         self._touched.add(conn)
         if conn.parked:  # the connection is closing: its waits end with it
-            self.parked = deque(entry for entry in self.parked if entry.conn is not conn)
-            conn.parked = 0
+            self.parked.drop(lambda entry: entry.conn is conn)
 
     # -- applying a turn ---------------------------------------------------------------
 
@@ -619,11 +685,8 @@ class Server:
         for conn, request_id in self._turn_requests:
             affected[(id(conn), request_id)] = conn
         # Parked in this turn: answered with the error too rather than kept.
-        for entry in [e for e in self.parked if e.turn == self.turn]:
+        for entry in self.parked.drop(lambda entry: entry.turn == self.turn):
             affected[(id(entry.conn), entry.request.id)] = entry.conn
-        self.parked = deque(e for e in self.parked if e.turn != self.turn)
-        for conn in self.connections.values():
-            conn.parked = sum(1 for e in self.parked if e.conn is conn)
         del self._answers[answered_before:]
         for (_, request_id), conn in affected.items():
             error = p.Error(id=request_id, error="QueueClosed", message=message)
@@ -652,8 +715,7 @@ class Server:
 
     def _serve_parked(self, now: int) -> None:
         """Lease due tasks to parked reserves, in arrival order."""
-        while self.parked:
-            entry = self.parked[0]
+        while (entry := self.parked.head()) is not None:
             request = entry.request
             try:
                 leases = self.queue.reserve(
@@ -663,27 +725,15 @@ class Server:
                 leases = exc
             if not leases:
                 return
-            self.parked.popleft()
-            entry.conn.parked -= 1
+            self.parked.finish_head()
             if isinstance(leases, Exception):
                 self._answer(entry.conn, request.id, [p.error_to_wire(request.id, leases)])
             else:
                 self._answer(entry.conn, request.id, self._lease_messages(request.id, leases))
 
     def _expire_waits(self) -> None:
-        if not self.parked:
-            return
-        clock = time.monotonic()
-        if all(entry.deadline > clock for entry in self.parked):
-            return
-        kept: deque[Parked] = deque()
-        for entry in self.parked:
-            if entry.deadline <= clock:
-                entry.conn.parked -= 1
-                self._answer(entry.conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
-            else:
-                kept.append(entry)
-        self.parked = kept
+        for entry in self.parked.expire(time.monotonic()):
+            self._answer(entry.conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
 
     def _handle(self, conn: Connection, request: p.Request, now: int) -> None:
         q = self.queue
@@ -727,8 +777,7 @@ class Server:
                         self._answer(conn, request_id, self._lease_messages(request_id, leases))
                     else:
                         deadline = time.monotonic() + request.wait
-                        self.parked.append(Parked(conn, request, deadline, self.turn))
-                        conn.parked += 1
+                        self.parked.add(Parked(conn, request, deadline, self.turn))
                         log.debug("parked reserve %d of %s for %.3f s", request_id, conn.name, request.wait)
                 case p.Ack():
                     q.ack(self._lease(request), now=now)
@@ -881,17 +930,15 @@ class Server:
 
     def _shutdown(self) -> None:
         self.notifier.notify("STOPPING=1")
-        log.info("stopping: %d connection(s), %d parked reserve(s)", len(self.connections), len(self.parked))
+        log.info("stopping: %d connection(s), %d parked reserve(s)", len(self.connections), self.parked.live)
         try:
             self.selector.unregister(self.listener)
         except (KeyError, ValueError):
             pass
         self.listener.close()
         # Parked reserves end early with no leases; their clients retry later.
-        for entry in self.parked:
+        for entry in self.parked.drop(lambda entry: True):
             self._answer(entry.conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
-            entry.conn.parked = 0
-        self.parked.clear()
         self._queue_answers()
         deadline = time.monotonic() + DRAIN_SECONDS
         for conn in list(self.connections.values()):

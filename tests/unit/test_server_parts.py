@@ -36,3 +36,33 @@ def test_no_notify_socket_means_silence_and_a_foreign_watchdog_pid_is_ignored():
 def test_socket_activation_is_ignored_unless_listen_pid_is_ours():
     assert server.activated_listener({"LISTEN_PID": str(os.getpid() + 1), "LISTEN_FDS": "1"}) is None
     assert server.activated_listener({}) is None
+
+
+def test_parked_reserves_keep_arrival_order_and_expire_by_deadline():
+    conn_a, conn_b = types.SimpleNamespace(parked=0), types.SimpleNamespace(parked=0)
+    parked = server.ParkedReserves()
+    entries = [server.Parked(conn_a if n % 2 else conn_b, None, deadline, 0)
+               for n, deadline in enumerate([30.0, 10.0, 20.0, 40.0])]
+    for entry in entries:
+        parked.add(entry)
+    assert parked.live == 4 and (conn_a.parked, conn_b.parked) == (2, 2)
+    assert parked.next_deadline() == 10.0
+    assert parked.expire(25.0) == [entries[1], entries[2]]  # in deadline order
+    assert parked.head() is entries[0]  # arrival order among the rest
+    assert parked.finish_head() is entries[0]
+    assert parked.head() is entries[3] and parked.next_deadline() == 40.0
+    assert parked.drop(lambda entry: entry.conn is conn_a) == [entries[3]]
+    assert not parked and parked.head() is None and parked.next_deadline() is None
+    assert (conn_a.parked, conn_b.parked) == (0, 0)
+
+
+def test_many_finished_waits_do_not_pile_up():
+    conn = types.SimpleNamespace(parked=0)
+    parked = server.ParkedReserves()
+    keeper = server.Parked(conn, None, 1e9, 0)
+    parked.add(keeper)
+    for n in range(1000):
+        parked.add(server.Parked(conn, None, float(n), 0))
+    parked.expire(1e6)
+    assert parked.head() is keeper and parked.live == 1
+    assert len(parked._arrivals) < 100 and len(parked._deadlines) < 100
