@@ -707,3 +707,22 @@ def test_a_bad_socket_mode_is_a_usage_error(make_daemon):
     daemon.start(wait_ready=False)
     assert daemon.proc.wait(15) == 2
     assert "octal" in daemon.log()
+
+
+def test_three_hundred_parked_workers_each_get_exactly_one_task(daemon):
+    waiting = [Connection(daemon.socket_path) for _ in range(300)]
+    ids = [connection.send(p.Reserve(id=0, worker=f"w{n}", wait=30))[0] for n, connection in enumerate(waiting)]
+    daemon.wait_for_log("parked reserve", count=300)
+    with Client(daemon.socket_path) as client:
+        started = time.monotonic()
+        for index in range(300):
+            client.put(f"t{index:03d}", {})
+        received = []
+        for connection, request_id in zip(waiting, ids, strict=True):
+            (answer,) = connection.receive(request_id, timeout=10)
+            received.append([lease.task_id for lease in answer.leases])
+            connection.close()
+        elapsed = time.monotonic() - started
+        assert all(len(task_ids) == 1 for task_ids in received)
+        assert sorted(task_id for task_ids in received for task_id in task_ids) == [f"t{i:03d}" for i in range(300)]
+        assert client.stats().leased == 300 and elapsed < 20
