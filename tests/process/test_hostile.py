@@ -380,6 +380,38 @@ def test_answers_to_a_client_that_never_reads_stay_bounded_whatever_the_payload(
         f"RSS grew {(peak - baseline) / MIB:.0f} MiB for 300 unread answers")
 
 
+def test_thousands_of_idle_connections_meet_the_default_bound_cleanly(daemon):
+    import resource
+
+    wanted = 1600
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted + 64:
+        if hard != resource.RLIM_INFINITY and hard < wanted + 64:
+            pytest.skip(f"the open-file limit {hard} is below {wanted + 64}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted + 64, hard))
+    with Client(daemon.socket_path) as bystander:
+        bystander.stats()
+        baseline = rss_bytes(daemon.pid)
+        opened: list[socket.socket] = []
+        try:
+            for _ in range(wanted):
+                sock = raw_connect(daemon.socket_path)
+                opened.append(sock)
+                sock.sendall(p.encode(p.Hello(id=1, version=p.PROTOCOL_VERSION)))
+            answers = [read_message(sock) for sock in opened]
+            accepted = sum(isinstance(answer, p.HelloOk) for answer in answers)
+            refused = [answer for answer in answers if not isinstance(answer, p.HelloOk)]
+            # The default bound (1024) counts the bystander too.
+            assert accepted == 1023, accepted
+            assert all(isinstance(a, p.Error) and a.fatal and "too many connections" in a.message
+                       for a in refused), refused[:3]
+            assert bystander.put("still", {}) == "still"
+            assert rss_bytes(daemon.pid) - baseline < 32 * MIB
+        finally:
+            for sock in opened:
+                sock.close()
+
+
 # -- access ------------------------------------------------------------------------
 
 
