@@ -79,7 +79,7 @@ class CtlError(click.ClickException):
 
 def error_for(exc: BaseException, socket_path: str) -> CtlError:
     """The exit code and next-step message for a library or client exception."""
-    if isinstance(exc, DaemonUnavailable):
+    if isinstance(exc, (DaemonUnavailable, ConnectionError)):
         return CtlError(f"{exc}\nIs walqueued running and is {socket_path} its socket? Start it "
                         f"(systemctl start walqueued, or walqueued serve DIRECTORY), or point "
                         f"--socket, --dir or WALQUEUE_SOCKET at it.", EXIT_UNAVAILABLE)
