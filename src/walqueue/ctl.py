@@ -98,8 +98,9 @@ def error_for(exc: BaseException, socket_path: str) -> CtlError:
         return CtlError(f"{exc}\nNothing was written; fix the request.", EXIT_USAGE)
     if isinstance(exc, QueueClosed):
         return CtlError(f"{exc}\nThe daemon failed to write (disk full? I/O error?) and reopened "
-                        f"its queue; nothing was acknowledged. Check its log, then retry.",
-                        EXIT_FAILURE)
+                        f"its queue, so this request may or may not have been applied. Check its "
+                        f"log, then retry: a put is idempotent, and an ack that then finds the task "
+                        f"completed at your generation had succeeded.", EXIT_FAILURE)
     if isinstance(exc, CorruptStore):
         return CtlError(f"{exc}\nRun walqueue-ctl verify on the daemon's directory.", EXIT_CORRUPT)
     return CtlError(f"{type(exc).__name__}: {exc}", EXIT_FAILURE)
