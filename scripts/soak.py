@@ -1,0 +1,351 @@
+"""Soak walqueued: many worker processes for minutes, with compactions and SIGKILLs.
+
+    .venv/bin/python scripts/soak.py --minutes 3 [--workers 8] [--kill-every 20]
+        [--compact-wal-bytes 262144] [--seed 1] [--tombstones 100000] [--keep]
+    .venv/bin/python scripts/soak.py --seconds 10 ...      (the smoke test's size)
+
+What runs:
+
+* one walqueued (``--compact-wal-bytes`` small, so it compacts every few
+  seconds on its own), SIGKILLed about every ``--kill-every`` seconds (seeded
+  jitter) and restarted at once, as a supervisor would;
+* ``--workers`` processes of tests/process/crash_worker.py, each a seeded mix
+  through ``walqueue.client``: puts and put_manys (some delayed by 1-2 s),
+  reserves with 1-3 s leases, acks, releases (some delayed), touches,
+  "stalls" (a lease abandoned to expire, an ack sent after the deadline),
+  double acks, and the odd compaction on request. They log every operation
+  with its outcome and reconnect after each kill;
+* every ``--sample-every`` seconds a line: elapsed time, daemon incarnation,
+  its RSS (VmRSS from /proc), the queue's counts, and the operations per
+  second answered ok since the last line.
+
+At the end the workers stop, the queue is drained, the daemon is stopped
+with SIGTERM, and tests/process/checker.py reads the directory offline and
+the workers' logs: every answered put exists, every answered ack is
+completed, nothing completed twice, generations only grow, no phantom, ...
+
+Memory: the daemon's state is every live task plus a tombstone per completed
+task (ids and keys are never reused), so RSS may grow only with the completed
+count. ``--tombstones N`` measures the bytes per tombstone in the library
+alone (RSS after N and after 2N completed tasks, in a fresh process), and the
+soak compares the daemon's RSS growth within each incarnation against that.
+
+The last line is ``soak verdict: PASS ...`` or ``soak verdict: FAIL ...``;
+the exit code is 0 on PASS. Every process started here is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+from tests.process import checker  # noqa: E402
+from tests.process.crash_worker import CrashWorker  # noqa: E402
+from tests.process.daemon import Daemon, child_env  # noqa: E402
+from walqueue.client import Client, DaemonUnavailable  # noqa: E402
+
+MIB = 1024 * 1024
+READY_SECONDS = 30.0
+WORKER_STOP_SECONDS = 60.0
+DRAIN_SECONDS = 120.0
+# A worker's own safety bound on top of the soak's duration (crash_worker exits 1 past it).
+WORKER_SLACK_SECONDS = 300.0
+# RSS growth within one incarnation may exceed (completed tasks added) x
+# (bytes per tombstone) by this much: allocator arenas, buffers, the
+# snapshot being written, live tasks (bounded by the workers' backlogs).
+RSS_SLACK_BYTES = 48 * MIB
+
+TOMBSTONE_PROGRAM = r"""
+import gc, json, os, shutil, sys, tempfile
+from walqueue import Queue
+
+def rss():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+
+count = int(sys.argv[1])
+batch = 1000
+directory = tempfile.mkdtemp(prefix="wq-tomb-", dir="/tmp")
+samples = []
+try:
+    queue = Queue(os.path.join(directory, "queue"))
+    done = 0
+    for target in (count, 2 * count):
+        while done < target:
+            size = min(batch, target - done)
+            # Task ids and payloads shaped like the soak's (worker-counter, a small dict).
+            with queue.batch():
+                queue.put_many([{"task_id": f"w{(done + i) % 8}-{done + i:09d}",
+                                 "payload": {"worker": "w", "n": done + i}} for i in range(size)])
+                for lease in queue.reserve("w", now=1, lease_seconds=60, limit=size):
+                    queue.ack(lease, now=1)
+            done += size
+            if queue.stats().wal_bytes > 64 * 1024 * 1024:
+                queue.compact()
+        queue.compact()
+        gc.collect()
+        samples.append({"completed": queue.stats().completed, "rss": rss()})
+    queue.close()
+finally:
+    shutil.rmtree(directory, ignore_errors=True)
+print(json.dumps(samples))
+"""
+
+
+def rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def measure_tombstone_bytes(count: int) -> float:
+    """RSS growth per completed task between ``count`` and ``2 * count`` of them, library only."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", TOMBSTONE_PROGRAM, str(count)], capture_output=True,
+                            text=True, env=child_env(), cwd=REPO, timeout=600, check=True)
+    first, second = json.loads(result.stdout)
+    per_tombstone = (second["rss"] - first["rss"]) / (second["completed"] - first["completed"])
+    print(f"tombstones (library only): RSS {first['rss'] / MIB:.1f} MiB at {first['completed']} completed, "
+          f"{second['rss'] / MIB:.1f} MiB at {second['completed']} -> {per_tombstone:.0f} bytes per tombstone "
+          f"({time.monotonic() - started:.1f} s)", flush=True)
+    return per_tombstone
+
+
+class LogTail:
+    """Counts ok operations in the workers' JSON-lines logs, reading only what is new."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.offsets = {path: 0 for path in paths}
+        self.ok: Counter = Counter()
+        self.outcomes: Counter = Counter()
+
+    def update(self) -> None:
+        for path in self.offsets:
+            try:
+                with open(path, "rb") as log:
+                    log.seek(self.offsets[path])
+                    data = log.read()
+            except FileNotFoundError:
+                continue
+            complete = data[:data.rfind(b"\n") + 1]
+            self.offsets[path] += len(complete)
+            for line in complete.splitlines():
+                record = json.loads(line)
+                self.outcomes[record["outcome"]] += 1
+                if record["outcome"] == "ok":
+                    self.ok[record["op"]] += 1
+
+    def total_ok(self) -> int:
+        return sum(self.ok.values())
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.directory = workdir / "queue"
+        self.socket_path = str(workdir / "wq.sock")
+        self.stop_file = workdir / "stop"
+        self.rng = random.Random(args.seed)
+        self.daemons: list[Daemon] = []
+        self.workers: list[subprocess.Popen] = []
+        self.worker_logs = [workdir / f"w{number}.jsonl" for number in range(args.workers)]
+        self.tail = LogTail(self.worker_logs)
+        self.kills = 0
+        # Per incarnation: (first sample's RSS and completed count, the largest RSS excess seen).
+        self.memory_excess: list[float] = []
+        self.rss_samples: list[int] = []
+
+    @property
+    def daemon(self) -> Daemon:
+        return self.daemons[-1]
+
+    def start_daemon(self) -> Daemon:
+        daemon = Daemon(self.workdir, self.directory, self.socket_path,
+                        ("--compact-wal-bytes", str(self.args.compact_wal_bytes), "--log-level", "info"))
+        self.daemons.append(daemon)
+        daemon.start()
+        return daemon
+
+    def start_workers(self) -> None:
+        limit = str(self.args.duration + WORKER_SLACK_SECONDS)
+        for number, log_path in enumerate(self.worker_logs):
+            with open(self.workdir / f"w{number}.err", "ab") as stderr:
+                self.workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "tests.process.crash_worker", self.socket_path, str(log_path),
+                     f"w{number}", str(self.args.seed), str(self.stop_file), limit],
+                    stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=child_env(), cwd=REPO))
+
+    def next_kill_in(self) -> float:
+        return self.args.kill_every * self.rng.uniform(0.5, 1.5)
+
+    def run(self, per_tombstone: float | None) -> tuple[list[str], list[str]]:
+        """The soak; returns (checker violations, memory problems)."""
+        self.start_daemon()
+        self.start_workers()
+        monitor = Client(self.socket_path, timeout=30, retry_seconds=0)
+        started = time.monotonic()
+        end = started + self.args.duration
+        next_kill = started + self.next_kill_in() if self.args.kill_every > 0 else float("inf")
+        next_sample = started
+        last_sample_time, last_ok = started, 0
+        incarnation_start: tuple[int, int] | None = None  # (rss, completed) at this incarnation's first sample
+        worst_excess = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= end:
+                    break
+                if now >= next_kill:
+                    # SIGKILL at an arbitrary moment of the load, then restart like a supervisor.
+                    self.daemon.kill()
+                    self.kills += 1
+                    self.daemon.cleanup()
+                    self.start_daemon()
+                    incarnation_start = None
+                    next_kill = time.monotonic() + self.next_kill_in()
+                    continue
+                if now >= next_sample:
+                    self.tail.update()
+                    try:
+                        stats = monitor.stats()
+                    except DaemonUnavailable:
+                        stats = None
+                    rss = rss_bytes(self.daemon.pid)
+                    ok = self.tail.total_ok()
+                    rate = (ok - last_ok) / max(now - last_sample_time, 1e-9)
+                    last_sample_time, last_ok = now, ok
+                    counts = ("ready ? leased ? completed ? dead ?" if stats is None else
+                              f"ready {stats.ready} leased {stats.leased} completed {stats.completed} "
+                              f"dead {stats.dead} snapshot_seq {stats.snapshot_seq}")
+                    print(f"t={now - started:6.1f}s daemon#{len(self.daemons)} pid {self.daemon.pid} "
+                          f"rss {0 if rss is None else rss / MIB:6.1f} MiB | {counts} | "
+                          f"{rate:7.1f} ok ops/s", flush=True)
+                    if rss is not None and stats is not None:
+                        self.rss_samples.append(rss)
+                        if incarnation_start is None:
+                            incarnation_start = (rss, stats.completed)
+                        elif per_tombstone is not None:
+                            allowed = (stats.completed - incarnation_start[1]) * max(per_tombstone, 0)
+                            worst_excess = max(worst_excess, rss - incarnation_start[0] - allowed)
+                    next_sample = now + self.args.sample_every
+                time.sleep(min(0.05, max(0.0, min(next_kill, next_sample, end) - time.monotonic())))
+            monitor.close()
+            return self.finish(started, worst_excess, per_tombstone)
+        finally:
+            monitor.close()
+            self.cleanup()
+
+    def finish(self, started: float, worst_excess: float, per_tombstone: float | None):
+        elapsed = time.monotonic() - started
+        self.stop_file.touch()
+        problems: list[str] = []
+        for worker in self.workers:
+            try:
+                code = worker.wait(WORKER_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                problems.append(f"worker pid {worker.pid} did not stop within {WORKER_STOP_SECONDS} s")
+                continue
+            if code != 0:
+                problems.append(f"worker pid {worker.pid} exited with {code}")
+        self.tail.update()
+        drain_log = self.workdir / "drain.jsonl"
+        drainer = CrashWorker(self.socket_path, str(drain_log), "drain", self.args.seed, None)
+        try:
+            drained = drainer.drain(DRAIN_SECONDS)
+        finally:
+            drainer.close()
+        if not drained:
+            problems.append(f"the drain did not empty the queue within {DRAIN_SECONDS} s")
+        with Client(self.socket_path, timeout=30) as client:
+            final = client.stats()
+        final_rss = rss_bytes(self.daemon.pid)
+        code = self.daemon.terminate()
+        if code != 0:
+            problems.append(f"walqueued exited with {code} after SIGTERM")
+        ok = self.tail.total_ok()
+        print(f"workers {self.args.workers}, {elapsed:.0f} s, {self.kills} SIGKILLs and restarts, "
+              f"{ok} operations answered ok ({ok / elapsed:.0f}/s): "
+              + ", ".join(f"{op} {count}" for op, count in sorted(self.tail.ok.items())), flush=True)
+        print("outcomes: " + ", ".join(f"{name} {count}" for name, count in sorted(self.tail.outcomes.items())))
+        print(f"final: completed {final.completed}, dead {final.dead}, last_seq {final.last_seq}, "
+              f"snapshot_seq {final.snapshot_seq}; daemon RSS at the end {final_rss / MIB:.1f} MiB, "
+              f"max sampled {max(self.rss_samples, default=0) / MIB:.1f} MiB", flush=True)
+        if per_tombstone is not None:
+            print(f"memory: largest RSS growth within an incarnation beyond its completed tasks x "
+                  f"{per_tombstone:.0f} B = {worst_excess / MIB:.1f} MiB (bound {RSS_SLACK_BYTES / MIB:.0f} MiB)")
+            if worst_excess > RSS_SLACK_BYTES:
+                problems.append(f"daemon RSS grew {worst_excess / MIB:.1f} MiB beyond its tombstones")
+        violations = checker.check(self.directory, [*self.worker_logs, drain_log], drained=drained)
+        return violations, problems
+
+    def cleanup(self) -> None:
+        """Stop, by pid, every process this soak started that still runs."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(10)
+        for daemon in self.daemons:
+            daemon.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--minutes", type=float, help="how long to run the load (default 3)")
+    length.add_argument("--seconds", type=float, help="the same in seconds")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--kill-every", type=float, default=20.0,
+                        help="mean seconds between SIGKILLs of the daemon (0: never)")
+    parser.add_argument("--compact-wal-bytes", type=int, default=256 * 1024)
+    parser.add_argument("--sample-every", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tombstones", type=int, default=100_000,
+                        help="measure bytes per tombstone between N and 2N completed tasks (0: skip)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args(argv)
+    args.duration = args.seconds if args.seconds is not None else 60 * (args.minutes or 3)
+
+    per_tombstone = measure_tombstone_bytes(args.tombstones) if args.tombstones > 0 else None
+    workdir = Path(tempfile.mkdtemp(prefix="wq-soak-", dir="/tmp"))  # short: socket paths
+    print(f"soak: {args.duration:.0f} s, {args.workers} workers, seed {args.seed}, kill every "
+          f"~{args.kill_every:g} s, compact past {args.compact_wal_bytes} WAL bytes, in {workdir}", flush=True)
+    soak = Soak(args, workdir)
+    try:
+        violations, problems = soak.run(per_tombstone)
+    except Exception as exc:
+        violations, problems = [], [f"soak harness: {exc!r}"]
+    failures = violations + problems
+    for failure in failures[:50]:
+        print(f"  {failure}")
+    keep = args.keep or bool(failures)
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    verdict = "PASS" if not failures else "FAIL"
+    print(f"soak verdict: {verdict} — checker: {len(violations)} violation(s), other problems: {len(problems)}, "
+          f"{soak.kills} kills, {soak.tail.total_ok()} ok operations"
+          + (f"; kept {workdir}" if keep else ""), flush=True)
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
