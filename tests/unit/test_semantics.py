@@ -1123,3 +1123,21 @@ def test_the_error_tree_is_the_specs():
     assert issubclass(InvalidRequest, ValueError)
     assert issubclass(InjectedCrash, BaseException)
     assert not issubclass(InjectedCrash, Exception)
+
+
+def test_close_calls_no_hook_phase(q, phases):
+    q.put("t1", {})
+    phases.clear()
+    q.close()
+    assert phases == []
+
+
+def test_a_clean_reopen_calls_no_hook_phase(q, directory, phases):
+    q.put("t1", {})
+    q.compact()
+    q.put("t2", {})
+    q.close()
+    phases.clear()
+    with Queue(directory, hook=phases.append):
+        pass
+    assert phases == []
