@@ -183,3 +183,15 @@ def test_the_installed_console_script_runs_and_documents_exit_codes():
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=CTL_SECONDS,
                             env=child_env(), cwd=REPO)
     assert result.returncode == 0 and "Exit codes:" in result.stdout and "verify" in result.stdout
+
+
+def test_verify_beside_a_running_daemon_names_it_and_takes_nothing(daemon):
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "a").returncode == 0
+    before = fingerprint(daemon.directory)
+    result = ctl("verify", daemon.directory)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"held by pid {daemon.pid}" in result.stdout
+    assert fingerprint(daemon.directory) == before
+    assert ctl(*s, "put", "b").returncode == 0  # the daemon kept its lock and serves on
+    assert daemon.terminate() == 0
