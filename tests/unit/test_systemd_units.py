@@ -146,3 +146,16 @@ def test_the_hardening_keeps_systemd_analyze_security_in_the_safe_band(tmp_path)
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout + result.stderr)
     assert match, result.stdout + result.stderr
     assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+@pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers is not installed")
+def test_the_sysusers_file_creates_the_walqueue_user_and_group(tmp_path):
+    (tmp_path / "etc").mkdir()
+    result = subprocess.run(["systemd-sysusers", f"--root={tmp_path}", "--dry-run",
+                             str(UNITS / "walqueue.sysusers")],
+                            capture_output=True, text=True, timeout=ANALYZE_SECONDS)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert "Creating group 'walqueue'" in output and "Creating user 'walqueue'" in output
+    assert {value("walqueued.service", "User"), value("walqueued.service", "Group"),
+            value("walqueued.socket", "SocketUser"), value("walqueued.socket", "SocketGroup")} == {"walqueue"}
