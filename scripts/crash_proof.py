@@ -10,6 +10,9 @@ the queue and checks the directory and the workers' logs
 ``--jobs`` at a time: a seed spends most of its time waiting for leases to
 expire, so a few run side by side even on two cores.
 
+``--broken VARIANT`` runs the daemons on one of the deliberately broken
+libraries of tests/broken.py, to watch the proof go red.
+
 Exit status: 0 when every seed held with zero violations, 1 otherwise. Every
 failed seed is printed with its schedule, its violations, the directory that
 was kept and the command that replays it::
@@ -37,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--jobs", type=int, default=3, help="seeds run side by side")
     parser.add_argument("--quiet", action="store_true", help="no line per seed")
+    parser.add_argument("--broken", default=None, metavar="VARIANT",
+                        help="run the daemons on a deliberately broken library (tests/broken.py); "
+                             "the run is then expected to FAIL")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         parser.error("--seeds and --jobs must be at least 1")
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = Summary()
     seeds = range(args.start, args.start + args.seeds)
     with ThreadPoolExecutor(args.jobs) as pool:
-        for result in pool.map(run_seed, seeds):
+        for result in pool.map(lambda seed: run_seed(seed, broken=args.broken), seeds):
             summary.add(result)
             if not args.quiet:
                 print(f"seed {result.seed}: kills={result.kills} operations={result.operations} "

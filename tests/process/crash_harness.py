@@ -49,13 +49,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from walqueue import PHASES
+from walqueue import PHASES, CorruptStore
 
 from . import checker
 from .crash_worker import CrashWorker
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = "tests.process.kill_hook:hook"
+BROKEN_HOOK = "tests.process.broken_hook:hook"  # the same hook in a daemon running a tests/broken.py variant
 READY_SECONDS = 20.0
 FALLBACK_SECONDS = 8.0
 FINAL_MIN_SECONDS = 0.3
@@ -157,7 +158,7 @@ class SeedResult:
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO)])
-    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "WALQUEUE_BROKEN",
                  "WALQUEUE_KILL_PHASE", "WALQUEUE_KILL_AT", "WALQUEUE_KILL_TEAR_DIRECTORY",
                  "WALQUEUE_KILL_TEAR_BYTES"):
         env.pop(name, None)
@@ -173,14 +174,16 @@ class DaemonRun:
     """One walqueued incarnation: a child process with its own log and sd_notify socket."""
 
     def __init__(self, workdir: Path, number: int, directory: Path, socket_path: Path,
-                 compact_wal_bytes: int, env: dict[str, str]) -> None:
+                 compact_wal_bytes: int, env: dict[str, str], broken: str | None = None) -> None:
         self.log_path = workdir / f"daemon-{number}.log"
         self.notify_path = workdir / f"n{number}.sock"
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._notify.bind(str(self.notify_path))
         command = [sys.executable, "-m", "walqueue.server", "serve", str(directory),
                    "--socket", str(socket_path), "--compact-wal-bytes", str(compact_wal_bytes),
-                   "--log-level", "info", "--test-hook", HOOK]
+                   "--log-level", "info", "--test-hook", BROKEN_HOOK if broken else HOOK]
+        if broken:
+            env = {**env, "WALQUEUE_BROKEN": broken}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          env=child_env({"NOTIFY_SOCKET": str(self.notify_path), **env}),
@@ -224,8 +227,9 @@ class DaemonRun:
 class Run:
     """The mutable state of one seed's run; ``run_seed`` is its only user."""
 
-    def __init__(self, schedule: Schedule, workdir: Path) -> None:
+    def __init__(self, schedule: Schedule, workdir: Path, broken: str | None = None) -> None:
         self.schedule = schedule
+        self.broken = broken
         self.workdir = workdir
         self.directory = workdir / "queue"
         self.socket_path = workdir / "wq.sock"
@@ -246,7 +250,7 @@ class Run:
                 env["WALQUEUE_KILL_TEAR_DIRECTORY"] = str(self.directory)
                 env["WALQUEUE_KILL_TEAR_BYTES"] = str(incarnation.tear_bytes)
         daemon = DaemonRun(self.workdir, len(self.daemons) + 1, self.directory, self.socket_path,
-                           self.schedule.compact_wal_bytes, env)
+                           self.schedule.compact_wal_bytes, env, self.broken)
         self.daemons.append(daemon)
         return daemon
 
@@ -272,24 +276,29 @@ class Run:
         self._kill_lines_seen = len(lines)
         return [json.loads(line) for line in fresh]
 
+    def unexpected_exit(self, daemon: DaemonRun, what: str) -> HarnessFailure:
+        reason = next((line.strip() for line in daemon.log_tail(400).splitlines()
+                       if " ERROR " in line or " CRITICAL " in line), "no error in its log")
+        return HarnessFailure(f"walqueued {what} exited with code {daemon.proc.returncode} "
+                              f"(4 = it found the directory corrupt): {reason}")
+
     def expect_sigkilled(self, daemon: DaemonRun, what: str) -> None:
-        code = daemon.proc.returncode
-        if code != -signal.SIGKILL:
-            raise HarnessFailure(f"walqueued {what} exited with code {code} instead of dying by SIGKILL")
+        if daemon.proc.returncode != -signal.SIGKILL:
+            raise self.unexpected_exit(daemon, f"{what}, instead of dying by SIGKILL,")
 
     def kill_one(self, incarnation: Incarnation) -> None:
         """Run one incarnation until it dies; record how."""
         daemon = self.start_daemon(incarnation)
         if incarnation.phase is None:
             if not daemon.wait_ready(READY_SECONDS):
-                raise HarnessFailure(f"walqueued exited with code {daemon.proc.returncode} before READY")
+                raise self.unexpected_exit(daemon, "before READY")
             try:
                 daemon.proc.wait(incarnation.timer)
             except subprocess.TimeoutExpired:
                 daemon.sigkill()
                 self.kills.append(TIMER)
                 return
-            raise HarnessFailure(f"walqueued exited on its own with code {daemon.proc.returncode}")
+            raise self.unexpected_exit(daemon, "on its own")
         try:
             daemon.proc.wait(FALLBACK_SECONDS)
         except subprocess.TimeoutExpired:
@@ -308,13 +317,17 @@ class Run:
         # The workers start first and wait for the daemon on their own.
         self.start_workers()
         for incarnation in self.schedule.incarnations:
+            if incarnation.phase == "recover.after_truncate" and self.kills[-1:] != ["wal.before_write"]:
+                # The tear before it never happened (its phase did not come in time):
+                # there is no torn tail, so this phase cannot come either.
+                incarnation = Incarnation(timer=0.0)
             self.kill_one(incarnation)
         final = self.start_daemon(None)
         if not final.wait_ready(READY_SECONDS):
-            raise HarnessFailure(f"the final walqueued exited with code {final.proc.returncode} before READY")
+            raise self.unexpected_exit(final, "(the final one) before READY")
         try:
             final.proc.wait(self.schedule.final_seconds)
-            raise HarnessFailure(f"the final walqueued exited on its own with code {final.proc.returncode}")
+            raise self.unexpected_exit(final, "(the final one) on its own")
         except subprocess.TimeoutExpired:
             pass
         self.stop_file.touch()
@@ -325,7 +338,7 @@ class Run:
                 raise HarnessFailure(f"worker pid {worker.pid} did not stop within {WORKER_EXIT_SECONDS} s") \
                     from None
             if code != 0:
-                raise HarnessFailure(f"worker pid {worker.pid} exited with code {code}")
+                raise HarnessFailure(f"worker pid {worker.pid} exited with code {code}: {self.worker_errors()}")
         drain_log = self.workdir / "drain.jsonl"
         self.worker_logs.append(drain_log)
         drainer = CrashWorker(str(self.socket_path), str(drain_log), "drain", self.schedule.seed, None)
@@ -343,6 +356,14 @@ class Run:
         if not drained:
             raise HarnessFailure(f"the drain did not empty the queue within {DRAIN_SECONDS} s")
         return drained
+
+    def worker_errors(self) -> str:
+        tails = []
+        for path in sorted(self.workdir.glob("w*.err")):
+            text = path.read_text(errors="replace").strip()
+            if text:
+                tails.append(f"{path.name}: {text[-2000:]}")
+        return "\n".join(tails) or "(no stderr)"
 
     def cleanup(self) -> None:
         """SIGKILL and reap, by pid, every child still running."""
@@ -367,14 +388,21 @@ def count_operations(log_paths: list[Path]) -> tuple[int, Counter]:
     return sum(outcomes.values()), outcomes
 
 
-def run_seed(seed: int, *, keep: bool = False) -> SeedResult:
-    """Run one seed end to end; never leaves a process running. The workdir is kept on failure."""
+def run_seed(seed: int, *, keep: bool = False, broken: str | None = None) -> SeedResult:
+    """Run one seed end to end; never leaves a process running. The workdir is kept on failure.
+
+    ``broken`` names a variant of tests/broken.py for the daemons to run
+    (default: $WALQUEUE_BROKEN, as for the rest of the suite); the checker
+    reads the directory with this process's library.
+    """
+    if broken is None:
+        broken = os.environ.get("WALQUEUE_BROKEN") or None
     schedule = schedule_for(seed)
     result = SeedResult(seed, schedule)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix=f"wqc{seed}-", dir="/tmp"))  # short: socket paths
     result.workdir = str(workdir)
-    run = Run(schedule, workdir)
+    run = Run(schedule, workdir, broken)
     drained = False
     try:
         try:
@@ -394,6 +422,8 @@ def run_seed(seed: int, *, keep: bool = False) -> SeedResult:
             result.violations.extend(checker.check(run.directory, existing_logs, drained=drained))
             if not tasks:
                 result.violations.append("harness: no task reached the directory (a vacuous run)")
+    except CorruptStore as exc:  # the checker could not open what the daemons left behind
+        result.violations.append(f"corrupt directory: {exc}")
     except Exception as exc:  # a crash of the harness or the checker is a failed seed, with its report
         result.violations.append(f"harness: {type(exc).__name__}: {exc}")
     finally:

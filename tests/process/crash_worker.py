@@ -259,8 +259,9 @@ class CrashWorker:
             if touched is not None and self.ack(touched) == "ok":
                 self.outstanding -= 1
         elif action == "late":
-            # Ack after the lease ran out: the daemon must answer StaleLease.
-            deadline = time.monotonic() + lease.deadline - time.time() + 1.05
+            # Ack once wall time has reached the lease's deadline: the daemon's now is
+            # then at least the deadline, so it must answer StaleLease (SPEC §2: now < deadline).
+            deadline = time.monotonic() + lease.deadline - time.time() + 0.02
             while time.monotonic() < deadline and not self.stopping():
                 time.sleep(0.05)  # waiting for wall time to pass a deadline; nothing to await
             if time.monotonic() >= deadline:
