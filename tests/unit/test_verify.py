@@ -524,3 +524,71 @@ def test_open_calls_a_snapshot_entry_with_a_list_status_corrupt(directory):
     assert "library bug" in report.by_severity(CORRUPT)[0].what
     with pytest.raises(CorruptStore):
         Queue(directory)
+
+
+# -- hypothesis: random histories, crashes included, then damage -----------------------------
+
+OPERATIONS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 30)),
+    st.tuples(st.just("reserve"), st.integers(1, 4)),
+    st.tuples(st.just("finish"), st.sampled_from(["ack", "release"])),
+    st.tuples(st.just("compact"), st.none()),
+    st.tuples(st.just("crash"), st.sampled_from(["wal.after_write", "wal.after_rotate",
+                                                  "snapshot.after_write", "current.after_write",
+                                                  "current.after_publish", "compact.after_delete"])),
+), max_size=25)
+
+
+def run_history(directory: Path, operations) -> None:
+    """Apply operations with a rising clock; a crash kills the Queue at a phase of a compaction or write."""
+    now, leases, crash = 0, [], None
+
+    def hook(phase):
+        if phase == crash:
+            raise InjectedCrash(phase)
+
+    q = Queue(directory, hook=hook)
+    for index, (op, argument) in enumerate(operations):
+        now += 1
+        try:
+            if op == "put":
+                q.put(f"t{argument:02d}", {"i": argument}, max_attempts=2)
+            elif op == "reserve":
+                leases += q.reserve("w", now=now, lease_seconds=3, limit=argument)
+            elif op == "finish" and leases:
+                lease = leases.pop(0)
+                getattr(q, argument)(lease, now=now)
+            elif op == "compact":
+                q.compact()
+            elif op == "crash":
+                crash = argument
+                q.put(f"c{index}", {})
+                q.compact()
+        except InjectedCrash:
+            del q  # dead: its lock is released, its files stay as they are
+            crash, leases = None, []
+            if index == len(operations) - 1:
+                return  # leave the leftovers of the crash for verify to see
+            q = Queue(directory, hook=hook)
+        except Exception as error:  # a stale lease or a used id: fine, nothing written
+            assert type(error).__name__ in ("StaleLease", "KeyConflict"), error
+    q.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=OPERATIONS, data=st.data())
+def test_random_histories_with_crashes_verify_like_they_open_before_and_after_damage(
+        tmp_path_factory, operations, data):
+    directory = tmp_path_factory.mktemp("history") / "queue"
+    run_history(directory, operations)
+    (directory / "LOCK").unlink()
+    report = assert_agrees(directory)
+    assert report.healthy
+    for _ in range(data.draw(st.integers(0, 2), label="damages")):
+        names = sorted(path.name for path in directory.iterdir() if path.name != "LOCK")
+        if not names:
+            break
+        name = data.draw(st.sampled_from(names), label="file")
+        apply_damage(directory, name, data.draw(st.sampled_from(DAMAGES), label="damage"), data.draw)
+        (directory / "LOCK").unlink(missing_ok=True)
+        assert_agrees(directory)
