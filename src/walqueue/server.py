@@ -82,6 +82,11 @@ OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
 DRAIN_SECONDS = 5.0
 ACCEPT_PAUSE_SECONDS = 0.5
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
+# A connection's share of one turn: beyond this many requests, or once its
+# answers reach OUTPUT_HIGH_WATER_BYTES, its further requests wait for a later
+# turn, so one pipelining client can neither pin memory nor hold up the rest.
+MAX_REQUESTS_PER_TURN_PER_CONNECTION = 1024
+MAX_PARKED_PER_CONNECTION = 64
 # While recovery runs, systemd hears from us this often, and each message
 # extends its start timeout by RECOVERY_EXTEND_USEC from then.
 RECOVERY_REPORT_SECONDS = 2.0
@@ -239,6 +244,14 @@ class Connection:
     # Encoded into `out` only while `out` is below OUTPUT_HIGH_WATER_BYTES, so
     # a long listing is produced as fast as the client reads it.
     backlog: deque = field(default_factory=deque)
+    # Requests decoded but not applied yet because this connection's unsent
+    # answers reached the high-water mark (or its per-turn share): applied,
+    # in order, in a later turn once the client has read. No new bytes are
+    # read from it meanwhile.
+    deferred: deque = field(default_factory=deque)
+    turn: int = -1  # the turn the two counters below belong to
+    turn_bytes: int = 0  # encoded answer bytes produced for it in that turn
+    turn_requests: int = 0  # requests of it applied in that turn
     closed: bool = False
     parked: int = 0
     events: int = 0
@@ -367,6 +380,7 @@ class Server:
         self._accept_paused_until: float | None = None
         self.queue_epoch = 0  # bumped whenever the Queue is dropped after a failure
         self._touched: set[Connection] = set()  # connections with news this turn
+        self._deferring: set[Connection] = set()  # connections with deferred requests
         self._receive_buffer = bytearray(MAX_RECV_BYTES)
         self._receive_view = memoryview(self._receive_buffer)
         # (deadline, connection) in accept order, so deadlines are ascending.
@@ -459,6 +473,8 @@ class Server:
                 return
 
     def _timeout(self) -> float | None:
+        if any(self._can_resume(conn) for conn in self._deferring):
+            return 0.0  # deferred requests can go now: no event will announce it
         deadlines: list[float] = []
         if self._awaiting_hello:
             deadlines.append(self._awaiting_hello[0][0] - time.monotonic())
@@ -543,6 +559,8 @@ class Server:
         if conn.closed:
             return
         conn.closed = True
+        conn.deferred.clear()
+        self._deferring.discard(conn)
         if conn.events:
             self.selector.unregister(conn.sock)
             conn.events = 0
@@ -556,11 +574,13 @@ class Server:
         """Register exactly the events the connection needs now, or close it."""
         if conn.closed:
             return
-        if (conn.closing or conn.eof) and not conn.out and not conn.backlog and not conn.parked:
-            self._close(conn, "protocol error" if conn.closing else "closed by peer")
-            return
+        if not conn.out and not conn.backlog and not conn.parked:
+            if conn.closing or (conn.eof and not conn.deferred):
+                self._close(conn, "protocol error" if conn.closing else "closed by peer")
+                return
         wanted = 0
-        if not conn.eof and not conn.closing and not conn.backlog and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
+        if (not conn.eof and not conn.closing and not conn.backlog and not conn.deferred
+                and len(conn.out) < OUTPUT_HIGH_WATER_BYTES):
             wanted |= selectors.EVENT_READ
         if conn.out or conn.backlog:
             wanted |= selectors.EVENT_WRITE
@@ -649,17 +669,34 @@ class Server:
         conn.fatal = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
         conn.closing = True
         self._touched.add(conn)
+        # Requests deferred behind unread answers are dropped with the connection.
+        conn.deferred.clear()
+        self._deferring.discard(conn)
         if conn.parked:  # the connection is closing: its waits end with it
             self.parked.drop(lambda entry: entry.conn is conn)
 
     # -- applying a turn ---------------------------------------------------------------
 
     def _apply(self, requests: list[tuple[Connection, p.Request]]) -> bool:
-        """Apply a turn's requests in one batch; True if the batch may have written."""
+        """Apply a turn's requests in one batch; True if the batch may have written.
+
+        Requests of a connection that is saturated (see _saturated) are
+        deferred, in order, to a later turn instead.
+        """
+        resumed: list[tuple[Connection, p.Request]] = []
+        for conn in list(self._deferring):
+            if conn.closed:
+                self._deferring.discard(conn)
+            elif self._can_resume(conn):
+                resumed.extend((conn, request) for request in conn.deferred)
+                conn.deferred.clear()
+                self._deferring.discard(conn)
+                self._touched.add(conn)
+        requests = resumed + requests
         if not requests and not self.parked:
             return False
         now = self.now()
-        self._turn_requests = [(conn, request.id) for conn, request in requests]
+        self._turn_requests = []
         answered_before = len(self._answers)
         # Serving parked reserves may write too (expire and reserve frames).
         writing = bool(self.parked) or any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
@@ -668,8 +705,16 @@ class Server:
                 if self.parked:
                     self._serve_parked(now)
                 for conn, request in requests:
-                    if not conn.closed:
-                        self._handle(conn, request, now)
+                    if conn.closed:
+                        continue
+                    if conn.deferred or self._saturated(conn):
+                        if not conn.closing:  # a closing connection's are dropped
+                            conn.deferred.append(request)
+                            self._deferring.add(conn)
+                        continue
+                    conn.turn_requests += 1
+                    self._turn_requests.append((conn, request.id))
+                    self._handle(conn, request, now)
         except Exception as exc:
             self._write_failed(exc, answered_before)
             return False
@@ -710,8 +755,43 @@ class Server:
             raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
         log.info("reopened %s", self.directory)
 
-    def _answer(self, conn: Connection, request_id: int, messages: list) -> None:
+    def _answer(self, conn: Connection, request_id: int, messages) -> None:
+        """Queue an answer; a list of messages is encoded now, so it is held as bytes.
+
+        A lazy iterator (a listing) is kept as is and encoded as the client reads.
+        """
+        if isinstance(messages, list):
+            frames = []
+            for message in messages:
+                try:
+                    frames.append(p.encode(message))
+                except (p.ProtocolError, TypeError, OverflowError) as exc:
+                    log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, exc)
+                    error = p.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
+                    frames = [p.encode(error)]
+                    break
+            self._count_turn(conn)
+            conn.turn_bytes += sum(len(frame) for frame in frames)
+            messages = frames
         self._answers.append(Answer(conn, request_id, messages))
+
+    def _count_turn(self, conn: Connection) -> None:
+        if conn.turn != self.turn:
+            conn.turn, conn.turn_bytes, conn.turn_requests = self.turn, 0, 0
+
+    @staticmethod
+    def _can_resume(conn: Connection) -> bool:
+        """True once a connection with deferred requests has read enough of its answers."""
+        return not conn.backlog and len(conn.out) < OUTPUT_HIGH_WATER_BYTES
+
+    def _saturated(self, conn: Connection) -> bool:
+        """True if this connection must not have more requests applied this turn."""
+        self._count_turn(conn)
+        return bool(
+            conn.backlog
+            or len(conn.out) + conn.turn_bytes >= OUTPUT_HIGH_WATER_BYTES
+            or conn.turn_requests >= MAX_REQUESTS_PER_TURN_PER_CONNECTION
+        )
 
     def _serve_parked(self, now: int) -> None:
         """Lease due tasks to parked reserves, in arrival order."""
@@ -775,6 +855,11 @@ class Server:
                     )
                     if leases or request.wait == 0 or conn.closing:
                         self._answer(conn, request_id, self._lease_messages(request_id, leases))
+                    elif conn.parked >= MAX_PARKED_PER_CONNECTION:
+                        raise InvalidRequest(
+                            f"too many waiting reserves on this connection ({MAX_PARKED_PER_CONNECTION}); "
+                            "wait for one to be answered or use another connection"
+                        )
                     else:
                         deadline = time.monotonic() + request.wait
                         self.parked.add(Parked(conn, request, deadline, self.turn))
@@ -896,7 +981,7 @@ class Server:
                 if message is None:
                     conn.backlog.popleft()
                     continue
-                conn.out += p.encode(message)
+                conn.out += message if isinstance(message, bytes) else p.encode(message)
             except ListingInterrupted as exc:
                 conn.backlog.popleft()
                 conn.out += p.encode(p.Error(id=request_id, error="QueueClosed", message=str(exc)))

@@ -726,3 +726,37 @@ def test_three_hundred_parked_workers_each_get_exactly_one_task(daemon):
         assert all(len(task_ids) == 1 for task_ids in received)
         assert sorted(task_id for task_ids in received for task_id in task_ids) == [f"t{i:03d}" for i in range(300)]
         assert client.stats().leased == 300 and elapsed < 20
+
+
+def test_a_client_that_reads_late_gets_every_answer_in_order(daemon):
+    with Client(daemon.socket_path) as bystander:
+        bystander.put("wide", {"values": [0] * 100_000})  # ~100 KB per answer
+        late = raw_connect(daemon.socket_path)
+        hello(late)
+        # 120 answers of ~100 KB: more than the 8 MiB high-water mark.
+        late.sendall(b"".join(p.encode(p.Get(id=index, task_id="wide")) for index in range(2, 122))
+                     + p.encode(p.Stats(id=122)))
+        # Only about 8 MiB of its answers are built; the rest of its requests
+        # wait for it to read, and other clients are served meanwhile.
+        assert bystander.put("meanwhile", {}) == "meanwhile"
+        answers = [read_message(late) for _ in range(121)]
+        assert [answer.id for answer in answers] == list(range(2, 123))
+        assert all(len(answer.task.payload["values"]) == 100_000 for answer in answers[:-1])
+        assert answers[-1].stats.ready == 2  # applied after "meanwhile", in its own order
+        late.close()
+
+
+def test_one_connection_cannot_park_unbounded_reserves(daemon):
+    from walqueue.server import MAX_PARKED_PER_CONNECTION
+
+    sock = raw_connect(daemon.socket_path)
+    hello(sock)
+    count = MAX_PARKED_PER_CONNECTION + 1
+    sock.sendall(b"".join(p.encode(p.Reserve(id=index, worker="w", wait=30)) for index in range(2, 2 + count)))
+    error = read_message(sock)
+    assert isinstance(error, p.Error) and error.id == 1 + count and not error.fatal
+    assert error.error == "InvalidRequest" and "too many waiting reserves" in error.message
+    with Client(daemon.socket_path) as client:
+        client.put("job", {})  # goes to the first parked reserve
+    assert read_message(sock).id == 2
+    sock.close()
