@@ -32,9 +32,11 @@ generation and the log lines at fault; empty means every claim held:
    ack ok, a second ack of that lease reports "completed" at that generation
    (SPEC §8: how a client tells its own completed ack from a lost lease).
 9. An ack sent after the lease's deadline (``late``) is never answered ok.
-10. After a successful drain, nothing is ready or leased: every task put ok is
+10. The counters agree: attempts equal the generation (the workload never
+    revives), a dead task used all its attempts, a ready one did not.
+11. After a successful drain, nothing is ready or leased: every task put ok is
     completed or dead.
-11. The directory verifies clean (``walqueue.verify``), when that module exists.
+12. The directory verifies clean (``walqueue.verify``), when that module exists.
 """
 
 from __future__ import annotations
@@ -257,7 +259,18 @@ def check_records(records: list[dict], tasks: dict, *, drained: bool) -> list[st
                 violation("late ack", f"task {task_id} generation {line['generation']} was acked ok after its "
                           f"deadline ({line['log']})")
 
-    # 10: after a drain nothing is ready or leased.
+    # 10: the counters agree with the statuses. The workload never revives a
+    # task, so every reserve added one attempt and one generation.
+    for task_id, task in tasks.items():
+        if task.attempts != task.generation:
+            violation("counters", f"task {task_id} has attempts {task.attempts} but generation "
+                      f"{task.generation}, and nobody revived it")
+        if task.status == "dead" and task.attempts < task.max_attempts:
+            violation("counters", f"task {task_id} is dead after {task.attempts} of {task.max_attempts} attempts")
+        if task.status == "ready" and task.attempts >= task.max_attempts:
+            violation("counters", f"task {task_id} is ready after {task.attempts} of {task.max_attempts} attempts")
+
+    # 11: after a drain nothing is ready or leased.
     if drained:
         for task_id, task in tasks.items():
             if task.status not in ("completed", "dead"):

@@ -219,6 +219,13 @@ def doctor_undrained(records, tasks):
     return records, tasks
 
 
+def doctor_attempts(records, tasks):
+    task = _completed(tasks)
+    tasks = dict(tasks)
+    tasks[task.task_id] = dataclasses.replace(task, attempts=task.attempts + 1)
+    return records, tasks
+
+
 def doctor_lost_task(records, tasks):
     tasks = dict(tasks)
     put = next(record for record in records if record["op"] == "put" and record["outcome"] == "ok")
@@ -252,6 +259,7 @@ DOCTORED = {
     "released yet still leased": (doctor_lost_release, {"lost release"}),
     "ready after the drain": (doctor_undrained, {"not drained"}),
     "put ok, missing on disk": (doctor_lost_task, {"lost put"}),
+    "an attempt too many": (doctor_attempts, {"counters"}),
     "payload changed on disk": (doctor_changed_payload, {"wrong task"}),
 }
 
