@@ -32,7 +32,7 @@ from walqueue import (
     WalQueueError,
 )
 from walqueue.client import SOCKET_NAME, Client, DaemonUnavailable
-from walqueue.verify import CORRUPT, NOTE, TORN_TAIL, UNREADABLE, VerifyReport, verify_directory
+from walqueue.verify import verify_directory
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -409,43 +409,6 @@ def compact(ctl: Ctl) -> None:
 
 # -- verify (offline) -------------------------------------------------------------
 
-_LABELS = {CORRUPT: "CORRUPT", TORN_TAIL: "TORN-TAIL", NOTE: "NOTE", UNREADABLE: "UNREADABLE"}
-
-
-def print_report(report: VerifyReport) -> None:
-    if report.corrupt:
-        verdict = "CORRUPT: opening it would fail with CorruptStore"
-    elif report.unreadable:
-        verdict = "UNKNOWN: some files could not be read"
-    else:
-        verdict = "HEALTHY: it opens"
-        if report.by_severity(TORN_TAIL):
-            verdict += " (after truncating the torn tail listed below)"
-    click.echo(f"{report.directory}: {verdict}")
-    snapshot = "none" if report.snapshot is None else f"{report.snapshot} (seq {report.snapshot_seq})"
-    click.echo(f"  snapshot:  {snapshot}")
-    click.echo(f"  last seq:  {report.last_seq if report.last_seq is not None else 'unknown'}"
-               + ("" if report.healthy else " (the last one applied before the first problem)"))
-    click.echo(f"  WAL:       {report.segments} segment(s), {report.wal_bytes} bytes of frames; "
-               f"{report.total_bytes} bytes in the directory")
-    if report.counts is not None:
-        click.echo("  tasks:     " + ", ".join(f"{name} {count}" for name, count in report.counts.items()))
-    if report.lock_holder is not None:
-        click.echo(f"  lock:      held by pid {report.lock_holder}: a live owner may be appending, "
-                   f"so its newest segment can look torn; verify a stopped daemon's directory or a copy")
-    if report.problems:
-        click.echo(f"problems ({len(report.problems)}):")
-        for problem in report.problems:
-            what = problem.what
-            if problem.file and what.startswith(f"{problem.file}: "):
-                what = what[len(problem.file) + 2:]  # the location already names the file
-            click.echo(f"  {_LABELS.get(problem.severity, problem.severity):<10} {problem.location()}: "
-                       f"{what}")
-    if report.corrupt:
-        click.echo("next: keep a copy of the directory as evidence; the daemon will not start on it. "
-                   "See docs/operations.md, 'Reading verify output'.")
-
-
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
@@ -470,7 +433,7 @@ def verify(directory: str, as_json: bool) -> None:
     if as_json:
         emit(report.to_json())
     else:
-        print_report(report)
+        click.echo(report.render())
     if report.corrupt:
         sys.exit(EXIT_CORRUPT)
     if report.unreadable:

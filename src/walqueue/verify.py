@@ -36,18 +36,20 @@ Standard library only (this is the library layer).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import json
 import mmap
 import os
 import re
 import struct
+import sys
 from dataclasses import asdict, dataclass, field
 
 from .codec import DIGEST_BYTES, LENGTH_BYTES, MAX_FRAME_BYTES, decode_body
 from .errors import CorruptStore, WalQueueError
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name, load_snapshot, read_current
 from .state import RECORD_FIELDS, State
-from .validation import STATUSES
 from .wal import list_segments
 
 CORRUPT = "corrupt"
@@ -123,6 +125,43 @@ class VerifyReport:
 
     def by_severity(self, severity: str) -> list[Problem]:
         return [problem for problem in self.problems if problem.severity == severity]
+
+    def render(self) -> str:
+        """The human report `walqueue-ctl verify` prints (see docs/operations.md)."""
+        if self.corrupt:
+            verdict = "CORRUPT: opening it would fail with CorruptStore"
+        elif self.unreadable:
+            verdict = "UNKNOWN: some files could not be read"
+        else:
+            verdict = "HEALTHY: it opens"
+            if self.by_severity(TORN_TAIL):
+                verdict += " (after truncating the torn tail listed below)"
+        snapshot = "none" if self.snapshot is None else f"{self.snapshot} (seq {self.snapshot_seq})"
+        last_seq = "unknown" if self.last_seq is None else str(self.last_seq)
+        if not self.healthy:
+            last_seq += " (the last one applied before the first problem)"
+        lines = [f"{self.directory}: {verdict}",
+                 f"  snapshot:  {snapshot}",
+                 f"  last seq:  {last_seq}",
+                 f"  WAL:       {self.segments} segment(s), {self.wal_bytes} bytes of frames; "
+                 f"{self.total_bytes} bytes in the directory"]
+        if self.counts is not None:
+            lines.append("  tasks:     " + ", ".join(f"{name} {count}" for name, count in self.counts.items()))
+        if self.lock_holder is not None:
+            lines.append(f"  lock:      held by pid {self.lock_holder}: a live owner may be appending, so "
+                         f"its newest segment can look torn; verify a stopped daemon's directory or a copy")
+        if self.problems:
+            lines.append(f"problems ({len(self.problems)}):")
+            for problem in self.problems:
+                what = problem.what
+                if problem.file and what.startswith(f"{problem.file}: "):
+                    what = what[len(problem.file) + 2:]  # the location already names the file
+                label = problem.severity.upper()
+                lines.append(f"  {label:<10} {problem.location()}: {what}")
+        if self.corrupt:
+            lines.append("next: keep a copy of the directory as evidence; the daemon will not start "
+                         "on it. See docs/operations.md, 'Reading verify output'.")
+        return "\n".join(lines)
 
     def to_json(self) -> dict:
         """A JSON-ready dict of the whole report."""
@@ -598,5 +637,38 @@ def _lock_holder(directory: str) -> int | None:
     return None
 
 
-__all__ = ["CORRUPT", "NOTE", "SEVERITIES", "STATUSES", "TORN_TAIL", "UNREADABLE", "Problem",
-           "VerifyReport", "verify_directory"]
+EXIT_HEALTHY, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE = 0, 2, 4, 8  # as walqueue-ctl verify
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m walqueue.verify DIRECTORY [--json]`: walqueue-ctl verify on the standard library alone.
+
+    For a machine without the daemon layer's packages; same report, same
+    exit codes (0 opens, 4 corrupt, 8 unreadable, 2 usage).
+    """
+    parser = argparse.ArgumentParser(prog="python -m walqueue.verify",
+                                     description="Check a WALQueue directory offline; changes nothing.")
+    parser.add_argument("directory")
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    arguments = parser.parse_args(argv)
+    try:
+        report = verify_directory(arguments.directory)
+    except OSError as error:
+        print(f"python -m walqueue.verify: cannot read {arguments.directory}: "
+              f"{error.strerror or error}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if arguments.json:
+        print(json.dumps(report.to_json(), ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+    else:
+        print(report.render())
+    if report.corrupt:
+        return EXIT_CORRUPT
+    return EXIT_UNREADABLE if report.unreadable else EXIT_HEALTHY
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["CORRUPT", "NOTE", "SEVERITIES", "TORN_TAIL", "UNREADABLE", "Problem", "VerifyReport",
+           "main", "verify_directory"]

@@ -163,6 +163,20 @@ def test_a_read_only_directory_verifies(directory):
     assert report.healthy
 
 
+def test_python_dash_m_walqueue_verify_needs_only_the_standard_library(directory, capsys):
+    from walqueue.verify import main
+
+    build_history(directory, compact=False)
+    assert main([str(directory)]) == 0 and "HEALTHY" in capsys.readouterr().out
+    segment = next(directory.glob("wal-*.log"))
+    damaged = bytearray(segment.read_bytes())
+    damaged[7] ^= 1
+    segment.write_bytes(bytes(damaged))
+    assert main(["--json", str(directory)]) == 4
+    assert json.loads(capsys.readouterr().out)["corrupt"] is True
+    assert main([str(directory / "missing")]) == 8
+
+
 # -- torn tails and leftovers are not errors ------------------------------------------------
 
 
