@@ -1,0 +1,31 @@
+"""Smoke test of scripts/bench_library.py (issue 2): it runs end to end and
+prints its table. Tiny sizes, one run: this checks the script, not the speed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "bench_library.py"
+
+
+def test_bench_library_quick_run_prints_the_table(tmp_path):
+    results = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--runs", "1", "--sizes", "2000", "--smoke",
+         "--json", str(results), "--tmp-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "| metric | median | min–max | target | pass/fail |" in out
+    for metric in ("put() one at a time", "put() inside batch() of 100", "reserve+ack cycle",
+                   "recovery from WAL, 2,000 tasks", "recovery from snapshot, 2,000 tasks",
+                   "snapshot write", "reserve cost ratio, 2,000 vs 1,000 ready",
+                   "fsync baseline"):
+        assert metric in out, metric
+    data = json.loads(results.read_text())
+    assert data["sizes"] == [2000] and data["runs"] == 1
+    assert data["builds"]["2000"]["small_frames"] == 400
+    # The scratch directory is gone: only the JSON file is left in tmp_path.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
