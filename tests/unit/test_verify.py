@@ -151,16 +151,36 @@ def test_verify_names_the_pid_holding_the_lock(directory):
     assert verify_directory(directory).lock_holder is None
 
 
-def test_a_read_only_directory_verifies(directory):
+def test_verify_makes_no_call_that_could_change_a_file(directory, monkeypatch):
+    """Stronger than comparing bytes (and meaningful as root, whom chmod does
+    not stop): every os.open is read-only and nothing that writes is called."""
     build_history(directory, compact=True)
-    for path in directory.iterdir():
-        path.chmod(0o440)
-    directory.chmod(0o550)
-    try:
-        report = verify(directory)
-    finally:
-        directory.chmod(0o750)
-    assert report.healthy
+    (directory / "CURRENT.tmp").write_bytes(b"leftover")
+    segment = next(directory.glob("wal-*.log"))
+    with open(segment, "ab") as file:
+        file.write(b"\x00\x00\x01")  # a torn tail, which open would truncate
+    real_open = os.open
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    opened = []
+
+    def read_only_open(path, flags, *args, **kwargs):
+        assert not flags & writing, f"os.open({path!r}) with writing flags {flags:#o}"
+        opened.append(os.path.basename(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def forbidden(name):
+        def call(*args, **kwargs):
+            raise AssertionError(f"verify called os.{name}{args}")
+        return call
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    for name in ("write", "pwrite", "ftruncate", "truncate", "unlink", "remove", "rename", "replace",
+                 "mkdir", "makedirs", "rmdir", "fsync", "fdatasync", "chmod", "utime", "link", "symlink"):
+        monkeypatch.setattr(os, name, forbidden(name))
+    report = verify_directory(directory)
+    monkeypatch.undo()
+    assert report.healthy and [p.severity for p in report.problems].count(TORN_TAIL) == 1
+    assert "LOCK" not in opened and segment.name in opened
 
 
 def test_python_dash_m_walqueue_verify_needs_only_the_standard_library(directory, capsys):
