@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -115,6 +116,17 @@ def rss_bytes(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time the process has used so far (from /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # After the ")" closing the command name: utime and stime are fields 12 and 13.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure_tombstone_bytes(count: int) -> float:
@@ -207,7 +219,8 @@ class Soak:
         end = started + self.args.duration
         next_kill = started + self.next_kill_in() if self.args.kill_every > 0 else float("inf")
         next_sample = started
-        last_sample_time, last_ok = started, 0
+        last_sample_time, last_ok, last_acks, last_seq = started, 0, 0, 0
+        last_cpu: tuple[int, float] | None = None  # (daemon pid, its CPU seconds) at the last sample
         incarnation_start: tuple[int, int] | None = None  # (rss, completed) at this incarnation's first sample
         worst_excess = 0.0
         try:
@@ -231,15 +244,21 @@ class Soak:
                     except DaemonUnavailable:
                         stats = None
                     rss = rss_bytes(self.daemon.pid)
-                    ok = self.tail.total_ok()
-                    rate = (ok - last_ok) / max(now - last_sample_time, 1e-9)
-                    last_sample_time, last_ok = now, ok
+                    ok, acks = self.tail.total_ok(), self.tail.ok["ack"]
+                    interval = max(now - last_sample_time, 1e-9)
+                    seq = last_seq if stats is None else stats.last_seq
+                    rates = (f"{(ok - last_ok) / interval:6.1f} ok ops/s, {(acks - last_acks) / interval:5.1f} "
+                             f"acks/s, {(seq - last_seq) / interval:6.1f} WAL frames/s")
+                    cpu = cpu_seconds(self.daemon.pid)
+                    if cpu is not None and last_cpu is not None and last_cpu[0] == self.daemon.pid:
+                        rates += f", daemon CPU {100 * (cpu - last_cpu[1]) / interval:3.0f}%"
+                    last_cpu = None if cpu is None else (self.daemon.pid, cpu)
+                    last_sample_time, last_ok, last_acks, last_seq = now, ok, acks, seq
                     counts = ("ready ? leased ? completed ? dead ?" if stats is None else
                               f"ready {stats.ready} leased {stats.leased} completed {stats.completed} "
-                              f"dead {stats.dead} snapshot_seq {stats.snapshot_seq}")
+                              f"dead {stats.dead}")
                     print(f"t={now - started:6.1f}s daemon#{len(self.daemons)} pid {self.daemon.pid} "
-                          f"rss {0 if rss is None else rss / MIB:6.1f} MiB | {counts} | "
-                          f"{rate:7.1f} ok ops/s", flush=True)
+                          f"rss {0 if rss is None else rss / MIB:6.1f} MiB | {counts} | {rates}", flush=True)
                     if rss is not None and stats is not None:
                         self.rss_samples.append(rss)
                         if incarnation_start is None:
