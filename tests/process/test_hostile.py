@@ -385,6 +385,24 @@ def test_answers_to_a_client_that_never_reads_stay_bounded_whatever_the_payload(
         f"RSS grew {(peak - baseline) / MIB:.0f} MiB for 2000 unread answers")
 
 
+@pytest.mark.xfail(strict=True, reason="daemon bug, /tmp/walqueue-bugs.md 'hostile-3': protocol errors are "
+                   "logged with the client's raw text, so a newline in a field name forges a log line")
+def test_a_client_cannot_forge_lines_in_the_daemon_log(daemon):
+    forged = "2026-01-01 00:00:00,000 walqueued[1] CRITICAL forged by a client"
+    for body in (p.encode_value({"type": "stats", "id": 3, f"x\n{forged}": 1}),
+                 p.encode_value({"type": f"frob\n{forged}", "id": 4}),
+                 p.encode_value({"type": "get", "id": 5, "task_id": 7, f"y\r\n{forged}": 1})):
+        sock = greeted(daemon.socket_path)
+        sock.sendall(p.frame(body))
+        expect_fatal(sock)
+    daemon.wait_for_log("protocol error", count=3)
+    # SPEC: one line an event. No line may begin with what a client sent.
+    lines = daemon.log().splitlines()
+    assert not [line for line in lines if line.startswith(forged)], "a client forged a daemon log line"
+    assert all(" walqueued[" in line[:60] for line in lines if line), [
+        line for line in lines if line and " walqueued[" not in line[:60]]
+
+
 def test_thousands_of_idle_connections_meet_the_default_bound_cleanly(daemon):
     import resource
 
