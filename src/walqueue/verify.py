@@ -570,20 +570,40 @@ def _describe_tail(verifier: _Verifier, data, filename: str, offset: int, kind: 
 
 
 def _survey_snapshot(verifier: _Verifier, filename: str) -> None:
-    """After load_snapshot failed: report further damaged frames of the snapshot."""
+    """After load_snapshot failed: report the snapshot's other damaged frames and invalid entries.
+
+    Every frame between the header and the end frame is loaded into a
+    scratch State on its own terms (State.load_entry changes nothing when it
+    rejects an entry), so one bad entry does not hide the next.
+    """
     first = verifier.problems[-1]
     data = verifier.read(filename)
     if data is None:
         return
     try:
         before = len(verifier.problems)
+        scratch = State()
+        end_offset = None
         scanner = verifier.frames(data, filename)
         while True:
             try:
-                next(scanner)
+                offset, entry, _ = next(scanner)
             except StopIteration as stop:
                 tail_offset, tail_kind = stop.value
                 break
+            if offset == 0:
+                continue  # the header: load_snapshot judged it
+            if end_offset is not None:
+                verifier.add(CORRUPT, filename, f"{filename}: frame at offset {offset} follows "
+                             f"the end frame (at offset {end_offset})", offset=offset)
+            elif type(entry) is dict and entry.get("kind") == "end":
+                end_offset = offset
+            else:
+                try:
+                    scratch.load_entry(entry)
+                except (WalQueueError, TypeError, ValueError, KeyError, AttributeError) as error:
+                    verifier.add(CORRUPT, filename, f"{filename}: entry at offset {offset}: {error}",
+                                 offset=offset)
         if tail_kind in ("incomplete", "zeros"):
             what = "an incomplete frame" if tail_kind == "incomplete" else "zero bytes"
             verifier.add(CORRUPT, filename, f"{filename}: {what} at offset {tail_offset} "

@@ -348,6 +348,18 @@ def test_several_damaged_snapshot_frames_are_all_reported(directory):
     assert [p.offset for p in report.by_severity(CORRUPT)] == [second, fourth]
 
 
+def test_several_invalid_snapshot_entries_are_all_reported(directory):
+    entries = [snapshot_entry(f"t{i}", {"i": i}) for i in range(5)]
+    entries[1]["attempts"] = -1
+    entries[3]["identity"] = "not hex"
+    data = snapshot_bytes(1, entries)
+    header = len(frame({"format": 1, "kind": "walqueue.snapshot", "seq": 1, "task_count": 5}))
+    starts = [header + sum(len(frame(entry)) for entry in entries[:i]) for i in range(5)]
+    published(directory, snapshot=data)
+    report = assert_agrees(directory)
+    assert [p.offset for p in report.by_severity(CORRUPT)] == [starts[1], starts[3]]
+
+
 # -- the damage tests/unit/test_recovery.py feeds to open, fed to verify too ----------------
 
 try:  # its tables of invalid records, CURRENTs and snapshots; reused, not copied
