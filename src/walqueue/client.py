@@ -129,11 +129,15 @@ class Connection:
         if self._broken is not None or self._pending:
             return False
         try:
-            ready, _, _ = select.select([self._sock], [], [], 0)
-            if not ready:
+            # poll, not select: select() cannot take descriptors >= 1024.
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            if not poller.poll(0):
                 return False
             closed = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (OSError, ValueError):
+        except BlockingIOError:
+            return False
+        except OSError:
             closed = True
         if closed:
             self._broken = "closed by the daemon"
