@@ -526,7 +526,7 @@ def apply_damage(directory: Path, name: str, kind: str, draw) -> None:
         path.write_bytes(reframe(data, draw(st.integers(0, 12)), draw))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["plain", "compacted", "sealed"]), data=st.data())
 def test_verify_says_corrupt_exactly_when_open_raises_corrupt_store(tmp_path, kind, data):
     directory = base_copy(tmp_path, kind)
@@ -546,7 +546,7 @@ def test_every_single_byte_flip_of_a_real_directory_agrees_with_open(tmp_path, k
     base = base_copy(tmp_path, kind)
     for name in sorted(path.name for path in base.iterdir()):
         size = (base / name).stat().st_size
-        for position in range(0, size, max(1, size // 150)):
+        for position in range(0, size, max(1, size // 100)):
             directory = tmp_path / "flip"
             shutil.copytree(base, directory)
             path = directory / name
