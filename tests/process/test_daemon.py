@@ -760,3 +760,24 @@ def test_one_connection_cannot_park_unbounded_reserves(daemon):
         client.put("job", {})  # goes to the first parked reserve
     assert read_message(sock).id == 2
     sock.close()
+
+
+def test_a_client_with_descriptors_above_1024_keeps_its_connection(daemon):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-file limit {hard} is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with Client(daemon.socket_path) as client:
+            client.stats()
+            first = client._connection
+            for _ in range(3):
+                client.stats()
+            assert client._connection is first  # no reconnect per call
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
