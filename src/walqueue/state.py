@@ -81,11 +81,24 @@ class Task:
         self.worker = worker
         self.payload = payload
 
+    def pin_identity(self) -> str:
+        """The identity, computed from the put's fields while they are still unchanged.
+
+        A task put through the WAL gets its identity lazily (hashing every
+        task on replay is a third of recovery time); it must be pinned before
+        available_at or the payload first change, which every transition that
+        changes them does first.
+        """
+        if self.identity is None:
+            self.identity = identity_of(self.task_id, self.payload, self.available_at,
+                                        self.max_attempts)
+        return self.identity
+
     def entry(self) -> dict:
         """This task as a snapshot entry (SPEC §4)."""
         return {"attempts": self.attempts, "available_at": self.available_at,
                 "deadline": self.deadline, "generation": self.generation,
-                "identity": self.identity, "key": self.key,
+                "identity": self.pin_identity(), "key": self.key,
                 "max_attempts": self.max_attempts, "payload": self.payload,
                 "status": self.status, "task_id": self.task_id, "worker": self.worker}
 
@@ -161,7 +174,7 @@ class State:
             task_id_for_key = self.task_id_by_key.get(key)
             if task_id_for_key is not None:
                 existing = self.tasks[task_id_for_key]
-                if _identity_of_request(request) != existing.identity:
+                if _identity_of_request(request) != existing.pin_identity():
                     raise KeyConflict(
                         f"key {key!r} is already used by task {existing.task_id!r} "
                         f"with a different request")
@@ -247,8 +260,7 @@ class State:
         for fields in tasks:
             task_id, payload = fields["task_id"], fields["payload"]
             available_at, max_attempts = fields["available_at"], fields["max_attempts"]
-            task = Task(task_id, fields["key"],
-                        identity_of(task_id, payload, available_at, max_attempts),
+            task = Task(task_id, fields["key"], None,  # identity: see Task.pin_identity
                         READY, 0, max_attempts, 0, available_at, None, None, payload)
             self.tasks[task_id] = task
             self.task_id_by_key[task.key] = task_id
@@ -272,6 +284,7 @@ class State:
 
     def _commit_expire(self, record, targets):
         for task in targets:
+            task.pin_identity()
             task.available_at = task.deadline
             self._end_lease(task)
         self._tidy(self._ready, READY)
@@ -313,6 +326,7 @@ class State:
 
     def _commit_ack(self, record, targets):
         (task,) = targets
+        task.pin_identity()
         task.status = COMPLETED
         task.payload = None
         task.worker = None
@@ -328,6 +342,7 @@ class State:
 
     def _commit_release(self, record, targets):
         (task,) = targets
+        task.pin_identity()
         task.available_at = record["now"] + record["delay"]
         self._end_lease(task)
         self._tidy(self._ready, READY)
@@ -355,6 +370,7 @@ class State:
     def _commit_revive(self, record, targets):
         now = record["now"]
         for task in targets:
+            task.pin_identity()  # already pinned when it died; kept for the invariant
             task.status = READY
             task.attempts = 0
             task.available_at = now
@@ -449,7 +465,7 @@ class State:
         worker, deadline, payload = entry["worker"], entry["deadline"], entry["payload"]
         if type(identity) is not str or len(identity) != 64 or not _HEX.issuperset(identity):
             raise InvalidRequest(f"task {task_id!r}: identity must be 64 lowercase hex digits")
-        shape = _ENTRY_SHAPES.get(status)
+        shape = _ENTRY_SHAPES.get(status) if type(status) is str else None
         if shape is None:
             raise InvalidRequest(f"task {task_id!r}: unknown status {status!r}")
         if (type(worker), type(deadline), type(payload)) != shape:
