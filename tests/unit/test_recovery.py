@@ -880,3 +880,45 @@ def test_records_with_odd_field_values_only_ever_open_or_raise_corrupt_store(tmp
             assert WAL1 in str(error)
         except Exception as error:  # noqa: BLE001 - the point of the test
             pytest.fail(f"{record}: {type(error).__name__}: {error}")
+
+
+def odd_snapshots():
+    """The published snapshot with one field of the header, an entry, or the
+    end frame replaced by each odd value, or removed."""
+    parts = [HEADER, A, B, END]
+    for index, part in enumerate(parts):
+        for field in part:
+            for replaced in [without(part, field)] + [part | {field: v} for v in ODD_VALUES]:
+                yield frames(*parts[:index], replaced, *parts[index + 1 :])
+
+
+def test_snapshots_with_odd_field_values_only_ever_open_or_raise_corrupt_store(tmp_path):
+    for index, data in enumerate(odd_snapshots()):
+        directory = tmp_path / f"odd-{index}"
+        directory.mkdir()
+        write_published(directory, snapshot=data, suffix=b"")
+        try:
+            with Queue(directory) as q:
+                q.stats()
+        except CorruptStore as error:
+            assert SNAP2 in str(error)
+        except Exception as error:  # noqa: BLE001 - the point of the test
+            pytest.fail(f"{data!r}: {type(error).__name__}: {error}")
+
+
+def test_currents_with_odd_field_values_only_ever_open_or_raise_corrupt_store(tmp_path):
+    record = current_record(2)
+    variants = [without(record, field) for field in record] + [
+        record | {field: value} for field in record for value in ODD_VALUES
+    ]
+    for index, value in enumerate(variants):
+        directory = tmp_path / f"odd-{index}"
+        directory.mkdir()
+        write_published(directory, current=frame(value), suffix=b"")
+        try:
+            with Queue(directory) as q:
+                q.stats()
+        except CorruptStore as error:
+            assert "CURRENT" in str(error)
+        except Exception as error:  # noqa: BLE001 - the point of the test
+            pytest.fail(f"{value!r}: {type(error).__name__}: {error}")
