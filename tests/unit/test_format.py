@@ -15,6 +15,7 @@ from .frames import (
     expire_record,
     frame,
     frames,
+    identity,
     parse_frames,
     put_record,
     put_task,
@@ -448,3 +449,65 @@ def test_the_canonical_encoding_used_here_is_the_one_in_the_spec():
     value = {"b": [1, 2.5, None], "a": "é"}
     assert canonical(value) == b'{"a":"\xc3\xa9","b":[1,2.5,null]}'
     assert json.loads(canonical(value)) == value
+
+
+def test_identities_survive_recovery_of_a_wal_that_moved_or_dropped_what_they_hash(directory):
+    """The identity is of the ORIGINAL request, also when the task's payload
+    was dropped (ack) or its available_at moved (release, expire, revive)
+    before anyone asked for the identity."""
+    directory.mkdir()
+    records = [
+        put_record(
+            1,
+            put_task("a", {"x": 1}, available_at=2),
+            put_task("b", {"y": 2}, available_at=3, max_attempts=1),
+            put_task("c", {"z": 3}, available_at=4),
+        ),
+        reserve_record(2, 5, "w", 5, ["a", "b", "c"]),
+        ack_record(3, 6, "a", "w", 1),
+        release_record(4, 6, "c", "w", 1, delay=9),
+        expire_record(5, 10, ["b"]),
+        revive_record(6, 11, ["b"]),
+    ]
+    (directory / wal_name(1)).write_bytes(frames(*records))
+    with Queue(directory) as q:
+        assert q.compact() == 6
+        assert q.put("a", {"x": 1}, available_at=2) == "a"
+        assert q.put("b", {"y": 2}, available_at=3, max_attempts=1) == "b"
+        assert q.put("c", {"z": 3}, available_at=4) == "c"
+    assert (directory / snapshot_name(6)).read_bytes() == snapshot_bytes(
+        6,
+        [
+            snapshot_entry(
+                "a",
+                None,
+                status="completed",
+                attempts=1,
+                generation=1,
+                available_at=2,
+                identity_payload={"x": 1},
+            ),
+            snapshot_entry(
+                "b",
+                {"y": 2},
+                max_attempts=1,
+                generation=1,
+                available_at=11,
+                original_available_at=3,
+            ),
+            snapshot_entry(
+                "c", {"z": 3}, attempts=1, generation=1, available_at=15, original_available_at=4
+            ),
+        ],
+    )
+    # And once more through the snapshot just written.
+    with Queue(directory) as q:
+        q.put("d", {})
+        assert q.compact() == 7
+        assert q.put("b", {"y": 2}, available_at=3, max_attempts=1) == "b"
+    entries = parse_frames((directory / snapshot_name(7)).read_bytes())[1:-1]
+    assert [entry["identity"] for entry in entries[:3]] == [
+        identity("a", {"x": 1}, 2),
+        identity("b", {"y": 2}, 3, 1),
+        identity("c", {"z": 3}, 4),
+    ]
