@@ -1141,3 +1141,18 @@ def test_a_clean_reopen_calls_no_hook_phase(q, directory, phases):
     with Queue(directory, hook=phases.append):
         pass
     assert phases == []
+
+
+def test_identity_survives_a_snapshot_load_followed_by_ack_and_another_compaction(q, directory):
+    q.put("t1", {"a": 1}, available_at=3)
+    q.compact()
+    q = reopen(q, directory)
+    try:
+        q.ack(lease_one(q, now=3), now=4)
+        q.compact()
+    finally:
+        q.close()
+    with Queue(directory) as again:
+        assert again.put("t1", {"a": 1}, available_at=3) == "t1"
+        with pytest.raises(KeyConflict):
+            again.put("t1", {"a": 1}, available_at=4)
