@@ -18,15 +18,18 @@ Reading a buffer of frames, the frame at an offset is valid if and only if:
   4. the body is UTF-8 text holding exactly one JSON object (every record,
      snapshot entry and pointer is an object), and re-encoding that object
      canonically gives back exactly the body.
-A failure of 1 (too few bytes) or 2 is an *incomplete* frame; a run of zero
-bytes to the end of the buffer is a *zero tail*; the caller decides whether
-either may be a torn tail. Everything else is corruption.
+A failure of 1 (too few bytes) or 2 is an *incomplete* frame -- unless a
+complete frame with a good digest lies further on, which proves the length
+damaged -- and a run of zero bytes to the end of the buffer is a *zero tail*;
+the caller decides whether either may be a torn tail. Everything else is
+corruption.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -39,6 +42,7 @@ DIGEST_BYTES = 32
 FRAME_OVERHEAD_BYTES = LENGTH_BYTES + DIGEST_BYTES
 
 _LENGTH = struct.Struct(">I")
+_NONZERO = re.compile(rb"[^\x00]")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"),
                             ensure_ascii=False, allow_nan=False)
 _sha256 = hashlib.sha256
@@ -125,7 +129,11 @@ def scan_frames(data, name: str):
             body_start = offset + LENGTH_BYTES
             end = body_start + length + DIGEST_BYTES
             if end > size:
-                problem = Tail(offset, "incomplete")
+                follower = _complete_frame_after(data, body_start)
+                problem = Tail(offset, "incomplete") if follower is None else CorruptStore(
+                    f"{name}: frame at offset {offset} has length {length}, running past the "
+                    f"end of the file, yet a complete frame follows at offset {follower}: "
+                    f"the length is damaged, this is not a torn tail")
                 break
             body = data[body_start:body_start + length]
             if sha256(body).digest() != data[end - DIGEST_BYTES:end]:
@@ -149,6 +157,36 @@ def scan_frames(data, name: str):
             return problem
         if problem is not None:
             raise problem
+
+
+def _complete_frame_after(data, start: int) -> int | None:
+    """The offset of a complete frame with a good digest at or after `start`, if any.
+
+    A torn write leaves one partial frame at the end of the file, and nothing
+    valid can follow it. A complete frame after an "incomplete" one means its
+    length field is damaged; treating that as a torn tail would silently
+    truncate every frame after it. Every length up to MAX_FRAME_BYTES starts
+    with a zero byte, and canonical JSON never holds one, so only the zero
+    bytes of the tail need to be tried.
+    """
+    size = len(data)
+    position = data.find(b"\x00", start)
+    while 0 <= position <= size - FRAME_OVERHEAD_BYTES - 1:
+        (length,) = _LENGTH.unpack_from(data, position)
+        if length == 0:
+            # Inside a run of zeros only its last three bytes can start a length.
+            nonzero = _NONZERO.search(data, position)
+            if nonzero is None:
+                return None
+            position = max(position + 1, nonzero.start() - LENGTH_BYTES + 1)
+            continue
+        end = position + LENGTH_BYTES + length + DIGEST_BYTES
+        if end <= size:
+            body = data[position + LENGTH_BYTES:end - DIGEST_BYTES]
+            if _sha256(body).digest() == data[end - DIGEST_BYTES:end]:
+                return position
+        position = data.find(b"\x00", position + 1)
+    return None
 
 
 def _parse_object(body: bytes) -> dict:
