@@ -19,9 +19,8 @@ Severities:
   "corrupt"     open would raise CorruptStore because of this;
   "torn-tail"   open would truncate this tail of the newest segment (a torn
                 write or preallocated zeros): expected after a crash, not an
-                error. If a complete valid frame is found inside the region
-                open would cut off, the description says so, because then the
-                "tail" is more likely a damaged length field than a torn write;
+                error (an "incomplete" frame with a complete frame after it is
+                a damaged length, which open and verify call corrupt);
   "note"        open would delete or ignore this (an orphan snapshot,
                 CURRENT.tmp, WAL segments the snapshot covers, a stray file);
   "unreadable"  verify could not read a file (permissions, I/O error), so it
@@ -66,6 +65,7 @@ SOCKET_NAME = "walqueued.sock"  # the daemon's default socket lives in the direc
 MAX_RESYNC_HASH_BYTES = 256 * 1024 * 1024
 
 _LENGTH = struct.Struct(">I")
+_NONZERO = re.compile(rb"[^\x00]")
 _OFFSET = re.compile(r"\boffset (\d+)\b")
 _SEQ = re.compile(r"\bseq (\d+)\b")
 
@@ -265,7 +265,18 @@ class _Verifier:
                 return offset, "zeros"
             end = offset + LENGTH_BYTES + length + DIGEST_BYTES
             if 1 <= length <= MAX_FRAME_BYTES and end > size:
-                return offset, "incomplete"
+                follower = _frame_with_good_digest_after(data, offset + LENGTH_BYTES)
+                if follower is None:
+                    return offset, "incomplete"
+                # codec's rule: a torn write leaves nothing complete after it,
+                # so this length is damaged, and open calls it corruption.
+                self.add(CORRUPT, name, f"{name}: frame at offset {offset} has length {length}, "
+                         f"running past the end of the file, yet a complete frame follows at "
+                         f"offset {follower}: the length is damaged, this is not a torn tail",
+                         offset=offset)
+                offset = follower
+                after_damage = True
+                continue
             problem, value = self._check_frame(data, offset, length, end)
             if problem is None:
                 yield offset, value, after_damage
@@ -548,25 +559,19 @@ def _verify_segment(verifier: _Verifier, filename: str, first_seq: int, newest: 
                 verifier.add(CORRUPT, filename, f"{filename}: sealed segment holds no frame")
         elif tail_kind != "clean":
             tails[filename] = (tail_offset, tail_kind,
-                               _describe_tail(verifier, data, filename, tail_offset, tail_kind))
+                               _describe_tail(filename, len(data), tail_offset, tail_kind))
         return last_seq
     finally:
         _close(data)
 
 
-def _describe_tail(verifier: _Verifier, data, filename: str, offset: int, kind: str) -> str:
-    cut = len(data) - offset
+def _describe_tail(filename: str, size: int, offset: int, kind: str) -> str:
+    cut = size - offset
     if kind == "zeros":
         return (f"{filename}: {cut} zero bytes after the last frame at offset {offset} "
                 f"(a preallocated or torn tail); open truncates them")
-    what = (f"{filename}: an incomplete final frame at offset {offset} ({cut} bytes, a torn "
+    return (f"{filename}: an incomplete final frame at offset {offset} ({cut} bytes, a torn "
             f"write); open truncates it")
-    hidden = verifier._next_valid_frame(data, offset + 1)
-    if hidden is not None:
-        what += (f". WARNING: a complete valid frame starts at offset {hidden} inside that tail, "
-                 f"so this looks like a damaged length field rather than a torn write, and open "
-                 f"would discard the frames after it; keep a copy of {filename} before opening")
-    return what
 
 
 def _survey_snapshot(verifier: _Verifier, filename: str) -> None:
@@ -613,6 +618,35 @@ def _survey_snapshot(verifier: _Verifier, filename: str) -> None:
                                       if problem.offset != first.offset]
     finally:
         _close(data)
+
+
+def _frame_with_good_digest_after(data, start: int) -> int | None:
+    """The offset of a complete frame whose digest matches, at or after `start`, or None.
+
+    The rule codec.scan_frames applies before it calls an incomplete frame a
+    torn tail (a torn write leaves one partial frame at the end and nothing
+    complete after it). Only the digest counts, as there. A length up to
+    MAX_FRAME_BYTES starts with a zero byte and canonical JSON holds none,
+    so only zero bytes are tried; inside a run of zeros only its last three
+    bytes can start a length.
+    """
+    size = len(data)
+    position = data.find(b"\x00", start)
+    while 0 <= position <= size - LENGTH_BYTES - DIGEST_BYTES - 1:
+        (length,) = _LENGTH.unpack_from(data, position)
+        if length == 0:
+            nonzero = _NONZERO.search(data, position)
+            if nonzero is None:
+                return None
+            position = max(position + 1, nonzero.start() - LENGTH_BYTES + 1)
+            continue
+        end = position + LENGTH_BYTES + length + DIGEST_BYTES
+        if end <= size:
+            body = data[position + LENGTH_BYTES:end - DIGEST_BYTES]
+            if hashlib.sha256(body).digest() == data[end - DIGEST_BYTES:end]:
+                return position
+        position = data.find(b"\x00", position + 1)
+    return None
 
 
 def _segments(verifier: _Verifier, names) -> list[tuple[int, str]]:

@@ -212,7 +212,7 @@ def test_a_torn_final_frame_is_a_torn_tail_with_its_offset(directory, cut):
     report = assert_agrees(directory)
     (problem,) = report.problems
     assert (problem.severity, problem.file, problem.offset) == (TORN_TAIL, wal_name(1), len(frames(R1, R2)))
-    assert report.healthy and "WARNING" not in problem.what
+    assert report.healthy
 
 
 def test_a_zero_filled_tail_is_a_torn_tail(directory):
@@ -222,16 +222,18 @@ def test_a_zero_filled_tail_is_a_torn_tail(directory):
     assert "zero bytes" in report.problems[0].what
 
 
-def test_a_damaged_length_that_swallows_later_frames_is_a_torn_tail_with_a_warning(directory):
-    """The case open cannot tell from a torn write: verify still agrees (not
-    corrupt) but says a valid frame hides in the tail open would cut."""
+def test_a_damaged_length_that_would_swallow_later_frames_is_corrupt_not_a_torn_tail(directory):
+    """A torn write leaves nothing complete after it: a length running past the
+    end with a complete frame further on is damage (codec's rule), and the
+    scan goes on at that frame."""
     middle = bytearray(frame(R2))
     middle[1] ^= 0x01  # the length now runs past the end of the file
     (directory / wal_name(1)).write_bytes(frame(R1) + bytes(middle) + frame(R3))
     report = assert_agrees(directory)
-    (problem,) = report.problems
-    assert problem.severity == TORN_TAIL and "WARNING" in problem.what
-    assert f"offset {len(frame(R1)) + len(middle)}" in problem.what
+    (problem,) = report.by_severity(CORRUPT)
+    assert problem.offset == len(frame(R1))
+    assert f"complete frame follows at offset {len(frame(R1)) + len(middle)}" in problem.what
+    assert not report.by_severity(TORN_TAIL)
 
 
 def test_leftovers_of_an_interrupted_compaction_are_notes(directory):
