@@ -15,6 +15,10 @@ What runs:
   "stalls" (a lease abandoned to expire, an ack sent after the deadline),
   double acks, and the odd compaction on request. They log every operation
   with its outcome and reconnect after each kill;
+* a feeder process (also a logged crash_worker, which only puts) that tops
+  the queue up whenever fewer than ``--feed-ready`` tasks are ready: the
+  workers' own put rate falls as dead tasks accumulate (their backlog count
+  never forgets a task that died), and the load must not fade with it;
 * every ``--sample-every`` seconds a line: elapsed time, daemon incarnation,
   its RSS (VmRSS from /proc), the queue's counts, and the operations per
   second answered ok since the last line.
@@ -53,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from tests.process import checker  # noqa: E402
-from tests.process.crash_worker import CrashWorker  # noqa: E402
+from tests.process.crash_worker import CrashWorker, wait_for_daemon  # noqa: E402
 from tests.process.daemon import Daemon, child_env  # noqa: E402
 from walqueue.client import Client, DaemonUnavailable  # noqa: E402
 
@@ -142,6 +146,25 @@ def measure_tombstone_bytes(count: int) -> float:
     return per_tombstone
 
 
+def feed(socket_path: str, log_path: str, seed: str, stop_file: str, target: str) -> int:
+    """The feeder process: put_many (logged like any worker's) while fewer than ``target`` are ready."""
+    feeder = CrashWorker(socket_path, log_path, "feeder", int(seed), stop_file)
+    try:
+        while not feeder.stopping():
+            try:
+                ready = feeder.client.stats().ready
+            except DaemonUnavailable:
+                wait_for_daemon(feeder.client, stop_file)
+                continue
+            if ready < int(target):
+                feeder.put_many()
+            else:
+                time.sleep(0.05)  # the queue is full enough; look again shortly
+    finally:
+        feeder.close()
+    return 0
+
+
 class LogTail:
     """Counts ok operations in the workers' JSON-lines logs, reading only what is new."""
 
@@ -181,6 +204,8 @@ class Soak:
         self.daemons: list[Daemon] = []
         self.workers: list[subprocess.Popen] = []
         self.worker_logs = [workdir / f"w{number}.jsonl" for number in range(args.workers)]
+        if args.feed_ready > 0:
+            self.worker_logs.append(workdir / "feeder.jsonl")
         self.tail = LogTail(self.worker_logs)
         self.kills = 0
         # Per incarnation: (first sample's RSS and completed count, the largest RSS excess seen).
@@ -200,11 +225,19 @@ class Soak:
 
     def start_workers(self) -> None:
         limit = str(self.args.duration + WORKER_SLACK_SECONDS)
-        for number, log_path in enumerate(self.worker_logs):
+        for number in range(self.args.workers):
+            log_path = self.worker_logs[number]
             with open(self.workdir / f"w{number}.err", "ab") as stderr:
                 self.workers.append(subprocess.Popen(
                     [sys.executable, "-m", "tests.process.crash_worker", self.socket_path, str(log_path),
                      f"w{number}", str(self.args.seed), str(self.stop_file), limit],
+                    stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=child_env(), cwd=REPO))
+        if self.args.feed_ready > 0:
+            with open(self.workdir / "feeder.err", "ab") as stderr:
+                self.workers.append(subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), "feed", self.socket_path,
+                     str(self.workdir / "feeder.jsonl"), str(self.args.seed), str(self.stop_file),
+                     str(self.args.feed_ready)],
                     stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=child_env(), cwd=REPO))
 
     def next_kill_in(self) -> float:
@@ -336,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=20.0,
                         help="mean seconds between SIGKILLs of the daemon (0: never)")
     parser.add_argument("--compact-wal-bytes", type=int, default=256 * 1024)
+    parser.add_argument("--feed-ready", type=int, default=40,
+                        help="a feeder keeps at least this many tasks ready (0: no feeder)")
     parser.add_argument("--sample-every", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tombstones", type=int, default=100_000,
@@ -367,4 +402,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["feed"]:
+        sys.exit(feed(*sys.argv[2:]))
     sys.exit(main())
