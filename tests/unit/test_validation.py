@@ -45,17 +45,18 @@ def q(directory):
     would have something to change: a-dead (dead), b-done (completed),
     c-leased (leased by the `lease` fixture), d-ready and e-ready (ready)."""
     queue = Queue(directory)
-    queue.put("a-dead", {"n": 1}, max_attempts=1)
-    queue.put("b-done", {"n": 2})
-    queue.put("c-leased", {"n": 3})
-    queue.put("d-ready", {"n": 4})
-    queue.put("e-ready", {"n": 5}, key="e-key")
-    (doomed,) = queue.reserve("worker-0", now=0, lease_seconds=1, limit=1)
-    assert doomed.task_id == "a-dead"
-    (done,) = queue.reserve("worker-0", now=1, lease_seconds=1000, limit=1)
-    assert done.task_id == "b-done"
-    assert queue.get("a-dead").status == "dead"
-    queue.ack(done, now=1)
+    with queue.batch():  # one fsync: the setup is not what is tested here
+        queue.put("a-dead", {"n": 1}, max_attempts=1)
+        queue.put("b-done", {"n": 2})
+        queue.put("c-leased", {"n": 3})
+        queue.put("d-ready", {"n": 4})
+        queue.put("e-ready", {"n": 5}, key="e-key")
+        (doomed,) = queue.reserve("worker-0", now=0, lease_seconds=1, limit=1)
+        assert doomed.task_id == "a-dead"
+        (done,) = queue.reserve("worker-0", now=1, lease_seconds=1000, limit=1)
+        assert done.task_id == "b-done"
+        assert queue.get("a-dead").status == "dead"
+        queue.ack(done, now=1)
     yield queue
     queue.close()
 
