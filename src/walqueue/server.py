@@ -87,6 +87,12 @@ DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 # turn, so one pipelining client can neither pin memory nor hold up the rest.
 MAX_REQUESTS_PER_TURN_PER_CONNECTION = 1024
 MAX_PARKED_PER_CONNECTION = 64
+# Listings cost the loop real time (sorting every id, encoding views), so a
+# turn starts at most this many and encodes at most this many listing bytes
+# across all connections; the rest continue in the next turns, which come
+# right away, so many open listings slow each other, not everyone.
+MAX_LISTINGS_STARTED_PER_TURN = 1
+LISTING_BYTES_PER_TURN = 2 * 1024 * 1024
 # While recovery runs, systemd hears from us this often, and each message
 # extends its start timeout by RECOVERY_EXTEND_USEC from then.
 RECOVERY_REPORT_SECONDS = 2.0
@@ -108,6 +114,17 @@ EXIT_CORRUPT = 4
 # Errors a request can cause without the Queue writing anything; the batch
 # goes on. Anything else raised inside a batch means the write path failed.
 REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
+
+
+def one_line(text: str) -> str:
+    """``text`` with every non-printable character escaped, for a log line.
+
+    Client bytes reach log messages (e.g. an unknown field's name in a
+    decode error); a newline there must not start a forged log line.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 class ListingInterrupted(Exception):
@@ -381,6 +398,8 @@ class Server:
         self.queue_epoch = 0  # bumped whenever the Queue is dropped after a failure
         self._touched: set[Connection] = set()  # connections with news this turn
         self._deferring: set[Connection] = set()  # connections with deferred requests
+        self._listing_budget = LISTING_BYTES_PER_TURN
+        self._listings_started = 0
         self._receive_buffer = bytearray(MAX_RECV_BYTES)
         self._receive_view = memoryview(self._receive_buffer)
         # (deadline, connection) in accept order, so deadlines are ascending.
@@ -427,6 +446,8 @@ class Server:
             self._accept_paused_until = None
             self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         events = self.selector.select(self._timeout())
+        self._listing_budget = LISTING_BYTES_PER_TURN
+        self._listings_started = 0
         requests: list[tuple[Connection, p.Request]] = []
         for key, mask in events:
             if key.data is _LISTENER:
@@ -665,7 +686,7 @@ class Server:
 
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
-        log.warning("protocol error from %s: %s", conn.name, message)
+        log.warning("protocol error from %s: %s", conn.name, one_line(message))
         conn.fatal = p.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
         conn.closing = True
         self._touched.add(conn)
@@ -707,7 +728,9 @@ class Server:
                 for conn, request in requests:
                     if conn.closed:
                         continue
-                    if conn.deferred or self._saturated(conn):
+                    if (conn.deferred or self._saturated(conn)
+                            or (isinstance(request, p.Tasks)
+                                and self._listings_started >= MAX_LISTINGS_STARTED_PER_TURN)):
                         if not conn.closing:  # a closing connection's are dropped
                             conn.deferred.append(request)
                             self._deferring.add(conn)
@@ -766,7 +789,7 @@ class Server:
                 try:
                     frames.append(p.encode(message))
                 except (p.ProtocolError, TypeError, OverflowError) as exc:
-                    log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, exc)
+                    log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, one_line(str(exc)))
                     error = p.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
                     frames = [p.encode(error)]
                     break
@@ -883,6 +906,7 @@ class Server:
                     wire = None if task is None else p.task_to_wire(task)
                     self._answer(conn, request_id, [p.TaskOk(id=request_id, task=wire)])
                 case p.Tasks():
+                    self._listings_started += 1
                     self._answer(conn, request_id, self._listing(request_id, request.status))
                 case p.Stats():
                     stats = p.stats_to_wire(q.stats())
@@ -893,7 +917,7 @@ class Server:
                     log.info("compacted on request through seq %d in %.3f s", seq, time.monotonic() - started)
                     self._answer(conn, request_id, [p.Compacted(id=request_id, seq=seq)])
         except REQUEST_ERRORS as exc:
-            log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, exc)
+            log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, one_line(str(exc)))
             self._answer(conn, request_id, [p.error_to_wire(request_id, exc)])
 
     @staticmethod
@@ -963,25 +987,38 @@ class Server:
     def _queue_answers(self) -> None:
         for answer in self._answers:
             if not answer.conn.closed:
-                answer.conn.backlog.append((answer.request_id, iter(answer.messages)))
+                lazy = not isinstance(answer.messages, list)
+                answer.conn.backlog.append((answer.request_id, iter(answer.messages), lazy))
                 self._touched.add(answer.conn)
         self._answers = []
         for conn in self._touched:
             if conn.fatal is not None:
-                conn.backlog.append((conn.fatal.id, iter([conn.fatal])))
+                conn.backlog.append((conn.fatal.id, iter([conn.fatal]), False))
                 conn.fatal = None
             self._fill(conn)
 
     def _fill(self, conn: Connection) -> None:
-        """Encode backlog answers into ``out`` until it reaches the high-water mark."""
+        """Move backlog answers into ``out`` until it reaches the high-water mark.
+
+        Encoded answers move freely; a lazy listing is encoded only while this
+        turn's LISTING_BYTES_PER_TURN lasts.
+        """
         while conn.backlog and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
-            request_id, messages = conn.backlog[0]
+            request_id, messages, lazy = conn.backlog[0]
+            if lazy and self._listing_budget <= 0:
+                return
             try:
                 message = next(messages, None)
                 if message is None:
                     conn.backlog.popleft()
                     continue
-                conn.out += message if isinstance(message, bytes) else p.encode(message)
+                if isinstance(message, bytes):
+                    conn.out += message
+                else:
+                    encoded = p.encode(message)
+                    conn.out += encoded
+                    if lazy:
+                        self._listing_budget -= len(encoded)
             except ListingInterrupted as exc:
                 conn.backlog.popleft()
                 conn.out += p.encode(p.Error(id=request_id, error="QueueClosed", message=str(exc)))
@@ -989,7 +1026,7 @@ class Server:
                 conn.backlog.popleft()
                 error = p.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
                 conn.out += p.encode(error)
-                log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, exc)
+                log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, one_line(str(exc)))
 
     # -- compaction and shutdown --------------------------------------------------------
 
@@ -1031,6 +1068,7 @@ class Server:
             self._send(conn)
             self._settle(conn)
         while self.connections and time.monotonic() < deadline:
+            self._listing_budget = LISTING_BYTES_PER_TURN
             pending = [c for c in self.connections.values() if c.out or c.backlog]
             if not pending:
                 break

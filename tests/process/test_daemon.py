@@ -781,3 +781,36 @@ def test_a_client_with_descriptors_above_1024_keeps_its_connection(daemon):
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_many_unread_listings_do_not_stall_other_clients(daemon):
+    with Client(daemon.socket_path) as bystander:
+        for start in range(0, 8_000, 4_000):
+            bystander.put_many([{"task_id": f"t{index:06d}", "payload": {"pad": "x" * 1_200}}
+                                for index in range(start, start + 4_000)])
+        readers = []
+        for _ in range(12):
+            sock = raw_connect(daemon.socket_path)
+            hello(sock)
+            readers.append(sock)
+        for sock in readers:  # back to back, so they land in the same turns
+            sock.sendall(p.encode(p.Tasks(id=2)))  # ~10 MB each: past the high-water mark
+        slowest = 0.0
+        for _ in range(20):
+            started = time.monotonic()
+            assert bystander.stats().ready == 8_000
+            slowest = max(slowest, time.monotonic() - started)
+        # A turn starts at most one listing and encodes at most 2 MiB of them
+        # (without those limits a stats waited ~0.7 s here, with them ~0.02 s).
+        assert slowest < 0.4, f"a stats waited {slowest:.2f} s behind unread listings"
+        first = readers[0]
+        first.settimeout(30)
+        listed = []
+        while True:
+            message = read_message(first)
+            listed += message.tasks
+            if not message.more:
+                break
+        assert len(listed) == 8_000
+        for sock in readers:
+            sock.close()
