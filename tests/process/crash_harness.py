@@ -307,7 +307,8 @@ class Run:
             return
         self.expect_sigkilled(daemon, f"armed at {incarnation.describe()}")
         lines = self.new_kill_lines()
-        if len(lines) != 1 or lines[0]["phase"] != incarnation.phase or lines[0]["pid"] != daemon.proc.pid:
+        if len(lines) != 1 or lines[0]["phase"] != incarnation.phase or lines[0]["pid"] != daemon.proc.pid \
+                or (lines[0]["torn_bytes"] > 0) != (incarnation.tear_bytes > 0):
             raise HarnessFailure(f"walqueued armed at {incarnation.describe()} died by SIGKILL but the kill "
                                  f"log says {lines}")
         self.kills.append(incarnation.phase)
