@@ -10,7 +10,10 @@ it (SPEC §5) and reports what it finds, without changing anything:
     "corrupt" if and only if opening it raises CorruptStore. It uses the
     library's own pieces for that — `snapshot.read_current` and
     `load_snapshot`, the frame rules of `codec`, the segment naming of `wal`,
-    and `State.apply` for every record recovery would apply;
+    and `State.apply` for every record recovery would apply — and, as a
+    cross-check, runs Queue's recovery itself over a read-only view of the
+    directory (see _library_verdict); if the two ever disagree, the
+    library's verdict wins and the report asks for a bug report;
   - unlike recovery it does not stop at the first problem: after a damaged
     frame it searches for the next valid frame and goes on, so one report
     lists every damaged place it can find (file, offset, seq).
@@ -36,6 +39,8 @@ Standard library only (this is the library layer).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import gc
 import hashlib
 import json
 import mmap
@@ -47,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 
 from .codec import DIGEST_BYTES, LENGTH_BYTES, MAX_FRAME_BYTES, decode_body
 from .errors import CorruptStore, WalQueueError
+from .queue import Queue
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name, load_snapshot, read_current
 from .state import RECORD_FIELDS, State
 from .wal import list_segments
@@ -363,15 +369,34 @@ class _Verifier:
             return None
 
 
-def verify_directory(path: str | os.PathLike) -> VerifyReport:
+def verify_directory(path: str | os.PathLike, *, cross_check: bool = True) -> VerifyReport:
     """Check a queue directory offline and report every problem found.
 
     Changes nothing: takes no lock, creates and writes no file.
+    With `cross_check` (the default) the verdict is also asked of the
+    library's own recovery code, run on a read-only view of the directory
+    (see _library_verdict), and any disagreement is resolved in the
+    library's favour and reported; tests turn it off to test verify's own
+    checks against Queue.
     Raises FileNotFoundError / NotADirectoryError if `path` is not an
     existing directory (open would create it; there is nothing to verify),
     and PermissionError if it cannot be listed.
     """
-    directory = os.fspath(path)
+    # Like recovery: millions of long-lived objects and no cycles, which the
+    # cyclic collector would only rescan.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        report = _verify(os.fspath(path))
+        if not cross_check or report.unreadable:
+            return report
+        return _reconcile(report, _library_verdict(report.directory))
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _verify(directory: str) -> VerifyReport:
     verifier = _Verifier(directory)
     names = sorted(verifier.files.listdir(directory))
     total_bytes = 0
@@ -618,6 +643,77 @@ def _survey_snapshot(verifier: _Verifier, filename: str) -> None:
                                       if problem.offset != first.offset]
     finally:
         _close(data)
+
+
+class _WouldWrite(Exception):
+    """Recovery reached its first write: it has read and accepted everything on disk."""
+
+
+class _RecoveryProbeFiles(_ReadOnlyFiles):
+    """listdir and read as usual; any other file-system call stops the probe before it acts."""
+
+    def __getattr__(self, name: str):
+        def refuse(*args, **kwargs):
+            raise _WouldWrite(name)
+        return refuse
+
+
+_OPENS = "opens"
+
+
+def _library_verdict(directory: str) -> str:
+    """"opens", "corrupt: <CorruptStore message>" or "unavailable: <why>".
+
+    Runs Queue's own recovery (`Queue._recover`, a private method: the one
+    place that knows every rule) on an object that holds no lock, over files
+    it can only read. Recovery reads and checks everything before it writes
+    anything, and its first write (truncating a torn tail, deleting
+    leftovers, opening the active segment) raises _WouldWrite here, which
+    means the directory opens. If Queue's internals change shape the probe
+    reports "unavailable" instead of guessing.
+    """
+    probe = Queue.__new__(Queue)
+    try:
+        probe._directory = directory
+        probe._fs = _RecoveryProbeFiles()
+        probe._hook = None
+        probe._closed = True
+        probe._active = None
+        probe._lock_fd = None
+        probe._batch_depth = 0
+        probe._recover()
+    except _WouldWrite:
+        return _OPENS
+    except CorruptStore as error:
+        return f"corrupt: {error}"
+    except Exception as error:  # noqa: BLE001 - advisory only; verify's own checks still stand
+        return f"unavailable: {type(error).__name__}: {error}"
+    finally:
+        probe.__dict__.clear()  # nothing for Queue.__del__ to release
+    return _OPENS  # recovery that writes nothing at all: it opens
+
+
+def _reconcile(report: VerifyReport, verdict: str) -> VerifyReport:
+    """The report with the library's verdict; verify's own checks and the library should never differ."""
+    problems = list(report.problems)
+    if verdict.startswith("corrupt: ") and not report.corrupt:
+        message = verdict[len("corrupt: "):]
+        file = message.split(":", 1)[0] if ":" in message else None
+        problems.append(Problem(CORRUPT, file, f"{message} (found by the library's recovery; "
+                                f"verify's own checks missed it: please report this)",
+                                _numbers_in(message, report.directory, _OFFSET),
+                                _numbers_in(message, report.directory, _SEQ)))
+    elif verdict == _OPENS and report.corrupt:
+        problems = [Problem(NOTE, problem.file, f"{problem.what} (verify's own checks flag this, but "
+                            f"the library's recovery accepts the directory: please report this)",
+                            problem.offset, problem.seq)
+                    if problem.severity == CORRUPT else problem for problem in problems]
+    elif verdict.startswith("unavailable: "):
+        problems.append(Problem(NOTE, None, f"the cross-check with the library's recovery could not "
+                                f"run ({verdict[len('unavailable: '):]}); the verdict is verify's own"))
+    else:
+        return report
+    return dataclasses.replace(report, problems=tuple(problems))
 
 
 def _frame_with_good_digest_after(data, start: int) -> int | None:
