@@ -271,15 +271,7 @@ class State:
     def _check_expire(self, record):
         now = validation.integer(record["now"], "now")
         targets = self._listed_tasks(record["task_ids"], MAX_EXPIRE_IDS)
-        previous = None
-        for task in targets:
-            if task.status != LEASED or task.deadline > now:
-                raise InvalidRequest(f"task {task.task_id!r} is {task.status} with deadline "
-                                     f"{task.deadline}; it cannot expire at now={now}")
-            order = (task.deadline, task.task_id)
-            if previous is not None and order <= previous:
-                raise InvalidRequest(f"expired task {task.task_id!r} is out of (deadline, task_id) order")
-            previous = order
+        self._check_due(targets, LEASED, "deadline", now, "expire")
         return ("expire", record, targets)
 
     def _commit_expire(self, record, targets):
@@ -295,15 +287,7 @@ class State:
         validation.time_plus(now, lease_seconds, "lease_seconds")
         validation.name(record["worker"], "worker")
         targets = self._listed_tasks(record["task_ids"], validation.MAX_RESERVE_LIMIT)
-        previous = None
-        for task in targets:
-            if task.status != READY or task.available_at > now:
-                raise InvalidRequest(f"task {task.task_id!r} is {task.status} with available_at "
-                                     f"{task.available_at}; it cannot be reserved at now={now}")
-            order = (task.available_at, task.task_id)
-            if previous is not None and order <= previous:
-                raise InvalidRequest(f"reserved task {task.task_id!r} is out of (available_at, task_id) order")
-            previous = order
+        self._check_due(targets, READY, "available_at", now, "be reserved")
         return ("reserve", record, targets)
 
     def _commit_reserve(self, record, targets):
@@ -396,6 +380,19 @@ class State:
         if len(set(task_ids)) != len(task_ids):
             raise InvalidRequest("task_ids lists a task more than once")
         return targets
+
+    def _check_due(self, targets: list[Task], status: str, attribute: str, now: int,
+                   action: str) -> None:
+        """Each task has `status` and is due at `now`; they come in (time, task_id) order."""
+        previous = None
+        for task in targets:
+            time = getattr(task, attribute)
+            if task.status != status or time > now:
+                raise InvalidRequest(f"task {task.task_id!r} is {task.status} with {attribute} "
+                                     f"{time}; it cannot {action} at now={now}")
+            if previous is not None and (time, task.task_id) <= previous:
+                raise InvalidRequest(f"task {task.task_id!r} is out of ({attribute}, task_id) order")
+            previous = (time, task.task_id)
 
     def _current_lease(self, record) -> Task:
         task_id = validation.name(record["task_id"], "task_id")
