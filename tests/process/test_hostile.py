@@ -403,6 +403,30 @@ def test_a_client_cannot_forge_lines_in_the_daemon_log(daemon):
         line for line in lines if line and " walqueued[" not in line[:60]]
 
 
+@pytest.mark.xfail(strict=True, reason="daemon bug, /tmp/walqueue-bugs.md 'hostile-5': a connection at end of "
+                   "stream keeps its parked reserves, so a dead worker is still handed a lease")
+def test_a_worker_killed_while_waiting_in_reserve_is_never_handed_a_lease(daemon):
+    code = ("import sys; from walqueue.client import Client; "
+            "Client(sys.argv[1]).reserve('doomed', wait=30, lease_seconds=60)")
+    child = subprocess.Popen([sys.executable, "-c", code, daemon.socket_path], stdin=subprocess.DEVNULL,
+                             env=child_env(), cwd=REPO)
+    try:
+        daemon.wait_for_log("parked reserve")
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+    with Client(daemon.socket_path) as client:
+        client.stats()  # a turn in which the dead worker's end of stream is read too
+        client.put("job", {}, max_attempts=1)
+        leases = client.reserve("alive", wait=3)
+        # Otherwise the task is leased to 'doomed' for 60 s and then, with
+        # max_attempts=1, dies without ever having run.
+        assert [lease.task_id for lease in leases] == ["job"], client.get("job")
+
+
 def test_thousands_of_idle_connections_meet_the_default_bound_cleanly(daemon):
     import resource
 
