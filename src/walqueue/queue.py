@@ -117,7 +117,8 @@ class Queue:
             for offset, record in reader.records():
                 if record["seq"] <= snapshot_seq:
                     # Covered by the snapshot: not applied, but still a record.
-                    if record.keys() != RECORD_FIELDS.get(record.get("op"), ()):
+                    op = record.get("op")
+                    if type(op) is not str or record.keys() != RECORD_FIELDS.get(op, ()):
                         raise CorruptStore(f"{filename}: frame at offset {offset} (seq "
                                            f"{record['seq']}) is not a well-formed record")
                     continue

@@ -57,19 +57,10 @@ def verify(directory: Path):
     directory_mtime = directory.stat().st_mtime_ns
     report = verify_directory(directory, cross_check=False)
     checked = verify_directory(directory)
-    known_bug = [p for p in checked.problems if "could not run (TypeError" in p.what]  # bug 2 below
-    checked = dataclasses.replace(checked, problems=tuple(p for p in checked.problems if p not in known_bug))
     assert checked == report, "verify's checks and the library's recovery disagree"
     assert fingerprint(directory) == before
     assert directory.stat().st_mtime_ns == directory_mtime
     return report
-
-
-# A library bug found by these tests (/tmp/walqueue-bugs.md; pinned by the
-# xfail test below): open raises TypeError instead of CorruptStore for a
-# covered record whose op is not a string. verify calls it corrupt, as SPEC §4
-# says it is.
-LIBRARY_BUG_ERRORS = (TypeError,)
 
 
 def open_outcome(directory: Path):
@@ -79,8 +70,6 @@ def open_outcome(directory: Path):
             return "ok", q.stats()
     except CorruptStore as error:
         return "corrupt", str(error)
-    except LIBRARY_BUG_ERRORS as error:
-        return "corrupt", f"(library bug) {type(error).__name__}: {error}"
 
 
 def assert_agrees(directory: Path):
@@ -619,17 +608,12 @@ def test_a_snapshot_entry_with_a_list_status_is_corrupt(directory):
     assert "unknown status" in report.by_severity(CORRUPT)[0].what
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="library bug 2 in /tmp/walqueue-bugs.md "
-                   "(ctl/verify engineer, 20:34): Queue's check of a record covered by the snapshot "
-                   "hashes an unvalidated op")
 def test_a_covered_record_whose_op_is_a_list_is_corrupt(directory):
     published(directory)
     (directory / wal_name(2)).unlink()
     (directory / wal_name(1)).write_bytes(frame({"op": [], "seq": 1}))
-    report = verify_directory(directory)
+    report = assert_agrees(directory)
     assert "not a well-formed record" in report.by_severity(CORRUPT)[0].what
-    # The cross-check meets the bug and steps aside, saying so:
-    assert "could not run (TypeError" in report.by_severity(NOTE)[-1].what
     with pytest.raises(CorruptStore):
         Queue(directory)
 
