@@ -36,13 +36,15 @@ generation and the log lines at fault; empty means every claim held:
     revives), a dead task used all its attempts, a ready one did not.
 11. After a successful drain, nothing is ready or leased: every task put ok is
     completed or dead.
-12. The directory verifies clean (``walqueue.verify``), when that module exists.
+12. Every generation on disk was answered to some reserve, or there were
+    enough reserves whose answers were lost to account for it.
+13. The directory verifies clean (``walqueue.verify``), when that module exists.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -270,6 +272,16 @@ def check_records(records: list[dict], tasks: dict, *, drained: bool) -> list[st
         if task.status == "ready" and task.attempts >= task.max_attempts:
             violation("counters", f"task {task_id} is ready after {task.attempts} of {task.max_attempts} attempts")
 
+    # 12: every generation on disk was handed out by a reserve that either was
+    # answered (and logged) or whose answer was lost; a lost one leased at most
+    # its ``limit`` tasks.
+    unlogged = sum(len(missing_generations(records, task_id, task.generation)) for task_id, task in tasks.items())
+    could_have = sum(line.get("limit") or 0 for line in records
+                     if line["op"] == "reserve" and line["outcome"] == "unknown")
+    if unlogged > could_have:
+        violation("unexplained generation", f"{unlogged} generations on disk were never answered to a reserve, "
+                  f"but the reserves whose answers were lost could lease at most {could_have} tasks")
+
     # 11: after a drain nothing is ready or leased.
     if drained:
         for task_id, task in tasks.items():
@@ -280,3 +292,37 @@ def check_records(records: list[dict], tasks: dict, *, drained: bool) -> list[st
         if count > MAX_VIOLATIONS_PER_KIND:
             violations.append(f"{kind}: ... {count - MAX_VIOLATIONS_PER_KIND} more")
     return violations
+
+
+def missing_generations(records: list[dict], task_id: str, generation: int) -> set[int]:
+    """Generations 1..``generation`` of the task that no reserve answered ok."""
+    handed = {line["generation"] for line in records
+              if line["op"] == "reserve" and line["outcome"] == "ok" and line.get("task_id") == task_id}
+    return set(range(1, generation + 1)) - handed
+
+
+def in_doubt(records: list[dict], tasks: dict) -> Counter:
+    """What became of writes whose answer was lost (outcome unknown), as read on disk.
+
+    ``"ack recovered"``: the task is completed at that generation although no
+    ack of that lease was answered ok — the frame was on disk when the daemon
+    died, and recovery kept it. ``"ack lost"``: it is not — the daemon died
+    before the frame was complete. ``"reserve recovered"``: generations on
+    disk that no reserve answer carried (a lease granted, then the answer
+    lost). Seeing these shows the kills landed inside requests.
+    """
+    outcome: Counter = Counter()
+    answered = {(line["task_id"], line["generation"]) for line in records
+                if line["op"] == "ack" and line["outcome"] == "ok"}
+    for line in records:
+        if line["op"] != "ack" or line["outcome"] != "unknown":
+            continue
+        lease = (line["task_id"], line["generation"])
+        if lease in answered or line["task_id"] not in tasks:
+            continue
+        task = tasks[line["task_id"]]
+        completed = task.status == "completed" and task.generation == line["generation"]
+        outcome["ack recovered" if completed else "ack lost"] += 1
+    for task_id, task in tasks.items():
+        outcome["reserve recovered"] += len(missing_generations(records, task_id, task.generation))
+    return outcome

@@ -135,6 +135,7 @@ class SeedResult:
     outcomes: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)  # the checker's, and the harness's own failures
     tasks: int = 0
+    in_doubt: Counter = field(default_factory=Counter)  # checker.in_doubt: unanswered acks, on disk or not
     seconds: float = 0.0
     workdir: str = ""
     daemon_logs: str = ""
@@ -418,9 +419,10 @@ def run_seed(seed: int, *, keep: bool = False, broken: str | None = None) -> See
         existing_logs = [path for path in run.worker_logs if path.exists()]
         result.operations, result.outcomes = count_operations(existing_logs)
         if not result.violations:
+            result.violations.extend(checker.check(run.directory, existing_logs, drained=drained))
             tasks = checker.read_directory(run.directory)
             result.tasks = len(tasks)
-            result.violations.extend(checker.check(run.directory, existing_logs, drained=drained))
+            result.in_doubt = checker.in_doubt(checker.read_logs(existing_logs), tasks)
             if not tasks:
                 result.violations.append("harness: no task reached the directory (a vacuous run)")
     except CorruptStore as exc:  # the checker could not open what the daemons left behind
@@ -443,6 +445,7 @@ class Summary:
     kills_by_phase: Counter = field(default_factory=Counter)
     operations: int = 0
     outcomes: Counter = field(default_factory=Counter)
+    in_doubt: Counter = field(default_factory=Counter)
     violations: int = 0
     failed_seeds: list[int] = field(default_factory=list)
     seconds: float = 0.0
@@ -453,6 +456,7 @@ class Summary:
         self.kills_by_phase.update(result.kills)
         self.operations += result.operations
         self.outcomes.update(result.outcomes)
+        self.in_doubt.update(result.in_doubt)
         self.violations += len(result.violations)
         if result.violations:
             self.failed_seeds.append(result.seed)
@@ -464,6 +468,7 @@ class Summary:
         by_phase = {phase: self.kills_by_phase[phase] for phase in (*PHASES, TIMER, FALLBACK)}
         outcomes = {name: self.outcomes[name] for name in ("ok", "error", "unknown")}
         return (f"[crash proof] seeds={self.seeds} kills={self.kills} kills_by_phase={by_phase} "
-                f"operations={self.operations} outcomes={outcomes} violations={self.violations} "
+                f"operations={self.operations} outcomes={outcomes} "
+                f"unanswered={dict(sorted(self.in_doubt.items()))} violations={self.violations} "
                 f"phases_hit={len(self.phases_hit())}/{len(PHASES)}")
 

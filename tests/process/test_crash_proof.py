@@ -83,6 +83,8 @@ def test_killed_daemons_lose_no_answered_write_and_run_no_completed_task_again(c
     # or the workers were not really working while the daemon died.
     assert summary.outcomes["unknown"] > 0
     assert summary.outcomes["error"] > 0  # the StaleLease answers the workers provoke
+    # How many unanswered writes were recovered or lost depends on the
+    # schedule the operating system chose: printed in the summary, not asserted.
 
 
 @pytest.mark.parametrize("variant", CAUGHT_BY_KILLS)
@@ -226,6 +228,14 @@ def doctor_attempts(records, tasks):
     return records, tasks
 
 
+def doctor_unexplained_generation(records, tasks):
+    task = _completed(tasks)
+    tasks = dict(tasks)
+    tasks[task.task_id] = dataclasses.replace(task, attempts=task.attempts + 1000,
+                                              generation=task.generation + 1000)
+    return records, tasks
+
+
 def doctor_lost_task(records, tasks):
     tasks = dict(tasks)
     put = next(record for record in records if record["op"] == "put" and record["outcome"] == "ok")
@@ -260,6 +270,7 @@ DOCTORED = {
     "ready after the drain": (doctor_undrained, {"not drained"}),
     "put ok, missing on disk": (doctor_lost_task, {"lost put"}),
     "an attempt too many": (doctor_attempts, {"counters"}),
+    "generations nobody was handed": (doctor_unexplained_generation, {"unexplained generation"}),
     "payload changed on disk": (doctor_changed_payload, {"wrong task"}),
 }
 
