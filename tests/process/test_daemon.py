@@ -789,7 +789,7 @@ def test_many_unread_listings_do_not_stall_other_clients(daemon):
             bystander.put_many([{"task_id": f"t{index:06d}", "payload": {"pad": "x" * 1_200}}
                                 for index in range(start, start + 4_000)])
         readers = []
-        for _ in range(12):
+        for _ in range(30):
             sock = raw_connect(daemon.socket_path)
             hello(sock)
             readers.append(sock)
@@ -801,8 +801,8 @@ def test_many_unread_listings_do_not_stall_other_clients(daemon):
             assert bystander.stats().ready == 8_000
             slowest = max(slowest, time.monotonic() - started)
         # A turn starts at most one listing and encodes at most 2 MiB of them
-        # (without those limits a stats waited ~0.7 s here, with them ~0.02 s).
-        assert slowest < 0.4, f"a stats waited {slowest:.2f} s behind unread listings"
+        # (without those limits a stats waited ~1.5 s here, with them ~0.04 s).
+        assert slowest < 0.75, f"a stats waited {slowest:.2f} s behind unread listings"
         first = readers[0]
         first.settimeout(30)
         listed = []
