@@ -181,8 +181,28 @@ class Connection:
         try:
             self._sock.sendall(b"".join(frames))
         except OSError as exc:
-            raise self._fail(f"sending to walqueued at {self.path} failed: {exc}", exc) from exc
+            said = self._last_words()
+            message = f"sending to walqueued at {self.path} failed: {exc}"
+            if said:
+                message += f"; it said: {said}"
+            raise self._fail(message, exc) from exc
         return ids
+
+    def _last_words(self) -> str | None:
+        """The error the daemon sent before closing on us (e.g. too many connections), if any."""
+        try:
+            self._sock.settimeout(0.5)
+            while (body := self._reader.next_body()) is None:
+                data = self._sock.recv(65536)
+                if not data:
+                    return None
+                self._reader.feed(data)
+            message = p.decode_response(body)
+        except (OSError, p.ProtocolError):
+            return None
+        if isinstance(message, p.Error):
+            return f"{message.error}: {message.message}"
+        return None
 
     def receive(self, request_id: int, *, timeout: float | None = None) -> list:
         """All answer messages for ``request_id`` (several when a list was chunked).
