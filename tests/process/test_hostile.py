@@ -98,6 +98,14 @@ def greeted(path: str) -> socket.socket:
     return sock
 
 
+def send_hello(sock: socket.socket) -> None:
+    """Say hello; a daemon with a full table may already have refused and closed (its reason is buffered)."""
+    try:
+        sock.sendall(p.encode(p.Hello(id=1, version=p.PROTOCOL_VERSION)))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 def expect_fatal(sock: socket.socket, *, request_id=None, text: str = "") -> p.Error:
     """The next answer is a fatal InvalidRequest, then the daemon closes the connection."""
     error = read_message(sock)
@@ -236,7 +244,7 @@ class Abuse:
         try:
             for _ in range(MAX_CONNECTIONS + 5):
                 sock = raw_connect(self.path)
-                sock.sendall(p.encode(p.Hello(id=1, version=p.PROTOCOL_VERSION)))
+                send_hello(sock)
                 answer = read_message(sock)
                 if isinstance(answer, p.HelloOk):
                     idle.append(sock)
@@ -357,7 +365,8 @@ def test_a_daemon_under_abuse_keeps_serving_everyone_and_loses_nothing(make_daem
     except ImportError:
         return
     report = verify_directory(daemon.directory)
-    assert not [problem for problem in report.problems if problem.severity != "info"], report
+    # A clean SIGTERM leaves nothing to say: no torn tail, no leftover file.
+    assert report.healthy and not report.problems, report.render()
 
 
 def test_answers_to_a_client_that_never_reads_stay_bounded_whatever_the_payload(make_daemon):
@@ -468,7 +477,7 @@ def test_thousands_of_idle_connections_meet_the_default_bound_cleanly(daemon):
             for _ in range(wanted):
                 sock = raw_connect(daemon.socket_path)
                 opened.append(sock)
-                sock.sendall(p.encode(p.Hello(id=1, version=p.PROTOCOL_VERSION)))
+                send_hello(sock)
             answers = [read_message(sock) for sock in opened]
             accepted = sum(isinstance(answer, p.HelloOk) for answer in answers)
             refused = [answer for answer in answers if not isinstance(answer, p.HelloOk)]
