@@ -643,6 +643,9 @@ class Server:
             return
         if not received:
             conn.eof = True
+            # A peer that closed (a killed worker looks the same) must never be
+            # handed a lease: its waits end now, with no leases.
+            self._end_waits(conn)
             return
         conn.reader.feed(self._receive_view[:received])
         while not conn.closing:
@@ -820,6 +823,9 @@ class Server:
         """Lease due tasks to parked reserves, in arrival order."""
         while (entry := self.parked.head()) is not None:
             request = entry.request
+            if self._peer_gone(entry.conn):
+                self._end_waits(entry.conn)
+                continue
             try:
                 leases = self.queue.reserve(
                     request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
@@ -833,6 +839,28 @@ class Server:
                 self._answer(entry.conn, request.id, [p.error_to_wire(request.id, leases)])
             else:
                 self._answer(entry.conn, request.id, self._lease_messages(request.id, leases))
+
+    def _end_waits(self, conn: Connection) -> None:
+        """Answer a connection's parked reserves with no leases."""
+        if conn.parked:
+            for entry in self.parked.drop(lambda entry: entry.conn is conn):
+                self._answer(conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
+
+    @staticmethod
+    def _peer_gone(conn: Connection) -> bool:
+        """True if the peer has closed (checked without consuming anything).
+
+        Its reading side may be off (answers piling up), so end of stream is
+        looked for here too before a lease is handed to it.
+        """
+        if conn.eof or conn.closed:
+            return True
+        try:
+            return conn.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def _expire_waits(self) -> None:
         for entry in self.parked.expire(time.monotonic()):

@@ -814,3 +814,14 @@ def test_many_unread_listings_do_not_stall_other_clients(daemon):
         assert len(listed) == 8_000
         for sock in readers:
             sock.close()
+
+
+def test_a_worker_killed_while_parked_is_never_handed_a_lease(daemon, client_process):
+    doomed = client_process("reserve", daemon.socket_path, "doomed", 30)
+    daemon.wait_for_log("parked reserve")
+    doomed.proc.kill()
+    doomed.proc.wait(10)
+    with Client(daemon.socket_path) as client:
+        client.put("job", {}, max_attempts=1)
+        (lease,) = client.reserve("alive", wait=5)
+        assert (lease.task_id, lease.worker, lease.attempts) == ("job", "alive", 1)
