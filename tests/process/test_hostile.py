@@ -410,8 +410,6 @@ def test_a_client_cannot_forge_lines_in_the_daemon_log(daemon):
         line for line in lines if line and " walqueued[" not in line[:60]]
 
 
-@pytest.mark.xfail(strict=True, reason="daemon bug, /tmp/walqueue-bugs.md 'hostile-5': a connection at end of "
-                   "stream keeps its parked reserves, so a dead worker is still handed a lease")
 def test_a_worker_killed_while_waiting_in_reserve_is_never_handed_a_lease(daemon):
     code = ("import sys; from walqueue.client import Client; "
             "Client(sys.argv[1]).reserve('doomed', wait=30, lease_seconds=60)")
