@@ -898,6 +898,11 @@ class Server:
                     self._serve_parked(now)
                 case p.Reserve():
                     p.check_wait(request.wait)
+                    if self._peer_gone(conn):
+                        # It sent this and closed (or died): a lease could only
+                        # sit unused until it expired.
+                        self._answer(conn, request_id, [p.Leases(id=request_id, leases=[])])
+                        return
                     # Parked reserves were served at the start of the turn and
                     # after every request that made a task due, so if any are
                     # still parked this returns nothing: arrival order holds.

@@ -825,3 +825,22 @@ def test_a_worker_killed_while_parked_is_never_handed_a_lease(daemon, client_pro
         client.put("job", {}, max_attempts=1)
         (lease,) = client.reserve("alive", wait=5)
         assert (lease.task_id, lease.worker, lease.attempts) == ("job", "alive", 1)
+
+
+def test_a_reserve_from_a_peer_that_already_closed_leases_nothing(daemon):
+    with Client(daemon.socket_path) as client:
+        client.put("job", {})
+        sock = raw_connect(daemon.socket_path)
+        hello(sock)
+        # Paused, the daemon finds the request and the end of stream together,
+        # as after a worker that died right after sending.
+        os.kill(daemon.pid, signal.SIGSTOP)
+        try:
+            sock.sendall(p.encode(p.Reserve(id=2, worker="gone")))
+            sock.shutdown(socket.SHUT_WR)
+        finally:
+            os.kill(daemon.pid, signal.SIGCONT)
+        answer = read_message(sock)
+        assert answer.id == 2 and answer.leases == []
+        sock.close()
+        assert client.get("job").status == "ready"
