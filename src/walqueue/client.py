@@ -103,7 +103,9 @@ class Connection:
             self._sock.close()
             raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc}") from exc
         try:
-            (hello_id,) = self.send(p.Hello(id=0, version=p.PROTOCOL_VERSION, client=name))
+            # The name only labels the connection in the daemon's log; a hello
+            # must stay below protocol.MAX_HELLO_BYTES.
+            (hello_id,) = self.send(p.Hello(id=0, version=p.PROTOCOL_VERSION, client=name[:256]))
             (answer,) = self.receive(hello_id)
         except WalQueueError as exc:
             self.close()

@@ -60,6 +60,9 @@ PROTOCOL_VERSION = 1
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
+# The first message (a Hello) is tiny; a peer that has not said hello may not
+# make the daemon buffer more than this.
+MAX_HELLO_BYTES = 4096
 # Answers carrying lists are split so that no single message body grows past
 # this many bytes (well below MAX_BODY_BYTES, so a reader never buffers a
 # huge body just to get the first tasks of a listing).
@@ -340,7 +343,13 @@ class FrameReader:
 
     def __init__(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self._buffer = bytearray()
-        self._max_body_bytes = max_body_bytes
+        self.max_body_bytes = max_body_bytes  # may be raised, e.g. after a hello
+
+    def pending_length(self) -> int | None:
+        """The length of the frame being received, once its 4-byte prefix is in."""
+        if len(self._buffer) < LENGTH_PREFIX_BYTES:
+            return None
+        return _LENGTH.unpack_from(self._buffer)[0]
 
     def feed(self, data: bytes) -> None:
         self._buffer += data
@@ -361,9 +370,9 @@ class FrameReader:
         if len(self._buffer) < LENGTH_PREFIX_BYTES:
             return None
         (length,) = _LENGTH.unpack_from(self._buffer)
-        if length == 0 or length > self._max_body_bytes:
+        if length == 0 or length > self.max_body_bytes:
             raise ProtocolError(
-                f"frame length {length} is outside 1..{self._max_body_bytes} bytes"
+                f"frame length {length} is outside 1..{self.max_body_bytes} bytes"
             )
         end = LENGTH_PREFIX_BYTES + length
         if len(self._buffer) < end:

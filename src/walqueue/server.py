@@ -91,6 +91,12 @@ MAX_PARKED_PER_CONNECTION = 64
 # turn starts at most this many and encodes at most this many listing bytes
 # across all connections; the rest continue in the next turns, which come
 # right away, so many open listings slow each other, not everyone.
+# Large request frames being received share one budget: a frame of at least
+# LARGE_FRAME_BYTES is read only once its whole body fits in what is left of
+# MAX_ADMITTED_INPUT_BYTES (or nothing else is admitted), so half-sent frames
+# cannot add up to max-connections x 17 MiB; admitted frames always complete.
+LARGE_FRAME_BYTES = 1024 * 1024
+MAX_ADMITTED_INPUT_BYTES = 256 * 1024 * 1024
 MAX_LISTINGS_STARTED_PER_TURN = 1
 LISTING_BYTES_PER_TURN = 2 * 1024 * 1024
 # While recovery runs, systemd hears from us this often, and each message
@@ -251,7 +257,7 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
 class Connection:
     sock: socket.socket
     name: str
-    reader: p.FrameReader = field(default_factory=p.FrameReader)
+    reader: p.FrameReader = field(default_factory=lambda: p.FrameReader(p.MAX_HELLO_BYTES))
     out: bytearray = field(default_factory=bytearray)
     greeted: bool = False
     eof: bool = False
@@ -269,6 +275,8 @@ class Connection:
     turn: int = -1  # the turn the two counters below belong to
     turn_bytes: int = 0  # encoded answer bytes produced for it in that turn
     turn_requests: int = 0  # requests of it applied in that turn
+    admitted: int = 0  # body bytes of its large frame in progress, counted in the input budget
+    input_waiting: bool = False  # its large frame waits for room in the input budget
     closed: bool = False
     parked: int = 0
     events: int = 0
@@ -398,6 +406,8 @@ class Server:
         self.queue_epoch = 0  # bumped whenever the Queue is dropped after a failure
         self._touched: set[Connection] = set()  # connections with news this turn
         self._deferring: set[Connection] = set()  # connections with deferred requests
+        self._admitted_total = 0  # sum of Connection.admitted
+        self._input_paused: set[Connection] = set()  # connections with input_waiting
         self._listing_budget = LISTING_BYTES_PER_TURN
         self._listings_started = 0
         self._receive_buffer = bytearray(MAX_RECV_BYTES)
@@ -468,6 +478,9 @@ class Server:
         self._queue_answers()
         # Only connections this turn touched can need sending or new
         # interests: idle connections cost nothing per turn.
+        for conn in list(self._input_paused):
+            if self._admit(conn):
+                self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
             if conn.closed:
@@ -582,6 +595,9 @@ class Server:
         conn.closed = True
         conn.deferred.clear()
         self._deferring.discard(conn)
+        self._admitted_total -= conn.admitted
+        conn.admitted = 0
+        self._input_paused.discard(conn)
         if conn.events:
             self.selector.unregister(conn.sock)
             conn.events = 0
@@ -601,7 +617,7 @@ class Server:
                 return
         wanted = 0
         if (not conn.eof and not conn.closing and not conn.backlog and not conn.deferred
-                and len(conn.out) < OUTPUT_HIGH_WATER_BYTES):
+                and not conn.input_waiting and len(conn.out) < OUTPUT_HIGH_WATER_BYTES):
             wanted |= selectors.EVENT_READ
         if conn.out or conn.backlog:
             wanted |= selectors.EVENT_WRITE
@@ -652,6 +668,9 @@ class Server:
             try:
                 body = conn.reader.next_body()
                 if body is None:
+                    if not self._admit(conn):
+                        conn.input_waiting = True
+                        self._input_paused.add(conn)
                     return
                 request = p.decode_request(body)
             except p.ProtocolError as exc:
@@ -671,6 +690,7 @@ class Server:
                     )
                     return
                 conn.greeted = True
+                conn.reader.max_body_bytes = p.MAX_BODY_BYTES
                 conn.out += p.encode(
                     p.HelloOk(
                         id=request.id,
@@ -686,6 +706,28 @@ class Server:
                 self._fatal(conn, request.id, "hello sent twice on one connection")
                 return
             requests.append((conn, request))
+
+    def _admit(self, conn: Connection) -> bool:
+        """Count the connection's large frame in progress in the input budget, if it fits.
+
+        Returns False if it does not fit: read nothing more from it for now.
+        """
+        length = conn.reader.pending_length()
+        wanted = length if length is not None and length >= LARGE_FRAME_BYTES else 0
+        if wanted == conn.admitted:
+            conn.input_waiting = False
+            self._input_paused.discard(conn)
+            return True
+        # The frame counted before has completed (or none was counted).
+        self._admitted_total -= conn.admitted
+        conn.admitted = 0
+        if wanted and self._admitted_total and self._admitted_total + wanted > MAX_ADMITTED_INPUT_BYTES:
+            return False
+        conn.admitted = wanted
+        self._admitted_total += wanted
+        conn.input_waiting = False
+        self._input_paused.discard(conn)
+        return True
 
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""

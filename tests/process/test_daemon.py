@@ -844,3 +844,23 @@ def test_a_reserve_from_a_peer_that_already_closed_leases_nothing(daemon):
         assert answer.id == 2 and answer.leases == []
         sock.close()
         assert client.get("job").status == "ready"
+
+
+def test_before_hello_only_a_small_frame_is_accepted(daemon):
+    sock = raw_connect(daemon.socket_path)
+    sock.sendall(struct.pack(">I", p.MAX_HELLO_BYTES + 1))
+    error = read_message(sock)
+    assert isinstance(error, p.Error) and error.fatal and str(p.MAX_HELLO_BYTES) in error.message
+    assert read_message(sock) is None
+    sock.close()
+    with Client(daemon.socket_path, name="n" * 10_000) as client:  # a long name is cut, not refused
+        assert client.stats().ready == 0
+
+
+def test_large_frames_still_travel_both_ways(daemon):
+    with Client(daemon.socket_path) as client:
+        big = {"blob": "b" * (3 * 1024 * 1024)}  # a 3 MiB frame: counted in the input budget
+        assert client.put("big", big) == "big"
+        assert client.get("big").payload == big
+        (lease,) = client.reserve("w")
+        assert lease.payload == big

@@ -66,3 +66,26 @@ def test_many_finished_waits_do_not_pile_up():
     parked.expire(1e6)
     assert parked.head() is keeper and parked.live == 1
     assert len(parked._arrivals) < 100 and len(parked._deadlines) < 100
+
+
+def test_large_frames_are_admitted_only_while_they_fit_in_the_input_budget():
+    import struct as struct_module
+
+    from walqueue import protocol as p
+
+    state = types.SimpleNamespace(_admitted_total=0, _input_paused=set())
+    size = server.MAX_ADMITTED_INPUT_BYTES // 2 + 1  # two do not fit together
+
+    def connection(length):
+        conn = server.Connection(sock=None, name="test")
+        conn.reader.max_body_bytes = p.MAX_BODY_BYTES
+        conn.reader.feed(struct_module.pack(">I", length) + b"x" * 10)
+        return conn
+
+    first, second, small = connection(size), connection(size), connection(100)
+    assert server.Server._admit(state, first) and first.admitted == size
+    assert not server.Server._admit(state, second) and second.admitted == 0
+    assert server.Server._admit(state, small) and small.admitted == 0  # small frames need no room
+    first.reader = p.FrameReader()  # its frame completed
+    assert server.Server._admit(state, first) and state._admitted_total == 0
+    assert server.Server._admit(state, second) and state._admitted_total == size
