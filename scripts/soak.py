@@ -165,6 +165,33 @@ def feed(socket_path: str, log_path: str, seed: str, stop_file: str, target: str
     return 0
 
 
+def index_checker_lookups() -> None:
+    """Make the checker's per-task scan of all records an indexed lookup, with the same answers.
+
+    ``checker.missing_generations(records, task_id, generation)`` scans every
+    record for every task: fine for a crash-proof seed, quadratic for a soak
+    (18,000 tasks x 130,000 records took minutes). The wrapper builds the
+    task -> generations-answered index once per records list. It changes no
+    verdict; it is skipped if the checker no longer has that function.
+    """
+    original = getattr(checker, "missing_generations", None)
+    if original is None:
+        return
+    indexes: dict[int, tuple[list, dict[str, set[int]]]] = {}
+
+    def missing_generations(records: list[dict], task_id: str, generation: int) -> set[int]:
+        entry = indexes.get(id(records))
+        if entry is None or entry[0] is not records:
+            handed: dict[str, set[int]] = {}
+            for line in records:
+                if line["op"] == "reserve" and line["outcome"] == "ok" and line.get("task_id") is not None:
+                    handed.setdefault(line["task_id"], set()).add(line["generation"])
+            entry = indexes[id(records)] = (records, handed)
+        return set(range(1, generation + 1)) - entry[1].get(task_id, set())
+
+    checker.missing_generations = missing_generations
+
+
 class LogTail:
     """Counts ok operations in the workers' JSON-lines logs, reading only what is new."""
 
@@ -347,7 +374,10 @@ class Soak:
                   f"{per_tombstone:.0f} B = {worst_excess / MIB:.1f} MiB (bound {RSS_SLACK_BYTES / MIB:.0f} MiB)")
             if worst_excess > RSS_SLACK_BYTES:
                 problems.append(f"daemon RSS grew {worst_excess / MIB:.1f} MiB beyond its tombstones")
+        index_checker_lookups()
+        checking = time.monotonic()
         violations = checker.check(self.directory, [*self.worker_logs, drain_log], drained=drained)
+        print(f"checker: {len(violations)} violation(s) in {time.monotonic() - checking:.1f} s", flush=True)
         return violations, problems
 
     def cleanup(self) -> None:
