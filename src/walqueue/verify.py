@@ -50,7 +50,7 @@ import struct
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .codec import DIGEST_BYTES, LENGTH_BYTES, MAX_FRAME_BYTES, decode_body
+from .codec import DIGEST_BYTES, LENGTH_BYTES, MAX_FRAME_BYTES, _complete_frame_after, decode_body
 from .errors import CorruptStore, WalQueueError
 from .queue import Queue
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name, load_snapshot, read_current
@@ -71,7 +71,6 @@ SOCKET_NAME = "walqueued.sock"  # the daemon's default socket lives in the direc
 MAX_RESYNC_HASH_BYTES = 256 * 1024 * 1024
 
 _LENGTH = struct.Struct(">I")
-_NONZERO = re.compile(rb"[^\x00]")
 _OFFSET = re.compile(r"\boffset (\d+)\b")
 _SEQ = re.compile(r"\bseq (\d+)\b")
 
@@ -271,7 +270,7 @@ class _Verifier:
                 return offset, "zeros"
             end = offset + LENGTH_BYTES + length + DIGEST_BYTES
             if 1 <= length <= MAX_FRAME_BYTES and end > size:
-                follower = _frame_with_good_digest_after(data, offset + LENGTH_BYTES)
+                follower = _complete_frame_after(data, offset + LENGTH_BYTES)
                 if follower is None:
                     return offset, "incomplete"
                 # codec's rule: a torn write leaves nothing complete after it,
@@ -714,35 +713,6 @@ def _reconcile(report: VerifyReport, verdict: str) -> VerifyReport:
     else:
         return report
     return dataclasses.replace(report, problems=tuple(problems))
-
-
-def _frame_with_good_digest_after(data, start: int) -> int | None:
-    """The offset of a complete frame whose digest matches, at or after `start`, or None.
-
-    The rule codec.scan_frames applies before it calls an incomplete frame a
-    torn tail (a torn write leaves one partial frame at the end and nothing
-    complete after it). Only the digest counts, as there. A length up to
-    MAX_FRAME_BYTES starts with a zero byte and canonical JSON holds none,
-    so only zero bytes are tried; inside a run of zeros only its last three
-    bytes can start a length.
-    """
-    size = len(data)
-    position = data.find(b"\x00", start)
-    while 0 <= position <= size - LENGTH_BYTES - DIGEST_BYTES - 1:
-        (length,) = _LENGTH.unpack_from(data, position)
-        if length == 0:
-            nonzero = _NONZERO.search(data, position)
-            if nonzero is None:
-                return None
-            position = max(position + 1, nonzero.start() - LENGTH_BYTES + 1)
-            continue
-        end = position + LENGTH_BYTES + length + DIGEST_BYTES
-        if end <= size:
-            body = data[position + LENGTH_BYTES:end - DIGEST_BYTES]
-            if hashlib.sha256(body).digest() == data[end - DIGEST_BYTES:end]:
-                return position
-        position = data.find(b"\x00", position + 1)
-    return None
 
 
 def _segments(verifier: _Verifier, names) -> list[tuple[int, str]]:
