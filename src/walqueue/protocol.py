@@ -422,80 +422,33 @@ def check_wait(wait: float) -> None:
 # -- conversions to and from the library's dataclasses ------------------------
 
 
+def _same_fields(value: Any, target: type, fields: tuple[str, ...]) -> Any:
+    """`target` built from the equally named fields of `value` (wire <-> library types)."""
+    return target(**{name: getattr(value, name) for name in fields})
+
+
 def lease_to_wire(lease: Lease) -> WireLease:
-    return WireLease(
-        task_id=lease.task_id,
-        worker=lease.worker,
-        generation=lease.generation,
-        deadline=lease.deadline,
-        attempts=lease.attempts,
-        payload=lease.payload,
-    )
+    return _same_fields(lease, WireLease, WireLease.__struct_fields__)
 
 
 def lease_from_wire(wire: WireLease) -> Lease:
-    return Lease(
-        task_id=wire.task_id,
-        worker=wire.worker,
-        generation=wire.generation,
-        deadline=wire.deadline,
-        attempts=wire.attempts,
-        payload=wire.payload,
-    )
+    return _same_fields(wire, Lease, WireLease.__struct_fields__)
 
 
 def task_to_wire(task: TaskView) -> WireTask:
-    return WireTask(
-        task_id=task.task_id,
-        key=task.key,
-        status=task.status,
-        attempts=task.attempts,
-        max_attempts=task.max_attempts,
-        generation=task.generation,
-        available_at=task.available_at,
-        deadline=task.deadline,
-        worker=task.worker,
-        payload=task.payload,
-    )
+    return _same_fields(task, WireTask, WireTask.__struct_fields__)
 
 
 def task_from_wire(wire: WireTask) -> TaskView:
-    return TaskView(
-        task_id=wire.task_id,
-        key=wire.key,
-        status=wire.status,
-        attempts=wire.attempts,
-        max_attempts=wire.max_attempts,
-        generation=wire.generation,
-        available_at=wire.available_at,
-        deadline=wire.deadline,
-        worker=wire.worker,
-        payload=wire.payload,
-    )
+    return _same_fields(wire, TaskView, WireTask.__struct_fields__)
 
 
 def stats_to_wire(stats: QueueStats) -> WireStats:
-    return WireStats(
-        ready=stats.ready,
-        leased=stats.leased,
-        completed=stats.completed,
-        dead=stats.dead,
-        last_seq=stats.last_seq,
-        snapshot_seq=stats.snapshot_seq,
-        wal_bytes=stats.wal_bytes,
-    )
+    return _same_fields(stats, WireStats, WireStats.__struct_fields__)
 
 
 def stats_from_wire(wire: WireStats) -> QueueStats:
-    return QueueStats(
-        ready=wire.ready,
-        leased=wire.leased,
-        completed=wire.completed,
-        dead=wire.dead,
-        last_seq=wire.last_seq,
-        snapshot_seq=wire.snapshot_seq,
-        wal_bytes=wire.wal_bytes,
-    )
+    return _same_fields(wire, QueueStats, WireStats.__struct_fields__)
 
 
 def put_item(request: Any) -> PutItem:

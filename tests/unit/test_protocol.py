@@ -160,3 +160,14 @@ def test_nested_mappings_of_any_kind_travel_as_maps():
     assert p.decode_request(reader.next_body()).payload == {"inner": {"a": 1}}
     with pytest.raises(TypeError):
         p.encode(p.Put(id=1, task_id="t", payload={"x": object()}))
+
+
+def test_the_wire_types_carry_exactly_the_fields_of_the_library_types():
+    # protocol converts between them field by field, by name: a field added on
+    # one side only would otherwise be dropped without a word.
+    import dataclasses
+
+    from walqueue import Lease, QueueStats, TaskView
+
+    for library, wire in [(Lease, p.WireLease), (TaskView, p.WireTask), (QueueStats, p.WireStats)]:
+        assert tuple(field.name for field in dataclasses.fields(library)) == wire.__struct_fields__
