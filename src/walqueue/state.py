@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import re
 from typing import Any
 
 from . import validation
@@ -45,7 +46,7 @@ RECORD_FIELDS = {
 PUT_TASK_FIELDS = frozenset({"available_at", "key", "max_attempts", "payload", "task_id"})
 ENTRY_FIELDS = frozenset({"attempts", "available_at", "deadline", "generation", "identity", "key",
                           "max_attempts", "payload", "status", "task_id", "worker"})
-_HEX = frozenset("0123456789abcdef")
+_IDENTITY = re.compile(r"[0-9a-f]{64}")  # a SHA-256 hex digest, lowercase
 _NONE = type(None)
 # status -> the types of (worker, deadline, payload) a snapshot entry must have
 _ENTRY_SHAPES = {
@@ -460,7 +461,7 @@ class State:
         attempts, max_attempts = entry["attempts"], entry["max_attempts"]
         generation, available_at = entry["generation"], entry["available_at"]
         worker, deadline, payload = entry["worker"], entry["deadline"], entry["payload"]
-        if type(identity) is not str or len(identity) != 64 or not _HEX.issuperset(identity):
+        if type(identity) is not str or _IDENTITY.fullmatch(identity) is None:
             raise InvalidRequest(f"task {task_id!r}: identity must be 64 lowercase hex digits")
         shape = _ENTRY_SHAPES.get(status) if type(status) is str else None
         if shape is None:
