@@ -17,6 +17,13 @@ Two layers:
   with ``status="completed"`` and the lease's own generation: that means the
   first attempt succeeded; ``walqueue.worker`` handles it).
 
+Between the two sits the wire code without I/O that ``walqueue.aio`` shares:
+``*_call()`` functions turn the API's arguments into a ``Call`` (the request,
+how to convert its answer, whether it may be retried), and ``hello_request``,
+``encode_request``, ``complete`` and ``result`` frame requests and turn answers
+into the library's values and exceptions. The asyncio client only adds its
+own socket handling.
+
 Thread safety: a ``Client`` serializes calls with a lock, so it may be shared
 between threads, but a ``reserve(wait=...)`` holds the connection for the
 whole wait. Give each thread that blocks in ``reserve`` its own ``Client``.
@@ -30,7 +37,8 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from walqueue import InvalidRequest, Lease, QueueClosed, QueueStats, TaskView, WalQueueError
@@ -103,18 +111,11 @@ class Connection:
             self._sock.close()
             raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc}") from exc
         try:
-            # The name only labels the connection in the daemon's log; a hello
-            # must stay below protocol.MAX_HELLO_BYTES.
-            (hello_id,) = self.send(p.Hello(id=0, version=p.PROTOCOL_VERSION, client=name[:256]))
-            (answer,) = self.receive(hello_id)
+            (hello_id,) = self.send(hello_request(name))
+            answer = hello_answer(path, self.receive(hello_id))
         except WalQueueError as exc:
             self.close()
-            if isinstance(exc, DaemonUnavailable):
-                raise
-            raise DaemonUnavailable(f"walqueued at {path} refused the connection: {exc}") from exc
-        if not isinstance(answer, p.HelloOk):
-            self.close()
-            raise DaemonUnavailable(f"walqueued at {path} answered hello with {type(answer).__name__}")
+            raise refused(path, exc) from exc
         self.server = answer.server
         self.max_body_bytes = answer.max_body_bytes
 
@@ -175,10 +176,7 @@ class Connection:
         for request in requests:
             request.id = self._next_id
             self._next_id += 1
-            try:
-                frames.append(p.encode(request))
-            except (TypeError, OverflowError, ValueError, RecursionError, p.ProtocolError) as exc:
-                raise InvalidRequest(f"cannot send {type(request).__name__.lower()}: {exc}") from exc
+            frames.append(encode_request(request))
             ids.append(request.id)
         try:
             self._sock.sendall(b"".join(frames))
@@ -202,9 +200,7 @@ class Connection:
             message = p.decode_response(body)
         except (OSError, p.ProtocolError):
             return None
-        if isinstance(message, p.Error):
-            return f"{message.error}: {message.message}"
-        return None
+        return last_words(message)
 
     def receive(self, request_id: int, *, timeout: float | None = None) -> list:
         """All answer messages for ``request_id`` (several when a list was chunked).
@@ -218,8 +214,7 @@ class Connection:
         if wait is not None:
             deadline = time.monotonic() + wait
         while True:
-            messages = self._pending.get(request_id)
-            if messages and not getattr(messages[-1], "more", False):
+            if complete(self._pending.get(request_id)):
                 return self._pending.pop(request_id)
             if self._broken is not None:
                 raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
@@ -266,6 +261,60 @@ class Connection:
         (request_id,) = self.send(request)
         messages = self.receive(request_id, timeout=timeout)
         return result(messages)
+
+
+# -- the wire code both clients share (this one and walqueue.aio) --------------
+# Everything here is free of I/O: building a request from the API's arguments,
+# encoding it, and turning answers into the library's values and exceptions.
+
+
+def hello_request(name: str) -> p.Hello:
+    # The name only labels the connection in the daemon's log; a hello must
+    # stay below protocol.MAX_HELLO_BYTES.
+    return p.Hello(id=0, version=p.PROTOCOL_VERSION, client=name[:256])
+
+
+def hello_answer(path: str, messages: list) -> p.HelloOk:
+    """The daemon's ``HelloOk``. Raises the error it answered, or DaemonUnavailable."""
+    answer = messages[0]
+    if isinstance(answer, p.Error):
+        raise p.error_from_wire(answer)
+    if not isinstance(answer, p.HelloOk):
+        raise DaemonUnavailable(f"walqueued at {path} answered hello with {type(answer).__name__}")
+    return answer
+
+
+def refused(path: str, exc: WalQueueError) -> DaemonUnavailable:
+    """The DaemonUnavailable a failed hello raises (``exc`` itself if it already is one)."""
+    if isinstance(exc, DaemonUnavailable):
+        return exc
+    return DaemonUnavailable(f"walqueued at {path} refused the connection: {exc}")
+
+
+def encode_request(request: p.Request) -> bytes:
+    """One numbered request as a frame. Raises InvalidRequest if it cannot be encoded or is too large."""
+    try:
+        return p.encode(request)
+    except (TypeError, OverflowError, ValueError, RecursionError, p.ProtocolError) as exc:
+        raise InvalidRequest(f"cannot send {type(request).__name__.lower()}: {exc}") from exc
+
+
+def last_words(message: Any) -> str | None:
+    """What an error the daemon sent before closing on us says (e.g. too many connections)."""
+    if isinstance(message, p.Error):
+        return f"{message.error}: {message.message}"
+    return None
+
+
+def complete(messages: list | None) -> bool:
+    """True once the answer messages of one request are all in (the last has no ``more``)."""
+    return bool(messages) and not getattr(messages[-1], "more", False)
+
+
+def retry_pause(attempt: int, deadline: float) -> float:
+    """Seconds to wait before retry number ``attempt`` (from 0), never past ``deadline`` (monotonic)."""
+    pause = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
+    return min(pause, max(0.0, deadline - time.monotonic()))
 
 
 def result(messages: list) -> Any:
@@ -329,6 +378,122 @@ def _lease_fields(lease: Any) -> tuple[str, str, int]:
     except AttributeError as exc:
         raise InvalidRequest(f"expected a Lease, got {type(lease).__name__}") from exc
     return _check_str("task_id", task_id), _check_str("worker", worker), _check_int("generation", generation)
+
+
+
+@dataclass(frozen=True)
+class Call:
+    """One API call without I/O: what to send and what the answer means.
+
+    ``request`` is None when the call needs no round trip (an empty batch);
+    ``convert`` turns the merged answer (``result()``) into the API's return
+    value; ``idempotent`` calls may be retried across a reconnect; ``wait``
+    is how long the daemon may hold the answer back (a blocking reserve).
+    """
+
+    request: p.Request | None
+    convert: Callable[[Any], Any]
+    idempotent: bool = False
+    wait: float = 0.0
+
+
+def _nothing(answer: Any) -> None:
+    return None
+
+
+def _no_ids(answer: Any) -> list[str]:
+    return []
+
+
+def put_call(
+    task_id: Any, payload: Any, *, key: Any, available_at: Any, delay: Any, max_attempts: Any, now: float
+) -> Call:
+    """``put``; ``delay`` is turned into ``available_at`` from ``now`` (wall clock) once, here."""
+    if delay is not None:
+        _check_int("delay", delay)
+        if delay < 0:
+            raise InvalidRequest(f"delay of task {task_id!r} must be >= 0, got {delay}")
+        if available_at != 0:
+            raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
+        # Computed once, so a retried put carries the same identity.
+        available_at = int(now) + delay
+    item = _put_item(task_id, payload, key, available_at, max_attempts)
+    request = p.Put(id=0, **{name: getattr(item, name) for name in item.__struct_fields__})
+    return Call(request, lambda answer: answer.task_id, idempotent=True)
+
+
+def put_many_call(requests: Iterable[Any]) -> Call:
+    items = []
+    for request in requests:
+        item = p.put_item(request)
+        items.append(_put_item(item.task_id, item.payload, item.key, item.available_at, item.max_attempts))
+    if not items:
+        return Call(None, _no_ids)
+    return Call(p.PutMany(id=0, requests=items), lambda answer: answer.task_ids, idempotent=True)
+
+
+def reserve_call(worker: Any, *, lease_seconds: Any, limit: Any, wait: Any) -> Call:
+    _check_str("worker", worker)
+    if type(wait) is bool or not isinstance(wait, int | float):
+        raise InvalidRequest(f"wait must be a number of seconds, got {type(wait).__name__}")
+    p.check_wait(wait)
+    request = p.Reserve(
+        id=0,
+        worker=worker,
+        lease_seconds=_check_int("lease_seconds", lease_seconds),
+        limit=_check_int("limit", limit),
+        wait=float(wait),
+    )
+    return Call(request, lambda answer: [p.lease_from_wire(lease) for lease in answer.leases], wait=float(wait))
+
+
+def ack_call(lease: Any) -> Call:
+    task_id, worker, generation = _lease_fields(lease)
+    return Call(p.Ack(id=0, task_id=task_id, worker=worker, generation=generation), _nothing)
+
+
+def release_call(lease: Any, *, delay: Any) -> Call:
+    task_id, worker, generation = _lease_fields(lease)
+    request = p.Release(id=0, task_id=task_id, worker=worker, generation=generation, delay=_check_int("delay", delay))
+    return Call(request, _nothing)
+
+
+def touch_call(lease: Any, *, lease_seconds: Any) -> Call:
+    task_id, worker, generation = _lease_fields(lease)
+    request = p.Touch(
+        id=0,
+        task_id=task_id,
+        worker=worker,
+        generation=generation,
+        lease_seconds=_check_int("lease_seconds", lease_seconds),
+    )
+    return Call(request, lambda answer: p.lease_from_wire(answer.lease))
+
+
+def revive_call(task_ids: Iterable[Any]) -> Call:
+    ids = [_check_str("task_id", task_id) for task_id in task_ids]
+    if not ids:
+        return Call(None, _no_ids)
+    return Call(p.Revive(id=0, task_ids=ids), lambda answer: answer.task_ids)
+
+
+def get_call(task_id: Any) -> Call:
+    request = p.Get(id=0, task_id=_check_str("task_id", task_id))
+    return Call(request, lambda answer: None if answer.task is None else p.task_from_wire(answer.task))
+
+
+def tasks_call(status: Any) -> Call:
+    if status is not None:
+        _check_str("status", status)
+    return Call(p.Tasks(id=0, status=status), lambda answer: [p.task_from_wire(task) for task in answer.tasks])
+
+
+def stats_call() -> Call:
+    return Call(p.Stats(id=0), lambda answer: p.stats_from_wire(answer.stats))
+
+
+def compact_call() -> Call:
+    return Call(p.Compact(id=0), lambda answer: answer.seq)
 
 
 class Client:
@@ -399,11 +564,15 @@ class Client:
                         raise
                     if isinstance(exc, DaemonUnavailable) and self._connection is not None:
                         self._connection.close()
-                    pause = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
+                    time.sleep(retry_pause(attempt, deadline))
                     attempt += 1
-                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
     # -- the API ------------------------------------------------------------------
+
+    def _run(self, call: Call) -> Any:
+        if call.request is None:
+            return call.convert(None)
+        return call.convert(self._call(call.request, wait=call.wait, idempotent=call.idempotent))
 
     def put(
         self,
@@ -419,90 +588,43 @@ class Client:
 
         Raises InvalidRequest, KeyConflict, DaemonUnavailable.
         """
-        if delay is not None:
-            _check_int("delay", delay)
-            if delay < 0:
-                raise InvalidRequest(f"delay of task {task_id!r} must be >= 0, got {delay}")
-            if available_at != 0:
-                raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
-            # Computed once, so a retried put carries the same identity.
-            available_at = int(time.time()) + delay
-        item = _put_item(task_id, payload, key, available_at, max_attempts)
-        request = p.Put(id=0, **{name: getattr(item, name) for name in item.__struct_fields__})
-        return self._call(request, idempotent=True).task_id
+        return self._run(put_call(task_id, payload, key=key, available_at=available_at, delay=delay,
+                                  max_attempts=max_attempts, now=time.time()))
 
     def put_many(self, requests: Iterable[Any]) -> list[str]:
         """Put several tasks in one transaction (PutRequest objects or mappings)."""
-        items = []
-        for request in requests:
-            item = p.put_item(request)
-            items.append(_put_item(item.task_id, item.payload, item.key, item.available_at, item.max_attempts))
-        if not items:
-            return []
-        return self._call(p.PutMany(id=0, requests=items), idempotent=True).task_ids
+        return self._run(put_many_call(requests))
 
     def reserve(self, worker: str, *, lease_seconds: int = 30, limit: int = 1, wait: float = 0) -> list[Lease]:
         """Lease up to ``limit`` due tasks, waiting up to ``wait`` seconds for one. Never retried."""
-        _check_str("worker", worker)
-        if type(wait) is bool or not isinstance(wait, int | float):
-            raise InvalidRequest(f"wait must be a number of seconds, got {type(wait).__name__}")
-        p.check_wait(wait)
-        request = p.Reserve(
-            id=0,
-            worker=worker,
-            lease_seconds=_check_int("lease_seconds", lease_seconds),
-            limit=_check_int("limit", limit),
-            wait=float(wait),
-        )
-        answer = self._call(request, wait=float(wait))
-        return [p.lease_from_wire(lease) for lease in answer.leases]
+        return self._run(reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait))
 
     def ack(self, lease: Lease) -> None:
         """Complete the leased task. Raises StaleLease if the lease is not current."""
-        task_id, worker, generation = _lease_fields(lease)
-        self._call(p.Ack(id=0, task_id=task_id, worker=worker, generation=generation))
+        self._run(ack_call(lease))
 
     def release(self, lease: Lease, *, delay: int = 0) -> None:
         """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""
-        task_id, worker, generation = _lease_fields(lease)
-        request = p.Release(
-            id=0, task_id=task_id, worker=worker, generation=generation, delay=_check_int("delay", delay)
-        )
-        self._call(request)
+        self._run(release_call(lease, delay=delay))
 
     def touch(self, lease: Lease, *, lease_seconds: int) -> Lease:
         """Extend a live lease to ``lease_seconds`` from the daemon's now. Raises StaleLease."""
-        task_id, worker, generation = _lease_fields(lease)
-        request = p.Touch(
-            id=0,
-            task_id=task_id,
-            worker=worker,
-            generation=generation,
-            lease_seconds=_check_int("lease_seconds", lease_seconds),
-        )
-        return p.lease_from_wire(self._call(request).lease)
+        return self._run(touch_call(lease, lease_seconds=lease_seconds))
 
     def revive(self, task_ids: Iterable[str]) -> list[str]:
         """Make dead tasks ready again. Raises InvalidRequest if one is not dead."""
-        ids = [_check_str("task_id", task_id) for task_id in task_ids]
-        if not ids:
-            return []
-        return self._call(p.Revive(id=0, task_ids=ids)).task_ids
+        return self._run(revive_call(task_ids))
 
     def get(self, task_id: str) -> TaskView | None:
-        answer = self._call(p.Get(id=0, task_id=_check_str("task_id", task_id)))
-        return None if answer.task is None else p.task_from_wire(answer.task)
+        return self._run(get_call(task_id))
 
     def tasks(self, status: str | None = None) -> list[TaskView]:
         """All tasks (or those with ``status``) in task_id order."""
-        if status is not None:
-            _check_str("status", status)
-        answer = self._call(p.Tasks(id=0, status=status))
-        return [p.task_from_wire(task) for task in answer.tasks]
+        return self._run(tasks_call(status))
 
     def stats(self) -> QueueStats:
-        return p.stats_from_wire(self._call(p.Stats(id=0)).stats)
+        return self._run(stats_call())
 
     def compact(self) -> int:
         """Compact now; returns the published snapshot's seq."""
-        return self._call(p.Compact(id=0)).seq
+        return self._run(compact_call())
