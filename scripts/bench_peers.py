@@ -1,0 +1,775 @@
+"""Benchmark WALQueue beside the durable local queues users compare it with:
+beanstalkd (binlog, ``-f 0``: fsync on every write), Redis (``appendonly yes``,
+``appendfsync always``) and a SQLite table (``journal_mode=WAL``,
+``synchronous=FULL``), all measured in one run on the same machine and disk.
+
+    .venv/bin/python scripts/bench_peers.py [--seconds 5] [--runs 3] [--clients 1,4,16]
+        [--warmup 1] [--quick] [--out docs/benchmarks.md]
+
+Workload "cycle", closed loop, in the most durable setting of each system: put
+a 100-byte task, claim it, complete it. Each client is its own process with
+its own connection; claims take whatever task is due, so clients share one
+queue. Every cell is the median (with min-max) of ``--runs`` runs of
+``--seconds`` each, after ``--warmup`` seconds of the same load; every run
+starts a fresh server on a fresh directory. Latency is one whole cycle (p50,
+p99 over every cycle of every run). Server CPU is utime+stime from
+/proc/PID/stat over the measured window, as a share of one core.
+
+The machine's limits come from the same run: serial append+fsync, fdatasync
+overwriting a preallocated file, and a Python Unix-socket echo round trip with
+1 and 16 clients.
+
+Needs the ``bench`` extra and the beanstalkd and redis-server binaries; when
+missing it installs them (pip into this project's .venv; apt-get as root).
+Every server is stopped by pid and waited for, also on errors. Writes
+``--out`` (a Markdown report) and a PNG plot beside it. Not part of the test
+suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import multiprocessing
+import os
+import platform
+import shlex
+import shutil
+import socket
+import sqlite3
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO), str(REPO / "scripts")]
+
+PAYLOAD_BYTES = 100
+PAYLOAD = b"p" * PAYLOAD_BYTES
+READY_SECONDS = 30.0
+STOP_SECONDS = 30.0
+LEASE_SECONDS = 60
+PIP_EXTRA = ".[bench]"
+APT_PACKAGES = ("beanstalkd", "redis-server")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# -- installing what is missing ----------------------------------------------------------
+
+
+def ensure_installed() -> None:
+    """pip-install the bench extra and apt-get the servers when they are missing."""
+    missing_modules = [name for name in ("greenstalk", "redis", "matplotlib")
+                       if importlib.util.find_spec(name) is None]
+    if missing_modules:
+        print(f"installing the bench extra ({', '.join(missing_modules)} missing)", flush=True)
+        venv_python = REPO / ".venv" / "bin" / "python"
+        python = venv_python if venv_python.exists() else Path(sys.executable)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", PIP_EXTRA], cwd=REPO, check=True)
+        if python.resolve() != Path(sys.executable).resolve():
+            raise SystemExit(f"installed into {python}; run this script with it")
+        importlib.invalidate_caches()
+    missing_binaries = [name for name in ("beanstalkd", "redis-server") if shutil.which(name) is None]
+    if not missing_binaries:
+        return
+    if os.geteuid() != 0:
+        raise SystemExit(f"missing {', '.join(missing_binaries)}: "
+                         f"run `sudo apt-get install -y {' '.join(APT_PACKAGES)}`")
+    print(f"apt-get installing {' '.join(APT_PACKAGES)}", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", *APT_PACKAGES]
+    if subprocess.run(install, env=env).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
+        subprocess.run(install, env=env, check=True)
+
+
+# -- measuring helpers -------------------------------------------------------------------
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime+stime of a process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until(ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + READY_SECONDS
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become ready in {READY_SECONDS:g} s")
+        time.sleep(0.02)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM the server by pid, wait; SIGKILL if it does not exit."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_SECONDS)
+
+
+# -- the machine's limits ------------------------------------------------------------------
+
+
+def fsync_append_rate(directory: Path, seconds: float) -> float:
+    """Serial append of a 200-byte record + fsync: the file grows on every sync."""
+    from bench_daemon import fsync_rate
+
+    return fsync_rate(directory, seconds)
+
+
+def fdatasync_overwrite_rate(directory: Path, seconds: float) -> float:
+    """Serial 200-byte write + fdatasync into a preallocated, already-synced 64 MiB file."""
+    path = directory / "fdatasync-probe"
+    size = 64 << 20
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    record = b"y" * 200
+    try:
+        os.write(fd, b"\0" * size)  # real blocks, not a hole: later writes only overwrite
+        os.fsync(fd)
+        offset = 0
+        count = 0
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            os.pwrite(fd, record, offset)
+            os.fdatasync(fd)
+            offset = (offset + len(record)) % (size - len(record))
+            count += 1
+        elapsed = time.monotonic() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return count / elapsed
+
+
+def _echo_serve(path: str, ready) -> None:
+    import selectors
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    listener.setblocking(False)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    ready.set()
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                conn.setblocking(True)
+                selector.register(conn, selectors.EVENT_READ)
+                continue
+            conn = key.fileobj
+            data = conn.recv(65536)
+            if not data:
+                selector.unregister(conn)
+                conn.close()
+                continue
+            conn.sendall(data)
+
+
+def _echo_client(path: str, seconds: float, barrier, results) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    message = struct.pack(">I", 64) + b"m" * 64
+    count = 0
+    barrier.wait()
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        sock.sendall(message)
+        received = 0
+        while received < len(message):
+            received += len(sock.recv(65536))
+        count += 1
+    results.put((count, time.monotonic() - started))
+    sock.close()
+
+
+def echo_rate(directory: Path, clients: int, seconds: float) -> float:
+    """Round trips/s of a 68-byte message against one single-threaded Python selector server."""
+    path = str(directory / f"echo-{clients}.sock")
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=_echo_serve, args=(path, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(10):
+            raise RuntimeError("echo server did not start")
+        barrier = multiprocessing.Barrier(clients)
+        results = multiprocessing.Queue()
+        workers = [multiprocessing.Process(target=_echo_client, args=(path, seconds, barrier, results))
+                   for _ in range(clients)]
+        for worker in workers:
+            worker.start()
+        gathered = [results.get(timeout=seconds + 60) for _ in workers]
+        for worker in workers:
+            worker.join(30)
+    finally:
+        server.kill()
+        server.join(10)
+        if os.path.exists(path):
+            os.unlink(path)
+    return sum(count for count, _ in gathered) / max(elapsed for _, elapsed in gathered)
+
+
+# -- the systems ------------------------------------------------------------------------------
+#
+# Each system is a server context manager yielding (address, server pid or None) and
+# a client factory that, inside a client process, returns a ``cycle()`` callable doing
+# one put + claim + complete and raising if the claim came back empty.
+
+
+@contextmanager
+def beanstalkd_server(workdir: Path) -> Iterator[tuple[object, int | None]]:
+    port = free_port()
+    binlog = workdir / "binlog"
+    binlog.mkdir()
+    log = open(workdir / "beanstalkd.log", "wb")
+    process = subprocess.Popen(["beanstalkd", "-f", "0", "-b", str(binlog), "-l", "127.0.0.1",
+                                "-p", str(port)], stdout=log, stderr=log)
+    try:
+        def listening() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"beanstalkd exited with {process.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        wait_until(listening, "beanstalkd")
+        yield ("127.0.0.1", port), process.pid
+    finally:
+        stop_process(process)
+        log.close()
+
+
+def beanstalkd_client(address) -> Callable[[], None]:
+    import greenstalk
+
+    client = greenstalk.Client(tuple(address), encoding=None)
+
+    def cycle() -> None:
+        client.put(PAYLOAD)
+        job = client.reserve(timeout=10)
+        client.delete(job)
+
+    return cycle
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[tuple[object, int | None]]:
+    path = str(workdir / "redis.sock")
+    log = open(workdir / "redis.log", "wb")
+    process = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", path, "--unixsocketperm", "600",
+         "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--dir", str(workdir),
+         "--daemonize", "no"], stdout=log, stderr=log)
+    try:
+        import redis
+
+        def answering() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {process.returncode}")
+            try:
+                return bool(redis.Redis(unix_socket_path=path).ping())
+            except (redis.ConnectionError, FileNotFoundError):
+                return False
+
+        wait_until(answering, "redis-server")
+        yield path, process.pid
+    finally:
+        stop_process(process)
+        log.close()
+
+
+def redis_client(address) -> Callable[[], None]:
+    """The reliable-queue pattern: LPUSH, LMOVE into a processing list, LREM to complete."""
+    import redis
+
+    client = redis.Redis(unix_socket_path=address)
+    processing = f"processing:{os.getpid()}"
+
+    def cycle() -> None:
+        client.lpush("queue", PAYLOAD)
+        task = client.lmove("queue", processing, "RIGHT", "LEFT")
+        if task is None:
+            raise RuntimeError("redis: nothing to claim")
+        client.lrem(processing, 1, task)
+
+    return cycle
+
+
+@contextmanager
+def sqlite_database(workdir: Path) -> Iterator[tuple[object, int | None]]:
+    path = str(workdir / "queue.db")
+    connection = sqlite3.connect(path)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("CREATE TABLE tasks (id INTEGER PRIMARY KEY, payload BLOB NOT NULL, "
+                       "state INTEGER NOT NULL DEFAULT 0, worker TEXT)")
+    connection.execute("CREATE INDEX tasks_due ON tasks (state, id)")
+    connection.commit()
+    connection.close()
+    yield path, None  # no server: the work is in the client processes
+
+
+def sqlite_client(address) -> Callable[[], None]:
+    """Three transactions per cycle, each durable on commit (WAL + synchronous=FULL)."""
+    connection = sqlite3.connect(address, isolation_level=None, timeout=60)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=FULL")
+    worker = f"w{os.getpid()}"
+
+    def cycle() -> None:
+        connection.execute("INSERT INTO tasks (payload) VALUES (?)", (PAYLOAD,))
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            row = connection.execute(
+                "UPDATE tasks SET state = 1, worker = ? WHERE id = "
+                "(SELECT id FROM tasks WHERE state = 0 ORDER BY id LIMIT 1) RETURNING id",
+                (worker,)).fetchone()
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        if row is None:
+            raise RuntimeError("sqlite: nothing to claim")
+        connection.execute("DELETE FROM tasks WHERE id = ? AND worker = ?", (row[0], worker))
+
+    return cycle
+
+
+@contextmanager
+def walqueue_server(workdir: Path) -> Iterator[tuple[object, int | None]]:
+    """walqueued as scripts/bench_daemon.py starts it (its fsyncs are counted)."""
+    from bench_daemon import DaemonRun
+
+    with DaemonRun(workdir) as daemon:
+        global _current_daemon
+        _current_daemon = daemon
+        try:
+            yield daemon.socket_path, daemon.proc.pid
+        finally:
+            _current_daemon = None
+
+
+_current_daemon = None  # the walqueued of the run in progress, to read its fsync count
+
+
+def walqueue_client(address) -> Callable[[], None]:
+    from walqueue.client import Client
+
+    name = f"w{os.getpid()}"
+    client = Client(address, name=name)
+    client.stats()  # connect now, not inside the first cycle
+    payload = {"data": PAYLOAD.decode()}
+    counter = iter(range(1 << 62))
+
+    def cycle() -> None:
+        client.put(f"{name}-{next(counter):010d}", payload)
+        leases = client.reserve(name, lease_seconds=LEASE_SECONDS)
+        if not leases:
+            raise RuntimeError("walqueue: nothing to claim")
+        for lease in leases:
+            client.ack(lease)
+
+    return cycle
+
+
+def _cycle_loop(factory, address, warmup: float, seconds: float, barrier, results) -> None:
+    cycle = factory(address)
+    started = time.monotonic()
+    while time.monotonic() - started < warmup:
+        cycle()
+    barrier.wait()
+    latencies = []
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        t0 = time.perf_counter()
+        cycle()
+        latencies.append(time.perf_counter() - t0)
+    results.put((len(latencies), time.monotonic() - started, latencies))
+
+
+def _worker_loop(_factory, address, warmup: float, seconds: float, barrier, results) -> None:
+    """The cycle through walqueue.worker.Worker: the handler puts the next task, the
+    Worker reserves and acks. A cycle's latency is the time between two handler calls;
+    a timer stops the Worker when the measured window ends."""
+    import threading
+
+    from walqueue.client import Client
+    from walqueue.worker import Worker
+
+    name = f"w{os.getpid()}"
+    client = Client(address, name=name)
+    payload = {"data": PAYLOAD.decode()}
+    state = {"n": 0, "measuring": False, "started": time.monotonic(), "last": None}
+    latencies: list[float] = []
+
+    def handler(_lease) -> None:
+        if not state["measuring"] and time.monotonic() - state["started"] >= warmup:
+            barrier.wait()
+            state.update(measuring=True, started=time.monotonic(), last=None)
+            threading.Timer(seconds, worker.stop).start()
+        now = time.perf_counter()
+        if state["measuring"] and state["last"] is not None:
+            latencies.append(now - state["last"])
+        state["last"] = now
+        state["n"] += 1
+        client.put(f"{name}-{state['n']:010d}", payload)
+
+    # wait=1: once another client has stopped and taken its task out of the loop, a
+    # reserve may come back empty; the Worker then sees stop() within a second.
+    worker = Worker(client, name, handler, lease_seconds=LEASE_SECONDS, wait=1)
+    client.put(f"{name}-seed", payload)
+    worker.run()
+    elapsed = min(time.monotonic() - state["started"], seconds)
+    client.close()
+    results.put((len(latencies), elapsed, latencies))
+
+
+SYSTEMS: dict[str, tuple[Callable, Callable, Callable]] = {
+    # label: (server, client factory, client loop)
+    "beanstalkd -f 0": (beanstalkd_server, beanstalkd_client, _cycle_loop),
+    "Redis appendfsync always": (redis_server, redis_client, _cycle_loop),
+    "SQLite WAL synchronous=FULL": (sqlite_database, sqlite_client, _cycle_loop),
+    "WALQueue (Client)": (walqueue_server, walqueue_client, _cycle_loop),
+    "WALQueue (Worker)": (walqueue_server, walqueue_client, _worker_loop),
+}
+
+
+def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
+    server, factory, loop = SYSTEMS[system]
+    workdir = Path(tempfile.mkdtemp(prefix="bench-peers-", dir=REPO / "var"))
+    processes: list[multiprocessing.Process] = []
+    try:
+        with server(workdir) as (address, pid):
+            barrier = multiprocessing.Barrier(clients + 1)
+            results = multiprocessing.Queue()
+            processes = [multiprocessing.Process(target=loop, args=(factory, address, warmup, seconds,
+                                                                    barrier, results))
+                         for _ in range(clients)]
+            for process in processes:
+                process.start()
+            barrier.wait(warmup + 120)
+            daemon = _current_daemon
+            syncs_before = daemon.syncs() if daemon is not None else 0
+            cpu_before = cpu_seconds(pid) if pid else 0.0
+            window_start = time.monotonic()
+            gathered = [results.get(timeout=seconds + 120) for _ in processes]
+            window = time.monotonic() - window_start
+            cpu = (cpu_seconds(pid) - cpu_before) / window if pid else None
+            syncs = daemon.syncs() - syncs_before if daemon is not None else None
+            for process in processes:
+                process.join(30)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+    cycles = sum(item[0] for item in gathered)
+    elapsed = max(item[1] for item in gathered)
+    latencies = [value for item in gathered for value in item[2]]
+    return {"rate": cycles / elapsed, "latencies": latencies, "cpu": cpu,
+            # put, reserve and ack are one request each (the Worker's the same three)
+            "requests_per_fsync": None if syncs is None else 3 * cycles / max(1, syncs)}
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu_model = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu_model = line.split(":", 1)[1].strip()
+            break
+    memory = "unknown"
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal"):
+            memory = f"{int(line.split()[1]) / (1 << 20):.1f} GiB"
+    disk = subprocess.run(["df", "-T", str(REPO / "var")], capture_output=True, text=True).stdout.strip()
+    versions = {}
+    for name, command in (("beanstalkd", ["beanstalkd", "-v"]), ("redis", ["redis-server", "--version"])):
+        versions[name] = subprocess.run(command, capture_output=True, text=True).stdout.strip()
+    return {"nproc": str(os.cpu_count()), "cpu": cpu_model, "memory": memory,
+            "python": sys.version.split()[0], "kernel": platform.release(), "disk": disk,
+            "sqlite": sqlite3.sqlite_version, **versions}
+
+
+def ratio_line(cells: dict, clients: int, peer: str) -> str:
+    ours = cells.get(("WALQueue (Client)", clients))
+    theirs = cells.get((peer, clients))
+    if not ours or not theirs:
+        return "n/a"
+    return f"{ours['median'] / theirs['median']:.2f}x"
+
+
+TARGETS = (
+    # (clients, peer, minimum ratio of WALQueue (Client) cycles/s to the peer's)
+    (16, "beanstalkd -f 0", 2.0),
+    (16, "Redis appendfsync always", 1.5),
+    (4, "beanstalkd -f 0", 1.0),
+    (4, "Redis appendfsync always", 1.0),
+    (1, "Redis appendfsync always", 1.0),
+    (1, "beanstalkd -f 0", 1.0),  # a goal, not a hard target
+)
+MIN_REQUESTS_PER_FSYNC = 8.0
+MIN_SHARE_OF_SOCKET_CEILING = 0.30
+
+
+def target_lines(cells: dict, limits: dict, clients_list: list[int]) -> list[str]:
+    """One line per target: met, or missed by how much."""
+    def verdict(value: float, needed: float) -> str:
+        if value >= needed:
+            return "met"
+        return f"**missed** ({value / needed:.0%} of the target; {needed / value:.1f}x short)"
+
+    lines = []
+    for clients, peer, needed in TARGETS:
+        ours = cells.get(("WALQueue (Client)", clients))
+        theirs = cells.get((peer, clients))
+        if not ours or not theirs:
+            continue
+        ratio = ours["median"] / theirs["median"]
+        lines.append(f"- {clients} client(s), >= {needed:.1f}x {peer}: {ratio:.2f}x, {verdict(ratio, needed)}")
+    top = max(clients_list)
+    ours = cells.get(("WALQueue (Client)", top))
+    if ours and ours["requests_per_fsync"] is not None and top == 16:
+        lines.append(f"- {top} clients, >= {MIN_REQUESTS_PER_FSYNC:g} requests per fsync: "
+                     f"{ours['requests_per_fsync']:.1f}, "
+                     f"{verdict(ours['requests_per_fsync'], MIN_REQUESTS_PER_FSYNC)}")
+    if ours and top in limits["echo"] and top == 16:
+        share = ours["median"] / (limits["echo"][top] / 3)
+        lines.append(f"- {top} clients, >= {MIN_SHARE_OF_SOCKET_CEILING:.0%} of the socket ceiling: "
+                     f"{share:.0%}, {verdict(share, MIN_SHARE_OF_SOCKET_CEILING)}")
+    return lines or ["- no WALQueue and peer cells to compare"]
+
+
+def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells: dict,
+                 clients_list: list[int], info: dict, started: str) -> None:
+    lines = [
+        "# Benchmarks: WALQueue beside beanstalkd, Redis and SQLite",
+        "",
+        f"Generated by `scripts/bench_peers.py` on {started}. Command:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"Workload \"cycle\": put a {PAYLOAD_BYTES}-byte task, claim it, complete it; closed loop; "
+        f"each client is its own process with its own connection; {args.warmup:g} s warm-up, then "
+        f"{args.seconds:g} s measured; {args.runs} run(s) per cell, each on a fresh server and "
+        "directory. cycles/s is the median with min-max; p50/p99 is one whole cycle over every "
+        "cycle of every run of the cell; server CPU is utime+stime of the server process over "
+        "the measured window (1.00 = one core busy).",
+        "",
+        "Durability settings, the most durable each system offers:",
+        "",
+        "- beanstalkd `-f 0 -b DIR` (fsync the binlog on every write), TCP on 127.0.0.1. "
+        "put, reserve, delete. beanstalkd does not write a reservation to its binlog.",
+        "- Redis `--appendonly yes --appendfsync always --save ''`, Unix socket. LPUSH, "
+        "LMOVE into a per-client processing list, LREM.",
+        "- SQLite 3 `journal_mode=WAL`, `synchronous=FULL`, one connection per client "
+        "process: INSERT; `BEGIN IMMEDIATE` + `UPDATE ... RETURNING` claim + COMMIT; DELETE "
+        "(three durable transactions; no server, so no server CPU).",
+        "- WALQueue: walqueued on a Unix socket, fsync before every answer. (Client) is "
+        "`walqueue.client.Client` put/reserve/ack; (Worker) is `walqueue.worker.Worker` with a "
+        "handler that puts the next task (defaults, so one lease-toucher thread per task). "
+        "req/fsync counts the daemon's WAL fsyncs through the test hook scripts/bench_daemon.py "
+        "uses.",
+        "",
+        "## Cycles per second",
+        "",
+        "| system | clients | cycles/s (median) | min-max | p50 ms | p99 ms | server CPU | req/fsync |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for system in SYSTEMS:
+        for clients in clients_list:
+            cell = cells.get((system, clients))
+            if cell is None:
+                lines.append(f"| {system} | {clients} | failed: {cells.get(('error', system, clients))} "
+                             "| | | | | |")
+                continue
+            cpu = "-" if cell["cpu"] is None else f"{cell['cpu']:.2f}"
+            per_fsync = "-" if cell["requests_per_fsync"] is None else f"{cell['requests_per_fsync']:.1f}"
+            lines.append(f"| {system} | {clients} | {cell['median']:,.0f} | "
+                         f"{cell['min']:,.0f}-{cell['max']:,.0f} | {cell['p50']:.2f} | {cell['p99']:.2f} | "
+                         f"{cpu} | {per_fsync} |")
+    lines += [
+        "",
+        f"![cycles/s against client count]({plot.name})",
+        "",
+        "## The machine's limits (same run, same disk)",
+        "",
+        "| probe | per second |",
+        "|---|---:|",
+        f"| append 200 B + fsync, file grows | {limits['fsync_append']:,.0f} |",
+        f"| overwrite 200 B + fdatasync, preallocated file | {limits['fdatasync_overwrite']:,.0f} |",
+    ]
+    for clients, rate in limits["echo"].items():
+        lines.append(f"| Python Unix-socket echo, {clients} client(s), round trips | {rate:,.0f} |")
+    lines += [
+        "",
+        "## Ratios (WALQueue Client cycles/s divided by the peer's, medians)",
+        "",
+        "| clients | vs beanstalkd -f 0 | vs Redis appendfsync always | vs SQLite | target |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    targets = {16: ">= 2.0x beanstalkd, >= 1.5x Redis", 4: ">= 1.0x both", 1: ">= 1.0x Redis (goal: beanstalkd)"}
+    for clients in sorted(clients_list, reverse=True):
+        lines.append(f"| {clients} | {ratio_line(cells, clients, 'beanstalkd -f 0')} | "
+                     f"{ratio_line(cells, clients, 'Redis appendfsync always')} | "
+                     f"{ratio_line(cells, clients, 'SQLite WAL synchronous=FULL')} | "
+                     f"{targets.get(clients, '')} |")
+    top = max(clients_list)
+    ours = cells.get(("WALQueue (Client)", top))
+    if ours and top in limits["echo"]:
+        ceiling = limits["echo"][top] / 3
+        lines += ["", f"Socket ceiling at {top} clients (echo round trips/s / 3): {ceiling:,.0f} cycles/s; "
+                  f"WALQueue reaches {ours['median'] / ceiling:.0%} of it (target >= 30 %)."]
+    lines += [
+        "",
+        "## Targets of issue 5, checked against this run",
+        "",
+        *target_lines(cells, limits, clients_list),
+        "",
+        "## The machine",
+        "",
+        f"- nproc: {info['nproc']}; CPU: {info['cpu']}; memory: {info['memory']}",
+        f"- Python {info['python']}; Linux {info['kernel']}; SQLite {info['sqlite']}; "
+        f"{info['beanstalkd']}; {info['redis']}",
+        "- disk (`df -T` of the directory every server and probe wrote to):",
+        "",
+        "```",
+        info["disk"],
+        "```",
+        "",
+    ]
+    out.write_text("\n".join(lines))
+
+
+def write_plot(plot: Path, cells: dict, clients_list: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    for system in SYSTEMS:
+        points = [(clients, cells[(system, clients)]) for clients in clients_list if (system, clients) in cells]
+        if not points:
+            continue
+        xs = [clients for clients, _ in points]
+        medians = [cell["median"] for _, cell in points]
+        below = [cell["median"] - cell["min"] for _, cell in points]
+        above = [cell["max"] - cell["median"] for _, cell in points]
+        style = "-" if system.startswith("WALQueue") else "--"
+        axes.errorbar(xs, medians, yerr=[below, above], marker="o", linestyle=style, capsize=3, label=system)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(clients_list, [str(clients) for clients in clients_list])
+    axes.set_xlabel("client processes")
+    axes.set_ylabel("cycles/s (put + claim + complete), median, bars min-max")
+    axes.set_title("Durable queue cycles/s on one machine")
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(plot)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measured run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per cell (the median is shown)")
+    parser.add_argument("--clients", default="1,4,16", help="comma-separated client process counts")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measured run")
+    parser.add_argument("--systems", default="", help="comma-separated subset of the system labels")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 run, 2 s, clients 1 and 4")
+    parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"), help="the Markdown report")
+    args = parser.parse_args()
+    command = " ".join(shlex.quote(part) for part in [".venv/bin/python", "scripts/bench_peers.py", *sys.argv[1:]])
+    if args.quick:
+        args.runs, args.seconds, args.clients, args.warmup = 1, 2.0, "1,4", 0.5
+    clients_list = [int(n) for n in args.clients.split(",") if n]
+    if args.systems:
+        for label in args.systems.split(","):
+            if label not in SYSTEMS:
+                parser.error(f"unknown system {label!r}; known: {', '.join(SYSTEMS)}")
+        for label in list(SYSTEMS):
+            if label not in args.systems.split(","):
+                del SYSTEMS[label]
+    ensure_installed()
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    (REPO / "var").mkdir(exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-peers-limits-", dir=REPO / "var"))
+    try:
+        probe_seconds = min(args.seconds, 3.0)
+        limits = {
+            "fsync_append": fsync_append_rate(scratch, probe_seconds),
+            "fdatasync_overwrite": fdatasync_overwrite_rate(scratch, probe_seconds),
+            "echo": {clients: echo_rate(scratch, clients, probe_seconds) for clients in sorted({1, max(clients_list)})},
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"limits: append+fsync {limits['fsync_append']:,.0f}/s, overwrite+fdatasync "
+          f"{limits['fdatasync_overwrite']:,.0f}/s, echo "
+          + ", ".join(f"{c} client(s) {r:,.0f}/s" for c, r in limits["echo"].items()), flush=True)
+    cells: dict = {}
+    for system in SYSTEMS:
+        for clients in clients_list:
+            runs = []
+            try:
+                for _ in range(args.runs):
+                    runs.append(one_run(system, clients, args.warmup, args.seconds))
+            except Exception as exc:  # one broken peer should not lose the rest of the report
+                print(f"{system} x{clients}: FAILED {exc!r}", flush=True)
+                cells[("error", system, clients)] = repr(exc)
+                continue
+            rates = [run["rate"] for run in runs]
+            latencies = [value for run in runs for value in run["latencies"]]
+            cpus = [run["cpu"] for run in runs if run["cpu"] is not None]
+            per_fsync = [run["requests_per_fsync"] for run in runs if run["requests_per_fsync"] is not None]
+            cell = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
+                    "p50": percentile(latencies, 0.5) * 1e3, "p99": percentile(latencies, 0.99) * 1e3,
+                    "cpu": statistics.median(cpus) if cpus else None,
+                    "requests_per_fsync": statistics.median(per_fsync) if per_fsync else None}
+            cells[(system, clients)] = cell
+            print(f"{system:<28} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
+                  f"({cell['min']:,.0f}-{cell['max']:,.0f}) p50 {cell['p50']:.2f} ms p99 {cell['p99']:.2f} ms",
+                  flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot = out.with_suffix(".png")
+    write_plot(plot, cells, clients_list)
+    write_report(out, plot, args, command, limits, cells, clients_list, machine(), started)
+    print(f"wrote {out} and {plot}")
+
+
+if __name__ == "__main__":
+    main()
