@@ -1,0 +1,577 @@
+"""The asyncio client of walqueued: SPEC §8's client as coroutines, and an async worker.
+
+``walqueue.aio.Client`` has the methods of ``walqueue.client.Client``
+(``await client.put(...)``, ``await client.reserve(...)``, ...) with the same
+arguments, return values, exceptions, timeouts and retry rules. It has no
+protocol code of its own: requests are built, encoded and checked, and answers
+merged and turned into the library's values and exceptions, by the I/O-free
+functions of ``walqueue.client`` (``*_call``, ``encode_request``,
+``hello_answer``, ``complete``, ``result``) over ``walqueue.protocol``. This
+module only owns a socket.
+
+One connection per ``Client``, shared by any number of coroutines: each call
+numbers its request, writes it whole (writes are serialized, so frames never
+interleave) and awaits a future that a reader task resolves when the answer
+with that id is complete. Calls therefore pipeline, and a blocking ``reserve``
+does not hold up the others (the daemon parks up to 64 per connection).
+
+Failure rules, as in the sync client:
+
+* connecting is lazy; a broken connection is replaced on the next call, and a
+  connection the daemon closed while idle (a restart) is noticed before
+  sending, so that call does not fail;
+* ``put``/``put_many`` are retried across a reconnect (or a ``QueueClosed``
+  write failure) for up to ``retry_seconds``; ``reserve``, ``ack``,
+  ``release`` and ``touch`` never are (``Worker`` retries ``ack``/``release``);
+* every call is bounded by ``timeout`` (plus ``wait`` for a reserve); when it
+  runs out the connection is dropped — its answers can no longer be trusted
+  to arrive — so every call waiting on it gets ``DaemonUnavailable``.
+
+Cancelling a call is safe for the connection: the answer, when it comes, is
+dropped. But the request may still be applied; a cancelled ``reserve`` may
+have leased a task, which is then due again only when that lease expires.
+
+A ``Client`` belongs to the event loop that first uses it; it is not
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import select
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from walqueue import Lease, QueueClosed, QueueStats, StaleLease, TaskView, WalQueueError
+from walqueue import protocol as p
+from walqueue.client import (
+    DEFAULT_RETRY_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    Call,
+    DaemonUnavailable,
+    ack_call,
+    compact_call,
+    complete,
+    encode_request,
+    get_call,
+    hello_answer,
+    hello_request,
+    put_call,
+    put_many_call,
+    refused,
+    release_call,
+    reserve_call,
+    result,
+    retry_pause,
+    revive_call,
+    socket_path,
+    stats_call,
+    tasks_call,
+    touch_call,
+    unix_address,
+)
+from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
+
+__all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
+
+log = logging.getLogger("walqueue.aio")
+
+MAX_READ_BYTES = 4 * 1024 * 1024
+
+
+class AsyncConnection:
+    """One connection to walqueued, with the hello exchange done; see the module docstring.
+
+    Build it with ``await AsyncConnection.open(path)``, which raises
+    DaemonUnavailable if the daemon cannot be reached or refuses it.
+    """
+
+    def __init__(self, path: str, sock: socket.socket) -> None:
+        self.path = path
+        self._sock = sock
+        self._next_id = 1
+        # request id -> (the caller's future, the answer messages so far)
+        self._waiters: dict[int, tuple[asyncio.Future, list]] = {}
+        self._broken: str | None = None
+        self._send_lock = asyncio.Lock()
+        self._reader_task: asyncio.Task | None = None
+        self.server = ""
+        self.max_body_bytes = p.MAX_BODY_BYTES
+
+    @classmethod
+    async def open(
+        cls, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = ""
+    ) -> AsyncConnection:
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        try:
+            with unix_address(path) as address:
+                await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
+        except (OSError, TimeoutError) as exc:
+            sock.close()
+            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc!r}") from exc
+        except BaseException:
+            sock.close()
+            raise
+        connection = cls(path, sock)
+        connection._reader_task = loop.create_task(connection._read_loop(), name=f"walqueue-read-{path}")
+        try:
+            answer = hello_answer(path, await connection.exchange(hello_request(name), timeout=timeout))
+        except WalQueueError as exc:
+            connection.close()
+            raise refused(path, exc) from exc
+        except BaseException:
+            connection.close()
+            raise
+        connection.server = answer.server
+        connection.max_body_bytes = answer.max_body_bytes
+        return connection
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    def idle_and_closed_by_peer(self) -> bool:
+        """True if nothing is outstanding and the daemon has closed this connection.
+
+        Checked on the socket itself, not left to the reader task: the event
+        loop may not have run since the daemon went away.
+        """
+        if self._broken is not None or self._waiters:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            if not poller.poll(0):
+                return False
+            closed = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            closed = True
+        if closed:
+            self._fail("closed by the daemon")
+        return closed
+
+    def close(self) -> None:
+        """Close the connection; calls waiting on it get DaemonUnavailable. Idempotent."""
+        self._fail("closed")
+
+    async def wait_closed(self) -> None:
+        """Return once the reader task has ended (after ``close()`` or a failure)."""
+        if self._reader_task is not None:
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    def _fail(self, message: str, cause: BaseException | None = None) -> DaemonUnavailable:
+        """Mark the connection broken, fail every waiting call, and close the socket.
+
+        Returns the DaemonUnavailable for the caller that noticed.
+        """
+        if self._broken is None:
+            self._broken = message
+        error = DaemonUnavailable(message)
+        error.__cause__ = cause
+        self._fail_waiters(lambda: _copy(error))
+        task = self._reader_task
+        if task is None or task.done():
+            self._sock.close()
+        elif task is not asyncio.current_task():
+            # Close only once the task's pending sock_recv is unregistered, so
+            # the event loop never watches a descriptor number that was reused.
+            task.add_done_callback(lambda _: self._sock.close())
+            task.cancel()
+        return error
+
+    def _fail_waiters(self, make_error: Callable[[], BaseException]) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for future, _ in waiters.values():
+            if not future.done():
+                future.set_exception(make_error())
+
+    async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = p.FrameReader()
+        try:
+            while self._broken is None:
+                try:
+                    body = reader.next_body()
+                except p.ProtocolError as exc:
+                    self._fail(f"bad frame from walqueued at {self.path}: {exc}", exc)
+                    break
+                if body is None:
+                    try:
+                        data = await loop.sock_recv(self._sock, max(65536, min(reader.wanted_bytes(), MAX_READ_BYTES)))
+                    except OSError as exc:
+                        self._fail(f"receiving from walqueued at {self.path} failed: {exc}", exc)
+                        break
+                    if not data:
+                        self._fail(f"walqueued at {self.path} closed the connection")
+                        break
+                    reader.feed(data)
+                    continue
+                try:
+                    message = p.decode_response(body)
+                except p.ProtocolError as exc:
+                    self._fail(str(exc), exc)
+                    break
+                self._deliver(message)
+        finally:
+            if self._broken is not None and asyncio.current_task() is self._reader_task:
+                # Ended by itself (not cancelled from _fail): nobody else closes.
+                self._sock.close()
+
+    def _deliver(self, message: Any) -> None:
+        fatal = isinstance(message, p.Error) and message.fatal
+        if fatal and message.id is None:
+            # Not tied to a request (e.g. "too many connections"): every
+            # waiting call gets the error; the daemon closes the connection.
+            self._broken = f"{message.error}: {message.message}"
+            self._fail_waiters(lambda: p.error_from_wire(message))
+            self._fail(self._broken)
+            return
+        waiter = self._waiters.get(message.id)
+        if waiter is not None:
+            future, messages = waiter
+            messages.append(message)
+            if complete(messages) or fatal:
+                del self._waiters[message.id]
+                if not future.done():
+                    future.set_result(messages)
+        # else: the answer to a call that was cancelled or timed out; dropped.
+        if fatal:
+            self._fail(f"{message.error}: {message.message}")
+
+    async def exchange(self, request: p.Request, *, timeout: float | None) -> list:
+        """Send one request and return all its answer messages.
+
+        Raises InvalidRequest (nothing sent) if it cannot be encoded,
+        DaemonUnavailable if the connection is or becomes broken or the time
+        runs out (the connection is then dropped).
+        """
+        if self._broken is not None:
+            raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
+        request.id = self._next_id
+        self._next_id += 1
+        frame = encode_request(request)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiters[request.id] = (future, [])
+        try:
+            async with self._send_lock:
+                if self._broken is not None:
+                    raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
+                try:
+                    await loop.sock_sendall(self._sock, frame)
+                except OSError as exc:
+                    raise self._fail(f"sending to walqueued at {self.path} failed: {exc}", exc) from exc
+                except asyncio.CancelledError:
+                    # Part of the frame may be out: the stream cannot be resumed.
+                    self._fail("a send was cancelled midway")
+                    raise
+            try:
+                return await asyncio.wait_for(future, timeout)
+            except TimeoutError as exc:
+                raise self._fail(f"no answer from walqueued at {self.path} in time", exc) from exc
+        finally:
+            waiter = self._waiters.get(request.id)
+            if waiter is not None and waiter[0] is future:
+                del self._waiters[request.id]
+
+    async def call(self, request: p.Request, *, timeout: float | None) -> Any:
+        """Send one request and return its answer, raising the error it carries."""
+        return result(await self.exchange(request, timeout=timeout))
+
+
+def _copy(error: DaemonUnavailable) -> DaemonUnavailable:
+    """A fresh exception per waiting call (one exception object must not be raised in many tasks)."""
+    copy = DaemonUnavailable(*error.args)
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+class Client:
+    """SPEC §8's client as coroutines. See the module docstring.
+
+    ``timeout`` bounds each call (plus ``wait`` for a reserve); ``retry_seconds``
+    bounds how long ``put``/``put_many`` keep retrying across reconnects.
+    """
+
+    def __init__(
+        self,
+        socket_or_directory: str | os.PathLike,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        name: str = "",
+    ) -> None:
+        self.path = socket_path(socket_or_directory)
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.name = name
+        self._connection: AsyncConnection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------------
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
+    async def close(self) -> None:
+        """Close the connection; later calls raise QueueClosed. Idempotent."""
+        self._closed = True
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+            await connection.wait_closed()
+
+    async def _connected(self) -> AsyncConnection:
+        # One coroutine connects; the others wait for its connection.
+        async with self._connect_lock:
+            if self._closed:
+                raise QueueClosed(f"this Client of {self.path} is closed")
+            connection = self._connection
+            if connection is None or connection.broken or connection.idle_and_closed_by_peer():
+                self._connection = await AsyncConnection.open(self.path, timeout=self.timeout, name=self.name)
+                if self._closed:  # closed while connecting
+                    self._connection.close()
+                    raise QueueClosed(f"this Client of {self.path} is closed")
+            return self._connection
+
+    async def _call(self, request: p.Request, *, wait: float = 0.0, idempotent: bool = False) -> Any:
+        timeout = None if self.timeout is None else self.timeout + wait
+        deadline = time.monotonic() + self.retry_seconds
+        attempt = 0
+        while True:
+            try:
+                connection = await self._connected()
+                return await connection.call(request, timeout=timeout)
+            except (DaemonUnavailable, QueueClosed):
+                # A DaemonUnavailable has already dropped the broken connection
+                # (it is never closed here: other coroutines may be using it).
+                if self._closed or not idempotent or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(retry_pause(attempt, deadline))
+                attempt += 1
+
+    async def _run(self, call: Call) -> Any:
+        if call.request is None:
+            return call.convert(None)
+        return call.convert(await self._call(call.request, wait=call.wait, idempotent=call.idempotent))
+
+    # -- the API ------------------------------------------------------------------
+
+    async def put(
+        self,
+        task_id: str,
+        payload: Mapping[str, Any],
+        *,
+        key: str | None = None,
+        available_at: int = 0,
+        delay: int | None = None,
+        max_attempts: int = 3,
+    ) -> str:
+        """Put one task; ``delay`` (seconds from now) is turned into ``available_at`` once.
+
+        Raises InvalidRequest, KeyConflict, DaemonUnavailable.
+        """
+        return await self._run(put_call(task_id, payload, key=key, available_at=available_at, delay=delay,
+                                        max_attempts=max_attempts, now=time.time()))
+
+    async def put_many(self, requests: Iterable[Any]) -> list[str]:
+        """Put several tasks in one transaction (PutRequest objects or mappings)."""
+        return await self._run(put_many_call(requests))
+
+    async def reserve(self, worker: str, *, lease_seconds: int = 30, limit: int = 1, wait: float = 0) -> list[Lease]:
+        """Lease up to ``limit`` due tasks, waiting up to ``wait`` seconds for one. Never retried."""
+        return await self._run(reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait))
+
+    async def ack(self, lease: Lease) -> None:
+        """Complete the leased task. Raises StaleLease if the lease is not current."""
+        await self._run(ack_call(lease))
+
+    async def release(self, lease: Lease, *, delay: int = 0) -> None:
+        """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""
+        await self._run(release_call(lease, delay=delay))
+
+    async def touch(self, lease: Lease, *, lease_seconds: int) -> Lease:
+        """Extend a live lease to ``lease_seconds`` from the daemon's now. Raises StaleLease."""
+        return await self._run(touch_call(lease, lease_seconds=lease_seconds))
+
+    async def revive(self, task_ids: Iterable[str]) -> list[str]:
+        """Make dead tasks ready again. Raises InvalidRequest if one is not dead."""
+        return await self._run(revive_call(task_ids))
+
+    async def get(self, task_id: str) -> TaskView | None:
+        return await self._run(get_call(task_id))
+
+    async def tasks(self, status: str | None = None) -> list[TaskView]:
+        """All tasks (or those with ``status``) in task_id order."""
+        return await self._run(tasks_call(status))
+
+    async def stats(self) -> QueueStats:
+        return await self._run(stats_call())
+
+    async def compact(self) -> int:
+        """Compact now; returns the published snapshot's seq."""
+        return await self._run(compact_call())
+
+
+# -- the worker -------------------------------------------------------------------
+
+
+class _Toucher:
+    """Extends one lease in a background task until stopped or the lease is lost."""
+
+    def __init__(self, client: Client, lease: Lease, lease_seconds: int) -> None:
+        self.client = client
+        self.lease = lease
+        self.lease_seconds = lease_seconds
+        self.lost = False
+        self._stop_event = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"touch-{lease.task_id}")
+
+    async def _run(self) -> None:
+        interval = max(1.0, self.lease_seconds / 3)
+        while not await _event_within(self._stop_event, interval):
+            try:
+                self.lease = await self.client.touch(self.lease, lease_seconds=self.lease_seconds)
+            except StaleLease as exc:
+                log.warning("lost the lease on %s: %s", self.lease.task_id, exc)
+                self.lost = True
+                return
+            except (DaemonUnavailable, QueueClosed) as exc:
+                if self.client.closed:
+                    return
+                log.warning("touch of %s failed, will retry: %s", self.lease.task_id, exc)
+
+    async def stop(self) -> None:
+        """Stop, letting a touch in flight finish, so that no touch races the ack."""
+        self._stop_event.set()
+        await self._task
+
+
+async def _event_within(event: asyncio.Event, seconds: float) -> bool:
+    """True if ``event`` is set within ``seconds``."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+class Worker:
+    """Runs ``await handler(lease)`` for each reserved task, like ``walqueue.worker.Worker``.
+
+    Reserves one task at a time (blocking in the daemon up to ``wait``
+    seconds), touches its lease every ``lease_seconds / 3`` seconds in a
+    background task while the handler runs, acks when the handler returns, and
+    releases with ``backoff(attempts)`` seconds of delay when it raises. A
+    ``ack``/``release`` whose connection broke is retried up to three times; a
+    ``StaleLease`` on a retry showing the task no longer leased under this
+    lease's generation means the first attempt took effect.
+
+    ``handler`` should be a coroutine function; a plain function is called as
+    is and blocks the event loop (and the touches) while it runs — wrap
+    blocking work in ``asyncio.to_thread``. The handler must be idempotent:
+    delivery is at-least-once. Cancelling ``run()`` mid-task leaves the lease
+    to expire.
+    """
+
+    def __init__(
+        self,
+        client: Client | str,
+        worker: str,
+        handler: Callable[[Lease], Awaitable[Any] | Any],
+        *,
+        lease_seconds: int = 30,
+        wait: float = 30,
+        backoff: Callable[[int], int] = exponential_backoff,
+        touch: bool = True,
+    ) -> None:
+        self.client = client if isinstance(client, Client) else Client(client, name=worker)
+        self.worker = worker
+        self.handler = handler
+        self.lease_seconds = lease_seconds
+        self.wait = wait
+        self.backoff = backoff
+        self.touch = touch
+        self._stop_event = asyncio.Event()
+        self.processed = 0
+        self.failed = 0
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the task in hand (or the current wait)."""
+        self._stop_event.set()
+
+    async def run(self, *, max_tasks: int | None = None) -> int:
+        """Process tasks until ``stop()`` or ``max_tasks``; returns how many were handled."""
+        handled = 0
+        while not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks):
+            try:
+                leases = await self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
+            except (DaemonUnavailable, QueueClosed) as exc:
+                if self.client.closed:
+                    raise
+                # The daemon is restarting, or a write failed on its side.
+                log.warning("reserve failed, retrying: %s", exc)
+                await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
+                continue
+            for lease in leases:
+                await self._process(lease)
+                handled += 1
+        return handled
+
+    async def _process(self, lease: Lease) -> None:
+        toucher = _Toucher(self.client, lease, self.lease_seconds) if self.touch else None
+        failure: Exception | None = None
+        try:
+            outcome = self.handler(lease)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception as exc:
+            failure = exc
+        finally:
+            if toucher is not None:
+                await toucher.stop()
+        if failure is None:
+            self.processed += 1
+            await self._finish(lease, lambda: self.client.ack(lease))
+            return
+        self.failed += 1
+        delay = self.backoff(lease.attempts)
+        log.warning("task %s failed (attempt %d), due again in %d s: %r",
+                    lease.task_id, lease.attempts, delay, failure)
+        await self._finish(lease, lambda: self.client.release(lease, delay=delay))
+
+    async def _finish(self, lease: Lease, operation: Callable[[], Awaitable[None]]) -> None:
+        for attempt in range(FINISH_ATTEMPTS):
+            try:
+                await operation()
+                return
+            except (DaemonUnavailable, QueueClosed) as exc:
+                if attempt == FINISH_ATTEMPTS - 1 or self.client.closed:
+                    log.error("could not finish %s, its lease will expire: %s", lease.task_id, exc)
+                    return
+                await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
+            except StaleLease as exc:
+                # On a retry, "no longer leased, same generation" means an
+                # earlier attempt was applied before its answer was lost.
+                if attempt > 0 and exc.status != "leased" and exc.generation == lease.generation:
+                    return
+                log.warning("task %s: %s", lease.task_id, exc)
+                return
