@@ -61,6 +61,7 @@ from walqueue.client import (
     get_call,
     hello_answer,
     hello_request,
+    last_words,
     put_call,
     put_many_call,
     refused,
@@ -82,6 +83,7 @@ __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
 log = logging.getLogger("walqueue.aio")
 
 MAX_READ_BYTES = 4 * 1024 * 1024
+LAST_WORDS_SECONDS = 0.5
 
 
 class AsyncConnection:
@@ -100,6 +102,7 @@ class AsyncConnection:
         self._broken: str | None = None
         self._send_lock = asyncio.Lock()
         self._reader_task: asyncio.Task | None = None
+        self._said: str | None = None  # a fatal error not tied to a request
         self.server = ""
         self.max_body_bytes = p.MAX_BODY_BYTES
 
@@ -231,7 +234,7 @@ class AsyncConnection:
         if fatal and message.id is None:
             # Not tied to a request (e.g. "too many connections"): every
             # waiting call gets the error; the daemon closes the connection.
-            self._broken = f"{message.error}: {message.message}"
+            self._said = self._broken = last_words(message)
             self._fail_waiters(lambda: p.error_from_wire(message))
             self._fail(self._broken)
             return
@@ -269,7 +272,11 @@ class AsyncConnection:
                 try:
                     await loop.sock_sendall(self._sock, frame)
                 except OSError as exc:
-                    raise self._fail(f"sending to walqueued at {self.path} failed: {exc}", exc) from exc
+                    message = f"sending to walqueued at {self.path} failed: {exc}"
+                    said = await self._last_words()
+                    if said:
+                        message += f"; it said: {said}"
+                    raise self._fail(message, exc) from exc
                 except asyncio.CancelledError:
                     # Part of the frame may be out: the stream cannot be resumed.
                     self._fail("a send was cancelled midway")
@@ -279,9 +286,22 @@ class AsyncConnection:
             except TimeoutError as exc:
                 raise self._fail(f"no answer from walqueued at {self.path} in time", exc) from exc
         finally:
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved, even when another error is raised instead
             waiter = self._waiters.get(request.id)
             if waiter is not None and waiter[0] is future:
                 del self._waiters[request.id]
+
+    async def _last_words(self) -> str | None:
+        """The error the daemon sent before closing on us (e.g. too many connections), if any.
+
+        After a failed send the reader task may not have read it yet: give it
+        a moment to reach the end of the stream.
+        """
+        task = self._reader_task
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=LAST_WORDS_SECONDS)
+        return self._said
 
     async def call(self, request: p.Request, *, timeout: float | None) -> Any:
         """Send one request and return its answer, raising the error it carries."""

@@ -7,6 +7,8 @@ bounded as a whole by ``asyncio.wait_for``.
 
 import asyncio
 import dataclasses
+import os
+import signal
 import time
 
 import pytest
@@ -232,3 +234,50 @@ def test_the_async_worker_acks_releases_and_keeps_long_leases(daemon):
             await stopper.client.close()
 
     run(scenario())
+
+
+def test_connections_past_the_bound_are_refused_with_daemon_unavailable(make_daemon):
+    daemon = make_daemon("--max-connections", "1")
+
+    async def scenario():
+        async with Client(daemon.socket_path) as first, Client(daemon.socket_path) as refused:
+            await first.stats()
+            with pytest.raises(DaemonUnavailable, match="too many connections"):
+                await refused.stats()
+            assert await first.put("a", {}) == "a"
+
+    run(scenario())
+
+
+def test_a_call_that_times_out_drops_the_connection_for_every_waiting_call(daemon):
+    async def scenario():
+        async with Client(daemon.socket_path, timeout=0.5) as client:
+            await client.stats()
+            first = client._connection
+            os.kill(daemon.pid, signal.SIGSTOP)  # the daemon stops answering
+            try:
+                outcomes = await asyncio.gather(client.stats(), client.get("x"), client.reserve("w", wait=0.1),
+                                                return_exceptions=True)
+            finally:
+                os.kill(daemon.pid, signal.SIGCONT)
+            assert all(isinstance(outcome, DaemonUnavailable) for outcome in outcomes), outcomes
+            assert first.broken
+            # The next call reconnects.
+            assert (await client.stats()).ready == 0
+            assert client._connection is not first
+
+    run(scenario())
+
+
+def test_the_async_client_has_no_protocol_code_of_its_own():
+    # It builds no request message and encodes nothing itself: walqueue.client's
+    # I/O-free functions do that for both clients.
+    import inspect
+
+    import walqueue.aio
+    from walqueue import protocol as p
+
+    source = inspect.getsource(walqueue.aio)
+    request_types = [cls.__name__ for cls in p.Request.__args__]
+    assert not [name for name in request_types if f"p.{name}(" in source]
+    assert "p.encode(" not in source and "msgspec" not in source
