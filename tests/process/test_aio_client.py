@@ -14,6 +14,7 @@ import time
 import pytest
 
 from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease
+from walqueue import protocol as p
 from walqueue.aio import Client, DaemonUnavailable, Worker
 
 TEST_SECONDS = 15.0
@@ -275,9 +276,28 @@ def test_the_async_client_has_no_protocol_code_of_its_own():
     import inspect
 
     import walqueue.aio
-    from walqueue import protocol as p
 
     source = inspect.getsource(walqueue.aio)
     request_types = [cls.__name__ for cls in p.Request.__args__]
     assert not [name for name in request_types if f"p.{name}(" in source]
     assert "p.encode(" not in source and "msgspec" not in source
+
+
+def test_socket_paths_longer_than_sun_path_and_oversized_requests(make_daemon, workdir):
+    deep = workdir / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "walqueued.sock")
+    assert len(path) > 108
+    make_daemon(socket_path=path)
+
+    async def scenario():
+        async with Client(path) as client:
+            assert await client.put("a", {}) == "a"
+            connection = client._connection
+            # Too large for one frame: refused before anything is sent.
+            with pytest.raises(InvalidRequest, match="cannot send put"):
+                await client.put("huge", {"blob": "x" * (p.MAX_BODY_BYTES + 1)})
+            assert await client.get("huge") is None
+            assert client._connection is connection
+
+    run(scenario())
