@@ -165,7 +165,7 @@ def test_a_blocking_reserve_is_woken_by_a_put_from_another_coroutine(daemon):
         async with Client(daemon.socket_path) as client:
             started = time.monotonic()
             reserve = asyncio.create_task(client.reserve("w", wait=10))
-            await asyncio.sleep(0.2)  # let it park: the put must be what wakes it
+            await asyncio.wait_for(wait_parked(daemon), 5)  # the put must be what wakes it
             assert not reserve.done()
             # Same client, same connection: the parked reserve holds nothing up.
             assert await client.put("wake", {"x": 1}) == "wake"
