@@ -502,6 +502,10 @@ def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
 # -- the report ---------------------------------------------------------------------------------
 
 
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def machine() -> dict[str, str]:
     cpu_model = "unknown"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -605,21 +609,21 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
         "",
         "## Cycles per second",
         "",
-        "| system | clients | cycles/s (median) | min-max | p50 ms | p99 ms | server CPU | req/fsync |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| system | clients | cycles/s (median) | min-max | p50 ms | p99 ms | max ms | server CPU | req/fsync |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for system in SYSTEMS:
         for clients in clients_list:
             cell = cells.get((system, clients))
             if cell is None:
                 lines.append(f"| {system} | {clients} | failed: {cells.get(('error', system, clients))} "
-                             "| | | | | |")
+                             "| | | | | | |")
                 continue
             cpu = "-" if cell["cpu"] is None else f"{cell['cpu']:.2f}"
             per_fsync = "-" if cell["requests_per_fsync"] is None else f"{cell['requests_per_fsync']:.1f}"
             lines.append(f"| {system} | {clients} | {cell['median']:,.0f} | "
                          f"{cell['min']:,.0f}-{cell['max']:,.0f} | {cell['p50']:.2f} | {cell['p99']:.2f} | "
-                         f"{cpu} | {per_fsync} |")
+                         f"{cell['slowest']:.0f} | {cpu} | {per_fsync} |")
     lines += [
         "",
         f"![cycles/s against client count]({plot.name})",
@@ -663,6 +667,8 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
         f"- nproc: {info['nproc']}; CPU: {info['cpu']}; memory: {info['memory']}",
         f"- Python {info['python']}; Linux {info['kernel']}; SQLite {info['sqlite']}; "
         f"{info['beanstalkd']}; {info['redis']}",
+        f"- load average (1, 5, 15 min) at the start: {info['load_start']}; at the end: {info['load_end']} "
+        "(the benchmark's own servers and clients count too; shown so that other work on the machine is visible)",
         "- disk (`df -T` of the directory every server and probe wrote to):",
         "",
         "```",
@@ -725,6 +731,7 @@ def main() -> None:
             if label not in args.systems.split(","):
                 del SYSTEMS[label]
     ensure_installed()
+    load_start = load_average()
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     (REPO / "var").mkdir(exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="bench-peers-limits-", dir=REPO / "var"))
@@ -757,7 +764,7 @@ def main() -> None:
             per_fsync = [run["requests_per_fsync"] for run in runs if run["requests_per_fsync"] is not None]
             cell = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
                     "p50": percentile(latencies, 0.5) * 1e3, "p99": percentile(latencies, 0.99) * 1e3,
-                    "cpu": statistics.median(cpus) if cpus else None,
+                    "slowest": max(latencies) * 1e3, "cpu": statistics.median(cpus) if cpus else None,
                     "requests_per_fsync": statistics.median(per_fsync) if per_fsync else None}
             cells[(system, clients)] = cell
             print(f"{system:<28} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
@@ -767,7 +774,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = out.with_suffix(".png")
     write_plot(plot, cells, clients_list)
-    write_report(out, plot, args, command, limits, cells, clients_list, machine(), started)
+    info = machine()
+    info.update(load_start=load_start, load_end=load_average())
+    write_report(out, plot, args, command, limits, cells, clients_list, info, started)
     print(f"wrote {out} and {plot}")
 
 
