@@ -11,10 +11,13 @@ import itertools
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from walqueue import protocol as p
 
 REPO = Path(__file__).resolve().parents[2]
 READY_SECONDS = 15.0
@@ -160,3 +163,23 @@ class ClientProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate(timeout=STOP_SECONDS)
+
+
+def read_message(sock: socket.socket):
+    """One framed answer from a raw socket, or None at end of stream (or a reset)."""
+    data = b""
+    try:
+        while len(data) < 4:
+            chunk = sock.recv(4 - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        (length,) = struct.unpack(">I", data)
+        body = b""
+        while len(body) < length:
+            chunk = sock.recv(length - len(body))
+            assert chunk, "stream ended inside a frame"
+            body += chunk
+    except ConnectionResetError:
+        return None
+    return p.decode_response(body)

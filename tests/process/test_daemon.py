@@ -15,7 +15,7 @@ from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, Stale
 from walqueue import protocol as p
 from walqueue.client import Client, Connection, DaemonUnavailable
 
-from .daemon import wait_until
+from .daemon import read_message, wait_until
 
 HOOK = ("--test-hook", "tests.process.hooks:hook")
 
@@ -25,23 +25,6 @@ def raw_connect(path: str) -> socket.socket:
     sock.settimeout(10)
     sock.connect(path)
     return sock
-
-
-def read_message(sock: socket.socket):
-    """One framed answer from a raw socket, or None at end of stream."""
-    header = b""
-    while len(header) < 4:
-        chunk = sock.recv(4 - len(header))
-        if not chunk:
-            return None
-        header += chunk
-    (length,) = struct.unpack(">I", header)
-    body = b""
-    while len(body) < length:
-        chunk = sock.recv(length - len(body))
-        assert chunk, "stream ended inside a frame"
-        body += chunk
-    return p.decode_response(body)
 
 
 def hello(sock: socket.socket) -> None:

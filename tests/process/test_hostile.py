@@ -40,7 +40,7 @@ from walqueue import Queue
 from walqueue import protocol as p
 from walqueue.client import Client, DaemonUnavailable
 
-from .daemon import REPO, child_env, wait_until
+from .daemon import REPO, child_env, read_message, wait_until
 
 MAX_CONNECTIONS = 20
 # The daemon's own per-connection bounds, from server.py and protocol.py.
@@ -69,26 +69,6 @@ def raw_connect(path: str) -> socket.socket:
     sock.settimeout(10)
     sock.connect(path)
     return sock
-
-
-def read_message(sock: socket.socket):
-    """One framed answer from a raw socket, or None at end of stream (or a reset)."""
-    data = b""
-    try:
-        while len(data) < 4:
-            chunk = sock.recv(4 - len(data))
-            if not chunk:
-                return None
-            data += chunk
-        (length,) = struct.unpack(">I", data)
-        body = b""
-        while len(body) < length:
-            chunk = sock.recv(length - len(body))
-            assert chunk, "stream ended inside a frame"
-            body += chunk
-    except ConnectionResetError:
-        return None
-    return p.decode_response(body)
 
 
 def greeted(path: str) -> socket.socket:
