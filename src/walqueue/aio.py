@@ -54,6 +54,7 @@ from walqueue.client import (
     DEFAULT_TIMEOUT_SECONDS,
     Call,
     DaemonUnavailable,
+    ack_and_reserve_call,
     ack_call,
     compact_call,
     complete,
@@ -423,6 +424,14 @@ class Client:
     async def ack(self, lease: Lease) -> None:
         """Complete the leased task. Raises StaleLease if the lease is not current."""
         await self._run(ack_call(lease))
+
+    async def ack_and_reserve(self, lease: Lease, *, lease_seconds: int = 30, limit: int = 1,
+                              wait: float = 0) -> list[Lease]:
+        """Ack ``lease`` and reserve the same worker's next tasks in one round trip and one fsync.
+
+        Raises StaleLease (and reserves nothing) if the ack fails. Never retried.
+        """
+        return await self._run(ack_and_reserve_call(lease, lease_seconds=lease_seconds, limit=limit, wait=wait))
 
     async def release(self, lease: Lease, *, delay: int = 0) -> None:
         """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""

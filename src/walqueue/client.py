@@ -405,6 +405,10 @@ def _no_ids(answer: Any) -> list[str]:
     return []
 
 
+def _leases(answer: Any) -> list[Lease]:
+    return [p.lease_from_wire(lease) for lease in answer.leases]
+
+
 def put_call(
     task_id: Any, payload: Any, *, key: Any, available_at: Any, delay: Any, max_attempts: Any, now: float
 ) -> Call:
@@ -444,12 +448,20 @@ def reserve_call(worker: Any, *, lease_seconds: Any, limit: Any, wait: Any) -> C
         limit=_check_int("limit", limit),
         wait=float(wait),
     )
-    return Call(request, lambda answer: [p.lease_from_wire(lease) for lease in answer.leases], wait=float(wait))
+    return Call(request, _leases, wait=float(wait))
 
 
 def ack_call(lease: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
     return Call(p.Ack(id=0, task_id=task_id, worker=worker, generation=generation), _nothing)
+
+
+def ack_and_reserve_call(lease: Any, *, lease_seconds: Any, limit: Any, wait: Any) -> Call:
+    task_id, worker, generation = _lease_fields(lease)
+    reserve = reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait).request
+    request = p.AckReserve(id=0, task_id=task_id, worker=worker, generation=generation,
+                           lease_seconds=reserve.lease_seconds, limit=reserve.limit, wait=reserve.wait)
+    return Call(request, _leases, wait=reserve.wait)
 
 
 def release_call(lease: Any, *, delay: Any) -> Call:
@@ -602,6 +614,15 @@ class Client:
     def ack(self, lease: Lease) -> None:
         """Complete the leased task. Raises StaleLease if the lease is not current."""
         self._run(ack_call(lease))
+
+    def ack_and_reserve(self, lease: Lease, *, lease_seconds: int = 30, limit: int = 1,
+                        wait: float = 0) -> list[Lease]:
+        """Ack ``lease`` and reserve the same worker's next tasks in one round trip and one fsync.
+
+        Raises StaleLease (and reserves nothing) if the ack fails. Never retried: on
+        DaemonUnavailable the ack may or may not have happened (retry it with ``ack``).
+        """
+        return self._run(ack_and_reserve_call(lease, lease_seconds=lease_seconds, limit=limit, wait=wait))
 
     def release(self, lease: Lease, *, delay: int = 0) -> None:
         """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""

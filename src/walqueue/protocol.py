@@ -147,6 +147,22 @@ class Touch(_Message, tag="touch"):
     lease_seconds: int
 
 
+class AckReserve(_Message, tag="ack_reserve"):
+    """Ack a lease and, in the same batch and fsync, reserve for the same worker.
+
+    Answered like a ``Reserve`` (``Leases``); if the ack fails, nothing is
+    reserved and the answer is the ack's error.
+    """
+
+    id: int
+    task_id: str
+    worker: str
+    generation: int
+    lease_seconds: int = 30
+    limit: int = 1
+    wait: float = 0.0
+
+
 class Revive(_Message, tag="revive"):
     id: int
     task_ids: list[str]
@@ -170,10 +186,13 @@ class Compact(_Message, tag="compact"):
     id: int
 
 
-Request = Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
+Request = (
+    Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
+    | AckReserve
+)
 
 # Requests that may append to the WAL; the others only read state.
-WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact)
+WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckReserve)
 
 
 # -- values carried by answers ------------------------------------------------

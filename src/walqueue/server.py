@@ -65,6 +65,7 @@ from walqueue import (
     Queue,
     QueueLocked,
     StaleLease,
+    validation,
 )
 from walqueue import protocol as p
 from walqueue.client import unix_address
@@ -940,28 +941,17 @@ class Server:
                     self._serve_parked(now)
                 case p.Reserve():
                     p.check_wait(request.wait)
-                    if self._peer_gone(conn):
-                        # It sent this and closed (or died): a lease could only
-                        # sit unused until it expired.
-                        self._answer(conn, request_id, [p.Leases(id=request_id, leases=[])])
-                        return
-                    # Parked reserves were served at the start of the turn and
-                    # after every request that made a task due, so if any are
-                    # still parked this returns nothing: arrival order holds.
-                    leases = q.reserve(
-                        request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
-                    )
-                    if leases or request.wait == 0 or conn.closing:
-                        self._answer(conn, request_id, self._lease_messages(request_id, leases))
-                    elif conn.parked >= MAX_PARKED_PER_CONNECTION:
-                        raise InvalidRequest(
-                            f"too many waiting reserves on this connection ({MAX_PARKED_PER_CONNECTION}); "
-                            "wait for one to be answered or use another connection"
-                        )
-                    else:
-                        deadline = time.monotonic() + request.wait
-                        self.parked.add(Parked(conn, request, deadline, self.turn))
-                        log.debug("parked reserve %d of %s for %.3f s", request_id, conn.name, request.wait)
+                    self._reserve(conn, request, now)
+                case p.AckReserve():
+                    # Everything that could reject the reserve half is checked
+                    # before the ack is written: a rejected request writes nothing.
+                    p.check_wait(request.wait)
+                    validation.integer(request.lease_seconds, "lease_seconds", minimum=1)
+                    validation.integer(request.limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
+                    validation.time_plus(now, request.lease_seconds, "lease_seconds")
+                    self._check_may_park(conn, request)
+                    q.ack(self._lease(request), now=now)
+                    self._reserve(conn, request, now)
                 case p.Ack():
                     q.ack(self._lease(request), now=now)
                     self._answer(conn, request_id, [p.Done(id=request_id)])
@@ -995,8 +985,39 @@ class Server:
             log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, one_line(str(exc)))
             self._answer(conn, request_id, [p.error_to_wire(request_id, exc)])
 
+    def _reserve(self, conn: Connection, request: p.Reserve | p.AckReserve, now: int) -> None:
+        """Lease due tasks to ``request``'s worker now, or park it if it may wait."""
+        q = self.queue
+        request_id = request.id
+        if self._peer_gone(conn):
+            # It sent this and closed (or died): a lease could only
+            # sit unused until it expired.
+            self._answer(conn, request_id, [p.Leases(id=request_id, leases=[])])
+            return
+        # Parked reserves were served at the start of the turn and
+        # after every request that made a task due, so if any are
+        # still parked this returns nothing: arrival order holds.
+        leases = q.reserve(
+            request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
+        )
+        if leases or request.wait == 0 or conn.closing:
+            self._answer(conn, request_id, self._lease_messages(request_id, leases))
+        else:
+            self._check_may_park(conn, request)
+            deadline = time.monotonic() + request.wait
+            self.parked.add(Parked(conn, request, deadline, self.turn))
+            log.debug("parked reserve %d of %s for %.3f s", request_id, conn.name, request.wait)
+
     @staticmethod
-    def _lease(request: p.Ack | p.Release | p.Touch) -> Lease:
+    def _check_may_park(conn: Connection, request: p.Reserve | p.AckReserve) -> None:
+        if request.wait > 0 and conn.parked >= MAX_PARKED_PER_CONNECTION:
+            raise InvalidRequest(
+                f"too many waiting reserves on this connection ({MAX_PARKED_PER_CONNECTION}); "
+                "wait for one to be answered or use another connection"
+            )
+
+    @staticmethod
+    def _lease(request: p.Ack | p.AckReserve | p.Release | p.Touch) -> Lease:
         # Only task_id, worker and generation identify a lease; the other
         # fields are informational and not consulted by ack/release/touch.
         return Lease(
