@@ -508,7 +508,8 @@ class Worker:
 
     Reserves one task at a time (blocking in the daemon up to ``wait``
     seconds), touches its lease every ``lease_seconds / 3`` seconds in a
-    background task while the handler runs, acks when the handler returns, and
+    background task while the handler runs, acks when the handler returns (with
+    ``ack_and_reserve``, fetching the next task in the same request), and
     releases with ``backoff(attempts)`` seconds of delay when it raises. A
     ``ack``/``release`` whose connection broke is retried up to three times; a
     ``StaleLease`` on a retry showing the task no longer leased under this
@@ -550,22 +551,30 @@ class Worker:
     async def run(self, *, max_tasks: int | None = None) -> int:
         """Process tasks until ``stop()`` or ``max_tasks``; returns how many were handled."""
         handled = 0
+        leases: list[Lease] = []
         while not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks):
-            try:
-                leases = await self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
-            except (DaemonUnavailable, QueueClosed) as exc:
-                if self.client.closed:
-                    raise
-                # The daemon is restarting, or a write failed on its side.
-                log.warning("reserve failed, retrying: %s", exc)
-                await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
+            if not leases:
+                leases = await self._reserve()
                 continue
-            for lease in leases:
-                await self._process(lease)
-                handled += 1
+            lease = leases.pop(0)
+            handled += 1
+            more = not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks)
+            leases += await self._process(lease, reserve_next=more and not leases)
         return handled
 
-    async def _process(self, lease: Lease) -> None:
+    async def _reserve(self) -> list[Lease]:
+        try:
+            return await self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
+        except (DaemonUnavailable, QueueClosed) as exc:
+            if self.client.closed:
+                raise
+            # The daemon is restarting, or a write failed on its side.
+            log.warning("reserve failed, retrying: %s", exc)
+            await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
+            return []
+
+    async def _process(self, lease: Lease, *, reserve_next: bool) -> list[Lease]:
+        """Run the handler on ``lease`` and finish it; returns the next leases if it reserved them."""
         toucher = _Toucher(self.client, lease, self.lease_seconds) if self.touch else None
         failure: Exception | None = None
         try:
@@ -579,16 +588,33 @@ class Worker:
                 await toucher.stop()
         if failure is None:
             self.processed += 1
+            if reserve_next:
+                return await self._ack_and_reserve(lease)
             await self._finish(lease, lambda: self.client.ack(lease))
-            return
+            return []
         self.failed += 1
         delay = self.backoff(lease.attempts)
         log.warning("task %s failed (attempt %d), due again in %d s: %r",
                     lease.task_id, lease.attempts, delay, failure)
         await self._finish(lease, lambda: self.client.release(lease, delay=delay))
+        return []
 
-    async def _finish(self, lease: Lease, operation: Callable[[], Awaitable[None]]) -> None:
-        for attempt in range(FINISH_ATTEMPTS):
+    async def _ack_and_reserve(self, lease: Lease) -> list[Lease]:
+        """Ack and reserve the next task in one round trip (and one fsync in the daemon)."""
+        try:
+            return await self.client.ack_and_reserve(lease, lease_seconds=self.lease_seconds, wait=self.wait)
+        except StaleLease as exc:
+            log.warning("task %s: %s", lease.task_id, exc)
+        except (DaemonUnavailable, QueueClosed):
+            if self.client.closed:
+                raise
+            # The ack may or may not have been applied: retry it alone, as a retry.
+            await self._finish(lease, lambda: self.client.ack(lease), first_attempt=1)
+        return []
+
+    async def _finish(self, lease: Lease, operation: Callable[[], Awaitable[None]], *,
+                      first_attempt: int = 0) -> None:
+        for attempt in range(first_attempt, FINISH_ATTEMPTS):
             try:
                 await operation()
                 return

@@ -5,8 +5,7 @@ import threading
 
 import pytest
 
-from walqueue import InvalidRequest, StaleLease
-from walqueue import aio
+from walqueue import InvalidRequest, StaleLease, aio
 from walqueue.client import Client
 
 

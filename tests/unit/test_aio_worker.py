@@ -30,6 +30,10 @@ class ScriptedClient(Client):
     async def ack(self, lease):
         self._outcome(self.ack_outcomes, "ack", lease.task_id)
 
+    async def ack_and_reserve(self, lease, *, lease_seconds=30, limit=1, wait=0):
+        self._outcome(self.ack_outcomes, "ack_and_reserve", lease.task_id)
+        return await self.reserve(lease.worker, lease_seconds=lease_seconds, limit=limit, wait=wait)
+
     async def release(self, lease, *, delay=0):
         self._outcome(self.release_outcomes, "release", lease.task_id, delay)
 
@@ -51,7 +55,8 @@ def test_a_successful_handler_is_acked_and_a_failing_one_released_with_backoff()
 
     worker = Worker(client, "w", handler, touch=False, wait=0)
     assert run(worker.run(max_tasks=2)) == 2
-    assert client.calls == [("ack", "ok"), ("release", "bad", 4)]
+    # The ack of "ok" reserves "bad" in the same request; "bad" is released.
+    assert client.calls == [("ack_and_reserve", "ok"), ("release", "bad", 4)]
     assert (worker.processed, worker.failed) == (1, 1)
 
 
@@ -71,3 +76,19 @@ def test_a_stale_lease_on_the_first_ack_is_not_taken_for_success():
     worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
     assert run(worker.run(max_tasks=1)) == 1
     assert client.calls == [("ack", "t")]  # not retried
+
+
+def test_the_last_task_is_acked_alone_and_the_others_reserve_their_successor():
+    client = ScriptedClient([lease("a"), lease("b"), lease("c")])
+    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
+    assert run(worker.run(max_tasks=3)) == 3
+    assert client.calls == [("ack_and_reserve", "a"), ("ack_and_reserve", "b"), ("ack", "c")]
+
+
+def test_a_lost_ack_and_reserve_is_retried_as_a_plain_ack_that_counts_its_own_completion(monkeypatch):
+    monkeypatch.setattr(aio, "RECONNECT_PAUSE_SECONDS", 0)
+    completed = StaleLease("gone", task_id="a", status="completed", generation=1)
+    client = ScriptedClient([lease("a"), lease("b")], ack_outcomes=[DaemonUnavailable("lost"), completed])
+    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
+    assert run(worker.run(max_tasks=2)) == 2
+    assert client.calls == [("ack_and_reserve", "a"), ("ack", "a"), ("ack", "b")]
