@@ -399,6 +399,30 @@ def walqueue_client(address) -> Callable[[], None]:
     return cycle
 
 
+def walqueue_ack_next_client(address) -> Callable[[], None]:
+    """put, then ack the task in hand and reserve the next in one request (ack_and_reserve)."""
+    from walqueue.client import Client
+
+    name = f"w{os.getpid()}"
+    client = Client(address, name=name)
+    client.stats()
+    payload = {"data": PAYLOAD.decode()}
+    counter = iter(range(1 << 62))
+    held = []
+
+    def cycle() -> None:
+        client.put(f"{name}-{next(counter):010d}", payload)
+        if held:
+            leases = client.ack_and_reserve(held.pop(), lease_seconds=LEASE_SECONDS)
+        else:
+            leases = client.reserve(name, lease_seconds=LEASE_SECONDS)
+        if not leases:
+            raise RuntimeError("walqueue: nothing to claim")
+        held.extend(leases)
+
+    return cycle
+
+
 def _cycle_loop(factory, address, warmup: float, seconds: float, barrier, results) -> None:
     cycle = factory(address)
     started = time.monotonic()
@@ -458,6 +482,7 @@ SYSTEMS: dict[str, tuple[Callable, Callable, Callable]] = {
     "SQLite WAL synchronous=FULL": (sqlite_database, sqlite_client, _cycle_loop),
     "WALQueue (Client)": (walqueue_server, walqueue_client, _cycle_loop),
     "WALQueue (Worker)": (walqueue_server, walqueue_client, _worker_loop),
+    "WALQueue (ack+next)": (walqueue_server, walqueue_ack_next_client, _cycle_loop),
 }
 
 

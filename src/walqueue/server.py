@@ -362,7 +362,7 @@ class ParkedReserves:
 class Answer:
     conn: Connection
     request_id: int | None
-    messages: list  # p._Message values, or pre-encoded frames (bytes)
+    messages: object  # the encoded frames (bytes), or a lazy iterator of messages (a listing)
 
 
 _LISTENER = object()
@@ -804,7 +804,7 @@ class Server:
         del self._answers[answered_before:]
         for (_, request_id), conn in affected.items():
             error = p.Error(id=request_id, error="QueueClosed", message=message)
-            self._answers.append(Answer(conn, request_id, [error]))
+            self._answers.append(Answer(conn, request_id, p.encode(error)))
         log.error("write failed, answered %d request(s) with an error: %r", len(affected), exc)
         self._reopen()
 
@@ -825,23 +825,20 @@ class Server:
         log.info("reopened %s", self.directory)
 
     def _answer(self, conn: Connection, request_id: int, messages) -> None:
-        """Queue an answer; a list of messages is encoded now, so it is held as bytes.
+        """Queue an answer; a list of messages is encoded now, into one bytes value.
 
         A lazy iterator (a listing) is kept as is and encoded as the client reads.
         """
         if isinstance(messages, list):
-            frames = []
-            for message in messages:
-                try:
-                    frames.append(p.encode(message))
-                except (p.ProtocolError, TypeError, OverflowError) as exc:
-                    log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, one_line(str(exc)))
-                    error = p.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
-                    frames = [p.encode(error)]
-                    break
+            try:
+                encoded = b"".join([p.encode(message) for message in messages])
+            except (p.ProtocolError, TypeError, OverflowError) as exc:
+                log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, one_line(str(exc)))
+                error = p.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
+                encoded = p.encode(error)
             self._count_turn(conn)
-            conn.turn_bytes += sum(len(frame) for frame in frames)
-            messages = frames
+            conn.turn_bytes += len(encoded)
+            messages = encoded
         self._answers.append(Answer(conn, request_id, messages))
 
     def _count_turn(self, conn: Connection) -> None:
@@ -1030,7 +1027,10 @@ class Server:
         )
 
     def _lease_messages(self, request_id: int, leases: list[Lease]) -> list:
-        return self._chunked(request_id, [p.lease_to_wire(lease) for lease in leases], p.Leases)
+        wires = [p.lease_to_wire(lease) for lease in leases]
+        if len(wires) <= 1:  # one lease always fits one message: no need to measure it
+            return [p.Leases(request_id, wires)]
+        return self._chunked(request_id, wires, p.Leases)
 
     @staticmethod
     def _chunked(request_id: int, items: list, message_type: type) -> list:
@@ -1082,16 +1082,24 @@ class Server:
 
     def _queue_answers(self) -> None:
         for answer in self._answers:
-            if not answer.conn.closed:
-                lazy = not isinstance(answer.messages, list)
-                answer.conn.backlog.append((answer.request_id, iter(answer.messages), lazy))
-                self._touched.add(answer.conn)
+            conn = answer.conn
+            if conn.closed:
+                continue
+            if type(answer.messages) is bytes:
+                if not conn.backlog and len(conn.out) < OUTPUT_HIGH_WATER_BYTES:
+                    conn.out += answer.messages  # the common case: straight out
+                else:
+                    conn.backlog.append((answer.request_id, iter((answer.messages,)), False))
+            else:
+                conn.backlog.append((answer.request_id, answer.messages, True))
+            self._touched.add(conn)
         self._answers = []
         for conn in self._touched:
             if conn.fatal is not None:
                 conn.backlog.append((conn.fatal.id, iter([conn.fatal]), False))
                 conn.fatal = None
-            self._fill(conn)
+            if conn.backlog:
+                self._fill(conn)
 
     def _fill(self, conn: Connection) -> None:
         """Move backlog answers into ``out`` until it reaches the high-water mark.
