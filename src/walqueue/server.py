@@ -52,7 +52,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from queue import SimpleQueue
 
 import click
 import msgspec
@@ -70,7 +69,6 @@ from walqueue import (
 )
 from walqueue import protocol as p
 from walqueue.client import unix_address
-from walqueue.queue import PendingSync
 
 log = logging.getLogger("walqueued")
 
@@ -282,7 +280,6 @@ class Connection:
     input_waiting: bool = False  # its large frame waits for room in the input budget
     closed: bool = False
     parked: int = 0
-    held: int = 0  # its answers waiting for their fsync (Server._unreleased)
     events: int = 0
 
 
@@ -372,36 +369,6 @@ _LISTENER = object()
 _WAKEUP = object()
 
 
-class SyncThread:
-    """Runs the Queue's pending fsyncs off the event loop and wakes the loop after each.
-
-    The loop goes on reading and applying the next requests meanwhile (they
-    are written, not answered); an answer leaves only once a finished fsync
-    covers the state it was computed from (see Server._advance_syncs).
-    """
-
-    def __init__(self, wake: socket.socket) -> None:
-        self._wake = wake
-        self._jobs: SimpleQueue[PendingSync | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="walqueued-fsync", daemon=True)
-        self._thread.start()
-
-    def submit(self, pending: PendingSync) -> None:
-        self._jobs.put(pending)
-
-    def _run(self) -> None:
-        while (pending := self._jobs.get()) is not None:
-            pending.run()
-            try:
-                self._wake.send(b"s")
-            except OSError:  # a full buffer means the loop has a wake-up waiting already
-                pass
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join()
-
-
 class Server:
     """The event loop. ``run()`` serves until SIGTERM/SIGINT and returns an exit code."""
 
@@ -433,13 +400,7 @@ class Server:
         self.last_now = 0
         self.turn = 0
         self.stopping = False
-        self._answers: list[Answer] = []  # produced this turn, not yet held or released
-        # (seq the state had, answers computed from it): released in order once
-        # Queue.synced_seq reaches the seq.
-        self._unreleased: deque[tuple[int, list[Answer]]] = deque()
-        self._released: list[Answer] = []  # durable: to be queued on their connections
-        self._in_flight: PendingSync | None = None
-        self._listing_conns: set[Connection] = set()  # connections with a listing being sent
+        self._answers: list[Answer] = []
         self._turn_requests: list[tuple[Connection, int]] = []
         self._next_watchdog = time.monotonic()
         self._accept_paused_until: float | None = None
@@ -457,7 +418,6 @@ class Server:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
-        self._syncer = SyncThread(self._wake_write)
 
     # -- time -----------------------------------------------------------------
 
@@ -516,16 +476,6 @@ class Server:
         self._expire_hellos()
         wrote = self._apply(requests)
         self._expire_waits()
-        self._hold_answers()
-        self._advance_syncs()
-        self._flush()
-        self._watchdog()
-        if wrote and self._maybe_compact():
-            self._advance_syncs()  # the compaction's fsync may have made answers durable
-            self._flush()
-
-    def _flush(self) -> None:
-        """Queue the released answers, then send and set interests where anything changed."""
         self._queue_answers()
         # Only connections this turn touched can need sending or new
         # interests: idle connections cost nothing per turn.
@@ -539,6 +489,9 @@ class Server:
             if conn.out:
                 self._send(conn)
             self._settle(conn)
+        self._watchdog()
+        if wrote:
+            self._maybe_compact()
 
     def _expire_hellos(self) -> None:
         """Close connections that did not say hello in time: they hold a slot for nothing."""
@@ -659,7 +612,7 @@ class Server:
         """Register exactly the events the connection needs now, or close it."""
         if conn.closed:
             return
-        if not conn.out and not conn.backlog and not conn.parked and not conn.held:
+        if not conn.out and not conn.backlog and not conn.parked:
             if conn.closing or (conn.eof and not conn.deferred):
                 self._close(conn, "protocol error" if conn.closing else "closed by peer")
                 return
@@ -811,10 +764,11 @@ class Server:
             return False
         now = self.now()
         self._turn_requests = []
+        answered_before = len(self._answers)
         # Serving parked reserves may write too (expire and reserve frames).
         writing = bool(self.parked) or any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
         try:
-            with self.queue.batch(durable=False):  # synced by _advance_syncs
+            with self.queue.batch():
                 if self.parked:
                     self._serve_parked(now)
                 for conn, request in requests:
@@ -831,104 +785,28 @@ class Server:
                     self._turn_requests.append((conn, request.id))
                     self._handle(conn, request, now)
         except Exception as exc:
-            self._write_failed(exc)
+            self._write_failed(exc, answered_before)
             return False
         return writing
 
-    def _write_failed(self, exc: Exception) -> None:
-        """Answer every request not answered yet with an error, then reopen the queue.
-
-        That is this turn's requests and every answer still waiting for its
-        fsync: none of them may be answered with success now.
-        """
+    def _write_failed(self, exc: Exception, answered_before: int) -> None:
+        """Answer every request of the failed batch with an error, then reopen the queue."""
         message = (
             f"write failed ({type(exc).__name__}: {exc}); the daemon reopened the queue; "
             "the request may or may not have taken effect (a retried put is safe)"
         )
-        waiting = [answer for _, answers in self._unreleased for answer in answers]
-        for answer in waiting:
-            answer.conn.held -= 1
-        waiting += self._answers
-        self._unreleased.clear()
-        affected = {(id(a.conn), a.request_id): a.conn for a in waiting if a.request_id is not None}
+        affected = {(id(a.conn), a.request_id): a.conn for a in self._answers[answered_before:]}
         for conn, request_id in self._turn_requests:
             affected[(id(conn), request_id)] = conn
-        self._turn_requests = []
         # Parked in this turn: answered with the error too rather than kept.
         for entry in self.parked.drop(lambda entry: entry.turn == self.turn):
             affected[(id(entry.conn), entry.request.id)] = entry.conn
-        self._answers = []
+        del self._answers[answered_before:]
         for (_, request_id), conn in affected.items():
             error = p.Error(id=request_id, error="QueueClosed", message=message)
-            self._released.append(Answer(conn, request_id, p.encode(error)))
+            self._answers.append(Answer(conn, request_id, p.encode(error)))
         log.error("write failed, answered %d request(s) with an error: %r", len(affected), exc)
-        self._in_flight = None  # its thread finishes it; nobody ends it
         self._reopen()
-
-    # -- durability: answers wait for the fsync that covers them -------------------------
-
-    def _hold_answers(self) -> None:
-        """Hold this turn's answers until the state they were computed from is durable.
-
-        A protocol error goes after the answers to its connection's earlier
-        requests, and the connection closes once it is sent.
-        """
-        for conn in self._touched:
-            if conn.fatal is not None:
-                self._answers.append(Answer(conn, conn.fatal.id, p.encode(conn.fatal)))
-                conn.fatal = None
-        if self._answers:
-            for answer in self._answers:
-                answer.conn.held += 1
-            self._unreleased.append((self.queue.stats().last_seq, self._answers))
-            self._answers = []
-
-    def _advance_syncs(self, *, blocking: bool = False) -> None:
-        """End a finished fsync, start the next, and release the answers now durable.
-
-        An fsync runs on the SyncThread when other connections have requests
-        waiting (their work overlaps it); otherwise, or while a listing is
-        being sent (a listing reads the live state, which must then be
-        durable), it runs here and now.
-        """
-        blocking = blocking or bool(self._listing_conns and self._prune_listings())
-        try:
-            while True:
-                pending = self._in_flight
-                if pending is not None:
-                    if not pending.done.is_set():
-                        if not blocking:
-                            break
-                        pending.done.wait()
-                    self._in_flight = None
-                    self.queue.end_sync(pending)
-                pending = self.queue.begin_sync()
-                if pending is None:
-                    break
-                self._in_flight = pending
-                if not blocking and self.selector.select(0):
-                    self._syncer.submit(pending)
-                    break
-                pending.run()
-        except Exception as exc:
-            self._write_failed(exc)
-            return
-        synced = self.queue.synced_seq
-        while self._unreleased and self._unreleased[0][0] <= synced:
-            self._release(self._unreleased.popleft()[1])
-
-    def _release(self, answers: list[Answer]) -> None:
-        for answer in answers:
-            answer.conn.held -= 1
-        self._released += answers
-
-    def _prune_listings(self) -> bool:
-        """Forget connections whose listing is over; True if any is still being sent."""
-        self._listing_conns = {
-            conn for conn in self._listing_conns
-            if not conn.closed and any(lazy for _, _, lazy in conn.backlog)
-        }
-        return bool(self._listing_conns)
 
     def _reopen(self) -> None:
         # Listings in progress read the old state, which may hold the failed
@@ -1203,7 +1081,7 @@ class Server:
         return chunks()
 
     def _queue_answers(self) -> None:
-        for answer in self._released:
+        for answer in self._answers:
             conn = answer.conn
             if conn.closed:
                 continue
@@ -1214,10 +1092,12 @@ class Server:
                     conn.backlog.append((answer.request_id, iter((answer.messages,)), False))
             else:
                 conn.backlog.append((answer.request_id, answer.messages, True))
-                self._listing_conns.add(conn)
             self._touched.add(conn)
-        self._released = []
+        self._answers = []
         for conn in self._touched:
+            if conn.fatal is not None:
+                conn.backlog.append((conn.fatal.id, iter([conn.fatal]), False))
+                conn.fatal = None
             if conn.backlog:
                 self._fill(conn)
 
@@ -1254,27 +1134,25 @@ class Server:
 
     # -- compaction and shutdown --------------------------------------------------------
 
-    def _maybe_compact(self) -> bool:
-        """Compact past the WAL threshold; True if the queue was compacted or reopened."""
+    def _maybe_compact(self) -> None:
         try:
             wal_bytes = self.queue.stats().wal_bytes
             if wal_bytes <= self.compact_wal_bytes:
-                return False
+                return
             # The loop stalls for the compaction: ping the watchdog first.
             self._watchdog(force=True)
             started = time.monotonic()
             seq = self.queue.compact()
         except Exception as exc:
             log.error("automatic compaction failed: %r", exc)
-            self._write_failed(exc)
-            return True
+            self._reopen()
+            return
         log.info(
             "compacted %d WAL bytes through seq %d in %.3f s",
             wal_bytes,
             seq,
             time.monotonic() - started,
         )
-        return True
 
     def _shutdown(self) -> None:
         self.notifier.notify("STOPPING=1")
@@ -1287,12 +1165,6 @@ class Server:
         # Parked reserves end early with no leases; their clients retry later.
         for entry in self.parked.drop(lambda entry: True):
             self._answer(entry.conn, entry.request.id, [p.Leases(id=entry.request.id, leases=[])])
-        try:
-            self._hold_answers()
-            self._advance_syncs(blocking=True)  # the last batch's answers, once durable
-        except Exception as exc:  # a queue that failed for good: its held answers stay unsent
-            log.error("making the last answers durable failed: %r", exc)
-        self._syncer.close()
         self._queue_answers()
         deadline = time.monotonic() + DRAIN_SECONDS
         for conn in list(self.connections.values()):
