@@ -60,9 +60,6 @@ class OsFileSystem:
     def close(self, fd: int) -> None:
         os.close(fd)
 
-    def dup(self, fd: int) -> int:
-        return os.dup(fd)
-
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 

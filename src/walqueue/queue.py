@@ -21,8 +21,6 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -69,9 +67,6 @@ class Queue:
         self._active: ActiveSegment | None = None
         self._lock_fd: int | None = None
         self._batch_depth = 0
-        self._batch_durable = True  # whether the outermost batch syncs when it exits
-        self._in_flight: PendingSync | None = None  # a sync begun with begin_sync, not yet ended
-        self._synced_seq = 0
         if self._fs.makedirs(self._directory):
             # A new directory's own name must survive a power cut too.
             self._fs.fsync_directory(os.path.dirname(os.path.abspath(self._directory)))
@@ -88,7 +83,6 @@ class Queue:
         finally:
             if collecting:
                 gc.enable()
-        self._synced_seq = self._state.last_seq
         self._closed = False
 
     # -- recovery -------------------------------------------------------
@@ -310,66 +304,15 @@ class Queue:
 
     # -- group commit, compaction, closing ------------------------------
 
-    def batch(self, *, durable: bool = True) -> _Batch:
+    def batch(self) -> _Batch:
         """Group commit: one fsync (and `wal.after_sync`) when the block exits.
 
         Nested batches join the outer one. The fsync also happens when the
         block exits by an exception, which then propagates. Report success for
         the operations inside only after the block has exited without error.
-
-        `durable=False` (for a server that overlaps fsyncs with its work) exits
-        without the fsync: the operations are written but not durable until a
-        `begin_sync()`/`end_sync()` pair (or any later fsync) covers them;
-        `synced_seq` says how far durability has reached.
         """
         self._check_open()
-        return _Batch(self, durable)
-
-    @property
-    def synced_seq(self) -> int:
-        """The seq of the last frame known durable (every frame up to it is)."""
-        return self._synced_seq
-
-    def begin_sync(self) -> PendingSync | None:
-        """Start making every frame written so far durable, without waiting for it.
-
-        Returns None if there is nothing to sync or a sync is already in
-        flight. The caller runs `pending.run()` (the fsync; it touches no
-        Queue state, so another thread may run it), then calls
-        `end_sync(pending)`. Meanwhile operations may go on writing frames.
-        """
-        self._check_open()
-        if self._in_flight is not None or not self._active.unsynced:
-            return None
-        pending = PendingSync(self._fs, self._active.begin_sync(), self._state.last_seq)
-        self._in_flight = pending
-        return pending
-
-    def end_sync(self, pending: PendingSync) -> None:
-        """Finish a sync begun with begin_sync, once `pending.run()` has returned.
-
-        Raises its error (the Queue closes, as for any failed write), else
-        calls the `wal.after_sync` hook and advances `synced_seq`. A pending
-        sync that a blocking fsync already ended (compact, close, a durable
-        batch) is ended once only; later calls return at once.
-        """
-        if pending.ended:
-            return
-        if not pending.done.is_set():
-            raise RuntimeError("end_sync() called before the pending sync ran")
-        pending.ended = True
-        if self._in_flight is pending:
-            self._in_flight = None
-        if self._closed:
-            raise QueueClosed(f"the Queue on {self._directory} closed while a sync was in flight")
-        try:
-            if pending.error is not None:
-                raise pending.error
-            self._call_hook("wal.after_sync")
-        except BaseException:
-            self._die()
-            raise
-        self._synced_seq = max(self._synced_seq, pending.seq)
+        return _Batch(self)
 
     def compact(self) -> int:
         """Publish a snapshot of the whole state and drop the WAL it covers.
@@ -450,12 +393,6 @@ class Queue:
         if self._closed:
             return
         try:
-            pending, self._in_flight = self._in_flight, None
-            if pending is not None:  # its file must stay open until it ran
-                pending.done.wait()
-                pending.ended = True
-                if pending.error is not None:
-                    raise pending.error
             if self._active.unsynced:
                 self._active.sync()  # only inside a batch; no hook at close
         finally:
@@ -502,7 +439,6 @@ class Queue:
         self._state.commit(change)
 
     def _sync(self) -> None:
-        self._end_in_flight()
         if not self._active.unsynced:
             return
         try:
@@ -511,14 +447,6 @@ class Queue:
         except BaseException:
             self._die()
             raise
-        self._synced_seq = self._state.last_seq
-
-    def _end_in_flight(self) -> None:
-        """Wait for a sync begun with begin_sync and end it (before closing or rotating its file)."""
-        pending = self._in_flight
-        if pending is not None:
-            pending.done.wait()
-            self.end_sync(pending)
 
     def _call_hook(self, phase: str) -> None:
         if self._hook is not None:
@@ -539,49 +467,17 @@ class Queue:
 
 
 class _Batch:
-    def __init__(self, queue: Queue, durable: bool) -> None:
+    def __init__(self, queue: Queue) -> None:
         self._queue = queue
-        self._durable = durable
 
     def __enter__(self) -> None:
-        queue = self._queue
-        if queue._batch_depth == 0:
-            queue._batch_durable = self._durable
-        queue._batch_depth += 1
+        self._queue._batch_depth += 1
 
     def __exit__(self, *exc_info) -> None:
         queue = self._queue
         queue._batch_depth -= 1
-        if queue._batch_depth == 0 and not queue._closed and queue._batch_durable:
+        if queue._batch_depth == 0 and not queue._closed:
             queue._sync()
-
-
-class PendingSync:
-    """One fsync begun by `Queue.begin_sync()`, on a descriptor of its own.
-
-    The descriptor is a duplicate, so the fsync stays on the right file even
-    if the Queue closes meanwhile; `run()` closes it.
-    """
-
-    def __init__(self, fs: OsFileSystem, fd: int, seq: int) -> None:
-        self.fs = fs
-        self.fd = fd
-        self.seq = seq  # every frame up to this seq is durable once run() succeeded
-        self.error: BaseException | None = None
-        self.seconds = 0.0  # how long the fsync took
-        self.done = threading.Event()
-        self.ended = False
-
-    def run(self) -> None:
-        started = time.monotonic()
-        try:
-            self.fs.fsync(self.fd)
-        except BaseException as exc:  # handed to end_sync, in the Queue's thread
-            self.error = exc
-        finally:
-            self.seconds = time.monotonic() - started
-            self.fs.close(self.fd)
-            self.done.set()
 
 
 def _take_lock(directory: str) -> int:

@@ -138,11 +138,6 @@ class ActiveSegment:
         self.fs.fsync(self.fd)
         self.unsynced = False
 
-    def begin_sync(self) -> int:
-        """A duplicate descriptor whose fsync makes every write so far durable."""
-        self.unsynced = False
-        return self.fs.dup(self.fd)
-
     def truncate(self, size: int) -> None:
         """Cut a torn tail off and make the cut durable."""
         self.fs.truncate(self.fd, size)
