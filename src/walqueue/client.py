@@ -48,6 +48,9 @@ SOCKET_NAME = "walqueued.sock"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_RETRY_SECONDS = 10.0
 RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
+# A connection answered less than this long ago is not checked for a daemon
+# restart before the next call (no restart is that quick).
+IDLE_CHECK_SECONDS = 0.05
 
 
 class DaemonUnavailable(WalQueueError, ConnectionError):
@@ -243,6 +246,7 @@ class Connection:
                 raise self._fail(f"receiving from walqueued at {self.path} failed: {exc}", exc) from exc
             if not data:
                 raise self._fail(f"walqueued at {self.path} closed the connection")
+            self._last_answer = time.monotonic()
             self._reader.feed(data)
         try:
             message = p.decode_response(body)

@@ -920,7 +920,8 @@ class Server:
                         max_attempts=request.max_attempts,
                     )
                     self._answer(conn, request_id, [p.PutOk(id=request_id, task_id=task_id)])
-                    self._serve_parked(now)
+                    if self.parked:
+                        self._serve_parked(now)
                 case p.PutMany():
                     task_ids = q.put_many(
                         [
@@ -935,7 +936,8 @@ class Server:
                         ]
                     )
                     self._answer(conn, request_id, [p.TaskIds(id=request_id, task_ids=task_ids)])
-                    self._serve_parked(now)
+                    if self.parked:
+                        self._serve_parked(now)
                 case p.Reserve():
                     p.check_wait(request.wait)
                     self._reserve(conn, request, now)
@@ -955,14 +957,16 @@ class Server:
                 case p.Release():
                     q.release(self._lease(request), now=now, delay=request.delay)
                     self._answer(conn, request_id, [p.Done(id=request_id)])
-                    self._serve_parked(now)
+                    if self.parked:
+                        self._serve_parked(now)
                 case p.Touch():
                     lease = q.touch(self._lease(request), now=now, lease_seconds=request.lease_seconds)
                     self._answer(conn, request_id, [p.LeaseOk(id=request_id, lease=p.lease_to_wire(lease))])
                 case p.Revive():
                     task_ids = q.revive(request.task_ids, now=now)
                     self._answer(conn, request_id, [p.TaskIds(id=request_id, task_ids=task_ids)])
-                    self._serve_parked(now)
+                    if self.parked:
+                        self._serve_parked(now)
                 case p.Get():
                     task = q.get(request.task_id)
                     wire = None if task is None else p.task_to_wire(task)
