@@ -106,6 +106,11 @@ class Connection:
         self._pending: dict[int, list] = {}
         self._broken: str | None = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self._sock_timeout = timeout  # what settimeout was last given (it costs a syscall)
+        self._last_answer = 0.0  # time.monotonic() of the last bytes received
+        # poll, not select: select() cannot take descriptors >= 1024.
+        self._poller = select.poll()
+        self._poller.register(self._sock, select.POLLIN)
         try:
             self._sock.settimeout(timeout)
             with unix_address(path) as address:
@@ -134,11 +139,10 @@ class Connection:
         """
         if self._broken is not None or self._pending:
             return False
+        if time.monotonic() - self._last_answer < IDLE_CHECK_SECONDS:
+            return False  # answered a moment ago: not worth a syscall per call
         try:
-            # poll, not select: select() cannot take descriptors >= 1024.
-            poller = select.poll()
-            poller.register(self._sock, select.POLLIN)
-            if not poller.poll(0):
+            if not self._poller.poll(0):
                 return False
             closed = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:
@@ -191,10 +195,15 @@ class Connection:
             raise self._fail(message, exc) from exc
         return ids
 
+    def _settimeout(self, seconds: float | None) -> None:
+        if seconds != self._sock_timeout:
+            self._sock.settimeout(seconds)
+            self._sock_timeout = seconds
+
     def _last_words(self) -> str | None:
         """The error the daemon sent before closing on us (e.g. too many connections), if any."""
         try:
-            self._sock.settimeout(0.5)
+            self._settimeout(0.5)
             while (body := self._reader.next_body()) is None:
                 data = self._sock.recv(65536)
                 if not data:
@@ -235,12 +244,19 @@ class Connection:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._fail(f"no answer from walqueued at {self.path} in time")
-                self._sock.settimeout(remaining)
+                # settimeout is a syscall, so the socket's timeout is changed only
+                # when it would overshoot the deadline by more than a moment or
+                # wake far too early; a wake before the deadline just waits again.
+                current = self._sock_timeout
+                if current is None or current > remaining + 0.05 or current < remaining / 2:
+                    self._settimeout(remaining)
             else:
-                self._sock.settimeout(None)
+                self._settimeout(None)
             try:
                 data = self._sock.recv(max(65536, min(self._reader.wanted_bytes(), 4 * 1024 * 1024)))
             except TimeoutError as exc:
+                if deadline is not None and time.monotonic() < deadline:
+                    continue
                 raise self._fail(f"no answer from walqueued at {self.path} in time", exc) from exc
             except OSError as exc:
                 raise self._fail(f"receiving from walqueued at {self.path} failed: {exc}", exc) from exc
@@ -409,6 +425,10 @@ def _no_ids(answer: Any) -> list[str]:
     return []
 
 
+def _task_id(answer: Any) -> str:
+    return answer.task_id
+
+
 def _leases(answer: Any) -> list[Lease]:
     return [p.lease_from_wire(lease) for lease in answer.leases]
 
@@ -425,9 +445,12 @@ def put_call(
             raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
         # Computed once, so a retried put carries the same identity.
         available_at = int(now) + delay
-    item = _put_item(task_id, payload, key, available_at, max_attempts)
-    request = p.Put(id=0, **{name: getattr(item, name) for name in item.__struct_fields__})
-    return Call(request, lambda answer: answer.task_id, idempotent=True)
+    _check_str("task_id", task_id)
+    if key is not None:
+        _check_str("key", key)
+    request = p.Put(0, task_id, _check_payload(task_id, payload), key, _check_int("available_at", available_at),
+                    _check_int("max_attempts", max_attempts))
+    return Call(request, _task_id, idempotent=True)
 
 
 def put_many_call(requests: Iterable[Any]) -> Call:
