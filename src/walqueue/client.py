@@ -35,6 +35,7 @@ import contextlib
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,6 +49,7 @@ SOCKET_NAME = "walqueued.sock"
 DEFAULT_TIMEOUT_SECONDS = 60.0
 DEFAULT_RETRY_SECONDS = 10.0
 RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
+_TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO/SO_SNDTIMEO
 # A connection answered less than this long ago is not checked for a daemon
 # restart before the next call (no restart is that quick).
 IDLE_CHECK_SECONDS = 0.05
@@ -106,7 +108,7 @@ class Connection:
         self._pending: dict[int, list] = {}
         self._broken: str | None = None
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._sock_timeout = timeout  # what settimeout was last given (it costs a syscall)
+        self._sock_timeout: float | None = None  # the kernel's SO_RCVTIMEO/SO_SNDTIMEO, see _settimeout
         self._last_answer = 0.0  # time.monotonic() of the last bytes received
         # poll, not select: select() cannot take descriptors >= 1024.
         self._poller = select.poll()
@@ -115,6 +117,8 @@ class Connection:
             self._sock.settimeout(timeout)
             with unix_address(path) as address:
                 self._sock.connect(address)
+            self._sock.settimeout(None)  # blocking from here on: see _settimeout
+            self._settimeout(timeout)
         except OSError as exc:
             self._sock.close()
             raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc}") from exc
@@ -196,9 +200,23 @@ class Connection:
         return ids
 
     def _settimeout(self, seconds: float | None) -> None:
-        if seconds != self._sock_timeout:
-            self._sock.settimeout(seconds)
-            self._sock_timeout = seconds
+        """Bound every later send and recv by ``seconds`` (None: no bound).
+
+        The kernel keeps the bound (SO_RCVTIMEO/SO_SNDTIMEO on a blocking
+        socket): Python's own socket timeout would poll() before every send
+        and recv, doubling the syscalls of a call. A recv past the bound
+        raises BlockingIOError. Set only when it changes.
+        """
+        if seconds == self._sock_timeout:
+            return
+        if seconds is None:
+            value = _TIMEVAL.pack(0, 0)  # zero: no timeout
+        else:
+            micros = max(1, round(seconds * 1e6))
+            value = _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        self._sock_timeout = seconds
 
     def _last_words(self) -> str | None:
         """The error the daemon sent before closing on us (e.g. too many connections), if any."""
@@ -254,7 +272,7 @@ class Connection:
                 self._settimeout(None)
             try:
                 data = self._sock.recv(max(65536, min(self._reader.wanted_bytes(), 4 * 1024 * 1024)))
-            except TimeoutError as exc:
+            except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO ran out
                 if deadline is not None and time.monotonic() < deadline:
                     continue
                 raise self._fail(f"no answer from walqueued at {self.path} in time", exc) from exc
