@@ -419,10 +419,12 @@ def _verify(directory: str) -> VerifyReport:
     if current is None:
         if snapshot_seq == 0:
             verifier.state = State()
+            verifier.last_applied = 0
     else:
         snapshot_seq, snapshot_file = current
         try:
             verifier.state = load_snapshot(verifier.files, directory, snapshot_file, snapshot_seq)
+            verifier.last_applied = snapshot_seq  # even if the very next frame is damaged
         except CorruptStore as error:
             verifier.add_library_error(snapshot_file, error)
             _survey_snapshot(verifier, snapshot_file)

@@ -684,3 +684,18 @@ def test_random_histories_with_crashes_verify_like_they_open_before_and_after_da
         apply_damage(directory, name, data.draw(st.sampled_from(DAMAGES), label="damage"), data.draw)
         (directory / "LOCK").unlink(missing_ok=True)
         assert_agrees(directory)
+
+
+def test_a_damaged_first_frame_after_the_snapshot_reports_the_snapshots_seq_as_the_last(directory):
+    with Queue(directory) as q:
+        q.put_many([{"task_id": f"t{i}", "payload": {}} for i in range(3)])
+        seq = q.compact()
+        q.put("after", {})
+        q.put("later", {})
+    segment = directory / wal_name(seq + 1)
+    data = bytearray(segment.read_bytes())
+    data[40] ^= 0x01  # inside the first frame's body
+    segment.write_bytes(bytes(data))
+    report = verify(directory)
+    assert not report.healthy
+    assert report.last_seq == seq  # applied from the snapshot, not "unknown"
