@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Where walqueued's time goes per request, measured two ways in one run.
+
+1. Without a profiler: the daemon's CPU seconds (utime+stime from /proc) and the
+   clients' CPU seconds per request, for N client processes doing put +
+   ack_and_reserve cycles for S seconds.
+2. Under cProfile: the same load, the daemon's own time grouped by where it is
+   spent (the fsync, socket syscalls, the library, the wire protocol, the
+   server loop), as a share of all the time the daemon's thread was not idle
+   in epoll, plus the top functions.
+
+cProfile slows pure-Python code more than C and syscalls, so read (2) for the
+proportions between groups, and (1) for absolute microseconds.
+
+    .venv/bin/python scripts/profile_daemon.py --clients 16 --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PAYLOAD = {"data": "x" * 100}
+
+GROUPS = (
+    # (label, predicate on (file, function name)) — first match wins
+    ("fsync (the WAL's durability)", lambda f, n: n in ("<built-in method posix.fsync>", "<built-in method posix.fdatasync>")),
+    ("epoll wait (idle)", lambda f, n: n == "<method 'poll' of 'select.epoll' objects>"),
+    ("socket syscalls (send, recv)", lambda f, n: "_socket.socket" in n),
+    ("WAL write syscalls", lambda f, n: n == "<built-in method posix.write>" or "pwrite" in n),
+    ("JSON + SHA-256 (frames, identities)", lambda f, n: "json" in f or "sha256" in n or "HASH" in n),
+    ("library: validation", lambda f, n: f.endswith("validation.py") or f.endswith("values.py")),
+    ("library: state machine", lambda f, n: f.endswith("state.py")),
+    ("library: queue, codec, wal", lambda f, n: f.endswith(("queue.py", "codec.py", "wal.py", "fs.py"))),
+    ("wire protocol (msgspec, framing)", lambda f, n: f.endswith("protocol.py") or "msgspec" in n),
+    ("server loop", lambda f, n: f.endswith("server.py") or "selectors" in f),
+)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def client(socket_path: str, seconds: float, results) -> None:
+    from walqueue.client import Client
+
+    name = f"p{os.getpid()}"
+    with Client(socket_path, name=name) as c:
+        c.stats()
+        held, count = None, 0
+        started_cpu, started = time.process_time(), time.monotonic()
+        while time.monotonic() - started < seconds:
+            c.put(f"{name}-{count}", PAYLOAD)
+            count += 1
+            leases = c.ack_and_reserve(held, lease_seconds=60) if held else c.reserve(name, lease_seconds=60)
+            held = leases[0]
+        results.put((count, time.process_time() - started_cpu))
+
+
+def load(daemon_args: list[str], clients: int, seconds: float) -> dict:
+    directory = tempfile.mkdtemp(prefix="profile-daemon-", dir=REPO / "var")
+    socket_path = os.path.join(directory, "q", "walqueued.sock")
+    daemon = subprocess.Popen([sys.executable, *daemon_args, "serve", os.path.join(directory, "q"),
+                               "--log-level", "warning"])
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(socket_path):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("walqueued did not start")
+            time.sleep(0.05)
+        results = multiprocessing.Queue()
+        workers = [multiprocessing.Process(target=client, args=(socket_path, seconds, results))
+                   for _ in range(clients)]
+        before = cpu_seconds(daemon.pid)
+        for worker in workers:
+            worker.start()
+        gathered = [results.get(timeout=seconds + 60) for _ in workers]
+        daemon_cpu = cpu_seconds(daemon.pid) - before
+        for worker in workers:
+            worker.join(30)
+    finally:
+        daemon.send_signal(2)  # SIGINT: a clean stop, so cProfile writes its file
+        daemon.wait(60)
+        shutil.rmtree(directory, ignore_errors=True)
+    cycles = sum(count for count, _ in gathered)
+    requests = 2 * cycles
+    return {"cycles_per_second": cycles / seconds, "requests": requests,
+            "daemon_us": daemon_cpu / requests * 1e6,
+            "client_us": sum(cpu for _, cpu in gathered) / requests * 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--top", type=int, default=15, help="functions listed by own time")
+    args = parser.parse_args()
+    (REPO / "var").mkdir(exist_ok=True)
+
+    plain = load(["-m", "walqueue.server"], args.clients, args.seconds)
+    print(f"{args.clients} clients, put + ack_and_reserve cycles, {args.seconds:g} s, no profiler:")
+    print(f"  {plain['cycles_per_second']:,.0f} cycles/s; daemon CPU {plain['daemon_us']:.0f} us per request; "
+          f"client CPU {plain['client_us']:.0f} us per request (each client its own process)")
+
+    profile = Path(tempfile.mkdtemp(prefix="profile-", dir=REPO / "var")) / "daemon.prof"
+    profiled = load(["-m", "cProfile", "-o", str(profile), "-m", "walqueue.server"], args.clients, args.seconds)
+    stats = pstats.Stats(str(profile))
+    shares: dict[str, float] = {label: 0.0 for label, _ in GROUPS}
+    shares["other"] = 0.0
+    for (filename, _line, name), (_cc, _nc, own, _cum, _callers) in stats.stats.items():
+        label = next((label for label, matches in GROUPS if matches(filename, name)), "other")
+        shares[label] += own
+    busy = sum(seconds for label, seconds in shares.items() if not label.startswith("epoll"))
+    print(f"\nunder cProfile ({profiled['requests']:,} requests): the daemon's busy time per request, by group")
+    for label, seconds in sorted(shares.items(), key=lambda item: -item[1]):
+        if label.startswith("epoll"):
+            continue
+        print(f"  {label:<38} {seconds / busy:6.1%}  {seconds / profiled['requests'] * 1e6:7.1f} us")
+    print(f"  (idle in epoll: {shares['epoll wait (idle)']:.2f} s of the run)\n")
+    stats.sort_stats("tottime").print_stats(args.top)
+    shutil.rmtree(profile.parent, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
