@@ -10,7 +10,7 @@ holding its lock.
 `copy_manifest(manifest, dest)` copies in this order, each step named:
 
   1. check DEST: it must not exist, or be an empty directory (nothing is ever
-     overwritten or merged);
+     overwritten or merged), outside the queue directory;
   2. open every source file (an unreadable one fails here, before DEST is
      touched; an open file stays readable even if it is deleted meanwhile);
   3. create DEST (mode 0750) and fsync its parent, unless it existed;
@@ -148,12 +148,19 @@ def check_destination(dest: str | os.PathLike) -> bool:
 def copy_manifest(manifest: BackupManifest, dest: str | os.PathLike) -> BackupResult:
     """Copy the manifest's files from manifest.directory into DEST (steps 1-6 above).
 
-    Raises BackupError for a bad manifest, DestinationNotEmpty, or
+    Raises BackupError for a bad manifest or a DEST inside the queue
+    directory, DestinationNotEmpty, or
     SourceUnreadable (nothing written in those cases), and BackupIncomplete
     (with the OSError as its cause) when the copy fails half way.
     """
     files = copy_order(manifest)
     dest = os.path.abspath(os.fspath(dest))
+    source = os.path.abspath(manifest.directory)
+    if os.path.commonpath([dest, source]) in (dest, source):
+        # Inside the queue directory, a restore (which replaces that
+        # directory) would delete the backup with it.
+        raise BackupError(f"{dest} and the queue directory {source} contain one another; "
+                          f"back up to a directory outside it")
     create = check_destination(dest)
     sources: dict[str, int] = {}
     try:

@@ -32,6 +32,7 @@ from walqueue import (
     WalQueueError,
 )
 from walqueue.backup import (
+    BackupError,
     BackupIncomplete,
     DestinationNotEmpty,
     SourceUnreadable,
@@ -478,6 +479,8 @@ def backup(ctl: Ctl, dest: str, as_json: bool) -> None:
         raise CtlError(f"{exc}\n{advice}. Nothing was written to {dest}.", EXIT_UNREADABLE) from None
     except BackupIncomplete as exc:
         raise CtlError(str(exc), EXIT_BACKUP_INCOMPLETE) from None
+    except BackupError as exc:  # a DEST inside the queue directory, or a bad manifest
+        raise CtlError(f"{exc}\nNothing was written.", EXIT_USAGE) from None
     finally:
         end_backup(ctl)
     report = verify_directory(result.directory)

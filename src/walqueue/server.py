@@ -1131,7 +1131,7 @@ class Server:
         """Pause or resume leasing (idempotent); resuming serves parked reserves in arrival order."""
         if paused != self.paused:
             self.paused = paused
-            log.info("%s by %s (%d parked reserve(s))", "paused" if paused else "resumed",
+            log.info("%s by %s (%d reserve(s) waiting)", "paused" if paused else "resumed",
                      conn.name, self.parked.live)
         if not paused:
             self._serve_parked(now)

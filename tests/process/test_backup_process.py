@@ -20,8 +20,7 @@ import sys
 
 import pytest
 
-from walqueue import InvalidRequest, Queue, TaskView
-from walqueue import aio
+from walqueue import InvalidRequest, Queue, TaskView, aio
 from walqueue.client import Client
 from walqueue.codec import scan_frames
 from walqueue.ctl import EXIT_USAGE
@@ -94,6 +93,7 @@ def test_a_backup_under_concurrent_load_opens_with_exactly_the_state_at_its_seq(
     seq = result["seq"]
     assert result["directory"] == str(workdir / "copy")
     assert 0 < seq < final_seq, "the load must go on after the backup, or the test proves little"
+    copy_files = list((workdir / "copy").iterdir())  # before opening it makes a LOCK
     expected = replay(daemon.directory, seq)
     verify = ctl("verify", workdir / "copy")
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -101,7 +101,6 @@ def test_a_backup_under_concurrent_load_opens_with_exactly_the_state_at_its_seq(
         assert copy.stats().last_seq == seq
         assert list(copy.tasks()) == expected
     assert any(task.status == "leased" for task in expected) and len(expected) > 100
-    copy_files = list((workdir / "copy").iterdir())
     assert result["files"] == len(copy_files) and result["bytes"] == sum(p.stat().st_size for p in copy_files)
 
 
@@ -159,8 +158,9 @@ def test_backup_end_releases_the_pin_and_belongs_to_its_connection(daemon):
 
 def test_paused_reserves_get_nothing_while_writes_go_on(daemon, client_process):
     with Client(daemon.socket_path) as client:
-        client.put("held", {})
-        (lease,) = client.reserve("w", lease_seconds=60)
+        client.put("held-1", {})
+        client.put("held-2", {})
+        acked, released = client.reserve("w", lease_seconds=60, limit=2)
         assert client.pause() is True and client.pause() is True  # idempotent
         client.put("a", {})
         client.put("b", {})
@@ -169,13 +169,19 @@ def test_paused_reserves_get_nothing_while_writes_go_on(daemon, client_process):
         daemon.wait_for_log("parked reserve")
         second = client_process("reserve", daemon.socket_path, "second", 60)
         daemon.wait_for_log("parked reserve", count=2)
-        client.ack(lease)  # acks go on
-        (touch_me,) = [client.get("a")]
-        assert touch_me.status == "ready" and client.get("b").status == "ready"
-        assert client.get("held").status == "completed"
+        # Acks, touches and releases go on; nothing is leased.
+        client.ack(acked)
+        released = client.touch(released, lease_seconds=120)
+        client.release(released)
+        assert client.get("held-1").status == "completed"
+        assert [client.get(task).status for task in ("a", "b", "held-2")] == ["ready"] * 3
+        assert client.stats().leased == 0
+        # Resume serves the waiting reserves first, in arrival order (a and b
+        # were due before held-2 was released).
         assert client.resume() is False and client.resume() is False
         assert json.loads(first.result(timeout=20)[1])["task_ids"] == ["a"]
         assert json.loads(second.result(timeout=20)[1])["task_ids"] == ["b"]
+        assert [lease.task_id for lease in client.reserve("w")] == ["held-2"]
 
 
 def test_a_parked_reserve_waits_through_the_pause_and_the_ctl_commands_work(daemon, client_process):

@@ -217,6 +217,20 @@ def test_a_copy_that_fails_half_way_never_opens_as_a_queue(tmp_path, failing):
         Queue(tmp_path / "copy")
 
 
+def test_a_destination_inside_the_queue_directory_is_refused(tmp_path):
+    queue = busy_queue(tmp_path / "source")
+    with pytest.raises(BackupError, match="outside"):
+        copy_manifest(queue.backup_manifest(), tmp_path / "source" / "backups")
+    assert not (tmp_path / "source" / "backups").exists()
+    queue.close()
+
+
+def test_ctl_backup_into_the_queue_directory_exits_2_and_releases_the_pin(fake, tmp_path):
+    result = CliRunner().invoke(cli, ["backup", str(tmp_path / "source" / "copy")])
+    assert result.exit_code == ctl_module.EXIT_USAGE and "outside" in result.stderr
+    assert fake.calls == ["backup_begin", "backup_end"]
+
+
 def test_an_unreadable_source_file_writes_nothing(tmp_path):
     queue = busy_queue(tmp_path / "source")
     manifest = queue.backup_manifest()
