@@ -221,3 +221,4 @@ def test_the_asyncio_client_pauses_resumes_and_begins_a_backup(daemon):
 
     manifest, lease = asyncio.run(scenario())
     assert manifest.seq == 1 and lease.task_id == "job"
+

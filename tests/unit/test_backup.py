@@ -358,6 +358,22 @@ def test_ctl_backup_releases_the_pin_when_the_copy_fails(fake, tmp_path):
     assert fake.calls == ["backup_begin", "backup_end"]
 
 
+def test_ctl_backup_that_cannot_read_the_queue_says_whom_to_run_as(fake, tmp_path):
+    real_open = os.open
+
+    def denied(path, flags, *args, **kwargs):
+        if os.fspath(path).startswith(str(tmp_path / "source")):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    with mock.patch.object(backup_module.os, "open", denied):
+        result = CliRunner().invoke(cli, ["backup", str(tmp_path / "copy")])
+    assert result.exit_code == ctl_module.EXIT_UNREADABLE
+    assert "Permission denied" in result.stderr and "member of its group" in result.stderr
+    assert not (tmp_path / "copy").exists()  # nothing written
+    assert fake.calls == ["backup_begin", "backup_end"]
+
+
 def test_ctl_pause_and_resume_print_the_paused_state(fake):
     runner = CliRunner()
     assert json.loads(runner.invoke(cli, ["pause"]).stdout) == {"paused": True}
