@@ -149,14 +149,14 @@ def copy_manifest(manifest: BackupManifest, dest: str | os.PathLike) -> BackupRe
     """Copy the manifest's files from manifest.directory into DEST (steps 1-6 above).
 
     Raises BackupError for a bad manifest or a DEST inside the queue
-    directory, DestinationNotEmpty, or
-    SourceUnreadable (nothing written in those cases), and BackupIncomplete
-    (with the OSError as its cause) when the copy fails half way.
+    directory, DestinationNotEmpty, or SourceUnreadable (nothing written in
+    those cases), and BackupIncomplete (with the OSError as its cause) when
+    the copy fails half way.
     """
     files = copy_order(manifest)
     dest = os.path.abspath(os.fspath(dest))
-    source = os.path.abspath(manifest.directory)
-    if os.path.commonpath([dest, source]) in (dest, source):
+    source = os.path.realpath(manifest.directory)
+    if os.path.commonpath([os.path.realpath(dest), source]) in (os.path.realpath(dest), source):
         # Inside the queue directory, a restore (which replaces that
         # directory) would delete the backup with it.
         raise BackupError(f"{dest} and the queue directory {source} contain one another; "

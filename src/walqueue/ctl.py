@@ -68,7 +68,8 @@ Exit codes:
      the queue rejects as InvalidRequest); nothing was written
   3  the daemon is unavailable (not running, wrong socket, no permission,
      or the connection broke before the answer)
-  4  corrupt: verify found corruption (the daemon would refuse to start)
+  4  corrupt: verify found corruption (the daemon would refuse to start),
+     or the copy backup made does not verify
   5  stale lease: ack/release/touch with a lease that is not current
   6  key conflict: put with a key or task id already used differently
   7  not found: get of an unknown task
