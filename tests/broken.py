@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Iterator
 from unittest import mock
 
+from walqueue import backup as backup_module
 from walqueue import queue as queue_module
 from walqueue import snapshot as snapshot_module
 from walqueue.codec import encode_frame
@@ -96,6 +97,15 @@ def _keep_torn_tail(self, size):
     """Recovery that leaves a torn tail in place and appends after it."""
 
 
+_real_copy_file = backup_module._copy_file
+
+
+def _copy_whole_file(source, target, length, source_path):
+    """A backup that copies each file's current size, not the manifest's length:
+    it picks up records written after the backup's seq (and a preallocated tail)."""
+    _real_copy_file(source, target, os.fstat(source).st_size, source_path)
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(queue_module, "read_current", _newest_snapshot_wins),
@@ -113,6 +123,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(State, "_current_lease", _lease_valid_at_its_deadline),
     "torn_tail_left_in_place":
         lambda: mock.patch.object(ActiveSegment, "truncate", _keep_torn_tail),
+    "backup_copies_current_file_sizes":
+        lambda: mock.patch.object(backup_module, "_copy_file", _copy_whole_file),
 }
 
 

@@ -59,6 +59,9 @@ class SimFileSystem:
     def listdir(self, path: str) -> list[str]:
         return list(self.volatile[path])
 
+    def size(self, path: str) -> int:
+        return len(self._inode(path).content)
+
     def read(self, path: str) -> bytes:
         return bytes(self._inode(path).content)
 

@@ -56,6 +56,8 @@ from walqueue.client import (
     DaemonUnavailable,
     ack_and_reserve_call,
     ack_call,
+    backup_begin_call,
+    backup_end_call,
     compact_call,
     complete,
     encode_request,
@@ -63,12 +65,14 @@ from walqueue.client import (
     hello_answer,
     hello_request,
     last_words,
+    pause_call,
     put_call,
     put_many_call,
     refused,
     release_call,
     reserve_call,
     result,
+    resume_call,
     retry_pause,
     revive_call,
     socket_path,
@@ -77,6 +81,7 @@ from walqueue.client import (
     touch_call,
     unix_address,
 )
+from walqueue.values import BackupManifest
 from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
@@ -458,6 +463,22 @@ class Client:
     async def compact(self) -> int:
         """Compact now; returns the published snapshot's seq."""
         return await self._run(compact_call())
+
+    async def pause(self) -> bool:
+        """Stop leasing until resume(); returns True (see walqueue.client.Client.pause)."""
+        return await self._run(pause_call())
+
+    async def resume(self) -> bool:
+        """Lease again, waiting reserves first; returns False."""
+        return await self._run(resume_call())
+
+    async def backup_begin(self) -> BackupManifest:
+        """Pin the files of a consistent copy and return their manifest (see the sync client)."""
+        return await self._run(backup_begin_call())
+
+    async def backup_end(self) -> None:
+        """Release the pin this connection holds."""
+        await self._run(backup_end_call())
 
 
 # -- the worker -------------------------------------------------------------------

@@ -44,6 +44,7 @@ from typing import Any
 
 from walqueue import InvalidRequest, Lease, QueueClosed, QueueStats, TaskView, WalQueueError
 from walqueue import protocol as p
+from walqueue.values import BackupManifest
 
 SOCKET_NAME = "walqueued.sock"
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -553,6 +554,24 @@ def compact_call() -> Call:
     return Call(p.Compact(id=0), lambda answer: answer.seq)
 
 
+def pause_call() -> Call:
+    # Idempotent: pausing twice is paused; so retrying is safe.
+    return Call(p.Pause(id=0), lambda answer: answer.paused, idempotent=True)
+
+
+def resume_call() -> Call:
+    return Call(p.Resume(id=0), lambda answer: answer.paused, idempotent=True)
+
+
+def backup_begin_call() -> Call:
+    # Not retried: the pin belongs to the connection that asked for it.
+    return Call(p.BackupBegin(id=0), p.manifest_from_wire)
+
+
+def backup_end_call() -> Call:
+    return Call(p.BackupEnd(id=0), _nothing)
+
+
 class Client:
     """SPEC §8's client. See the module docstring for retries and thread safety.
 
@@ -692,5 +711,34 @@ class Client:
         return self._run(stats_call())
 
     def compact(self) -> int:
-        """Compact now; returns the published snapshot's seq."""
+        """Compact now; returns the published snapshot's seq.
+
+        Raises InvalidRequest while a backup holds its files (walqueue-ctl backup).
+        """
         return self._run(compact_call())
+
+    def pause(self) -> bool:
+        """Stop leasing: reserves get nothing (waiting ones wait) until resume(). Returns True.
+
+        Puts, acks, releases, touches and revives go on. The pause lives in the
+        daemon's memory: a daemon restart resumes.
+        """
+        return self._run(pause_call())
+
+    def resume(self) -> bool:
+        """Lease again (waiting reserves first, in arrival order). Returns False."""
+        return self._run(resume_call())
+
+    def backup_begin(self) -> BackupManifest:
+        """Make everything durable and pin the files of a consistent copy; returns their manifest.
+
+        The pin holds until backup_end() or until this client's connection
+        closes; copy with ``walqueue.backup.copy_manifest``. Raises
+        InvalidRequest if another backup is in progress.
+        """
+        return self._run(backup_begin_call())
+
+    def backup_end(self) -> None:
+        """Release the pin. Raises InvalidRequest if this connection holds none
+        (e.g. it was lost and replaced since backup_begin(): the pin ended with it)."""
+        self._run(backup_end_call())

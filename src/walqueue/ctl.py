@@ -31,6 +31,14 @@ from walqueue import (
     StaleLease,
     WalQueueError,
 )
+from walqueue.backup import (
+    BackupError,
+    BackupIncomplete,
+    DestinationNotEmpty,
+    SourceUnreadable,
+    check_destination,
+    copy_manifest,
+)
 from walqueue.client import SOCKET_NAME, Client, DaemonUnavailable
 from walqueue.verify import verify_directory
 
@@ -43,6 +51,8 @@ EXIT_STALE_LEASE = 5
 EXIT_KEY_CONFLICT = 6
 EXIT_NOT_FOUND = 7
 EXIT_UNREADABLE = 8
+EXIT_DEST_NOT_EMPTY = 9
+EXIT_BACKUP_INCOMPLETE = 10
 
 DEFAULT_SOCKET = "/run/walqueue/walqueued.sock"  # where systemd/walqueued.service puts it
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -58,11 +68,16 @@ Exit codes:
      the queue rejects as InvalidRequest); nothing was written
   3  the daemon is unavailable (not running, wrong socket, no permission,
      or the connection broke before the answer)
-  4  corrupt: verify found corruption (the daemon would refuse to start)
+  4  corrupt: verify found corruption (the daemon would refuse to start),
+     or the copy backup made does not verify
   5  stale lease: ack/release/touch with a lease that is not current
   6  key conflict: put with a key or task id already used differently
   7  not found: get of an unknown task
-  8  verify could not read the directory or one of its files
+  8  verify or backup could not read the queue directory or one of its
+     files (run as the daemon's user or a member of its group)
+  9  backup: DEST exists and is not an empty directory (nothing written)
+ 10  backup: the copy failed half way; DEST is incomplete (it will not
+     open as a queue): delete it and run backup again
 \b
 Where the daemon is: --socket PATH, or --dir DIRECTORY (its walqueued.sock),
 or $WALQUEUE_SOCKET; default /run/walqueue/walqueued.sock.
@@ -405,6 +420,91 @@ def revive(ctl: Ctl, task_ids: tuple[str, ...]) -> None:
 def compact(ctl: Ctl) -> None:
     """Snapshot the queue now and drop the WAL it covers. Prints {"seq": S}."""
     emit({"seq": ctl.call("compact")})
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@pass_ctl
+def pause(ctl: Ctl) -> None:
+    """Stop handing out tasks: every reserve gets nothing (waiting ones wait).
+
+    Puts, acks, releases, touches and revives go on, so running workers
+    finish what they hold. For deploying new worker code (docs/upgrades.md).
+    The pause lives in the daemon's memory: a daemon restart resumes.
+    Prints {"paused": true}.
+    """
+    emit({"paused": ctl.call("pause")})
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@pass_ctl
+def resume(ctl: Ctl) -> None:
+    """Hand out tasks again; waiting reserves are served first, in arrival order.
+
+    Prints {"paused": false}.
+    """
+    emit({"paused": ctl.call("resume")})
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("dest", type=click.Path())
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"seq", "files", "bytes", "directory"} as one JSON object.')
+@pass_ctl
+def backup(ctl: Ctl, dest: str, as_json: bool) -> None:
+    """Copy the daemon's queue, consistent as of one seq, into DEST while it serves.
+
+    DEST must not exist (it is created, mode 0750) or be an empty directory.
+    The daemon makes everything durable and pins the files of the copy (it
+    compacts nothing meanwhile); this command reads them from the daemon's
+    directory, so run it as the daemon's user or a member of its group. Files
+    are fsynced, CURRENT last, then DEST is verified like `verify DEST`.
+    Restore: docs/backup.md.
+    """
+    try:
+        check_destination(dest)  # before the daemon pins anything
+    except DestinationNotEmpty as exc:
+        raise CtlError(str(exc), EXIT_DEST_NOT_EMPTY) from None
+    manifest = ctl.call("backup_begin")
+    try:
+        result = copy_manifest(manifest, dest)
+    except DestinationNotEmpty as exc:
+        raise CtlError(str(exc), EXIT_DEST_NOT_EMPTY) from None
+    except SourceUnreadable as exc:
+        if isinstance(exc.__cause__, PermissionError):
+            advice = ("Run backup as the daemon's user or as a member of its group (the queue "
+                      "directory is 0750, its files 0640)")
+        else:
+            advice = (f"The daemon's directory {manifest.directory} must be reachable at the "
+                      f"same path from here; if it is, the daemon restarted during the backup: "
+                      f"run backup again")
+        raise CtlError(f"{exc}\n{advice}. Nothing was written to {dest}.", EXIT_UNREADABLE) from None
+    except BackupIncomplete as exc:
+        raise CtlError(str(exc), EXIT_BACKUP_INCOMPLETE) from None
+    except BackupError as exc:  # a DEST inside the queue directory, or a bad manifest
+        raise CtlError(f"{exc}\nNothing was written.", EXIT_USAGE) from None
+    finally:
+        end_backup(ctl)
+    report = verify_directory(result.directory)
+    if report.corrupt or report.unreadable:
+        click.echo(report.render(), err=True)
+        raise CtlError(f"the copy in {result.directory} does not verify (above); delete it and "
+                       f"run backup again, and keep the daemon's log", EXIT_CORRUPT)
+    if as_json:
+        emit(result.to_json())
+    else:
+        click.echo(f"backed up seq {result.seq} ({result.files} files, {result.bytes} bytes) "
+                   f"into {result.directory}; it verifies")
+
+
+def end_backup(ctl: Ctl) -> None:
+    """Release the daemon's pin; a lost connection has released it already."""
+    try:
+        ctl.client.backup_end()
+    except (WalQueueError, OSError) as exc:
+        # The copy does not depend on it: every file was opened while pinned,
+        # and an open file stays readable even if compaction deletes it.
+        click.echo(f"note: ending the backup pin: {exc} (the pin ends with the connection)",
+                   err=True)
 
 
 # -- verify (offline) -------------------------------------------------------------

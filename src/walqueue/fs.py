@@ -29,6 +29,10 @@ class OsFileSystem:
     def listdir(self, path: str) -> list[str]:
         return os.listdir(path)
 
+    def size(self, path: str) -> int:
+        """The file's length in bytes."""
+        return os.stat(path).st_size
+
     def read(self, path: str):
         """The whole file as a bytes-like object (memory-mapped when non-empty)."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

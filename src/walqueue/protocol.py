@@ -55,6 +55,7 @@ from walqueue import (
     TaskView,
     WalQueueError,
 )
+from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
@@ -186,13 +187,41 @@ class Compact(_Message, tag="compact"):
     id: int
 
 
+class Pause(_Message, tag="pause"):
+    """Stop leasing: every reserve gets nothing (a waiting one parks) until ``Resume``."""
+
+    id: int
+
+
+class Resume(_Message, tag="resume"):
+    """Lease again; parked reserves are served first, in arrival order."""
+
+    id: int
+
+
+class BackupBegin(_Message, tag="backup_begin"):
+    """Make everything durable, answer a ``Manifest`` and pin its files.
+
+    No compaction deletes pinned files until ``BackupEnd`` on the same
+    connection, or until that connection closes. One backup at a time.
+    """
+
+    id: int
+
+
+class BackupEnd(_Message, tag="backup_end"):
+    id: int
+
+
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
-    | AckReserve
+    | AckReserve | Pause | Resume | BackupBegin | BackupEnd
 )
 
-# Requests that may append to the WAL; the others only read state.
-WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckReserve)
+# Requests that may append to the WAL; the others only read state. (Resume
+# serves parked reserves; BackupBegin compacts a queue never compacted.)
+WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckReserve, Resume,
+                    BackupBegin)
 
 
 # -- values carried by answers ------------------------------------------------
@@ -261,7 +290,7 @@ class Leases(_Message, tag="leases"):
 
 
 class Done(_Message, tag="done"):
-    """Answer to ``Ack`` and ``Release``."""
+    """Answer to ``Ack``, ``Release`` and ``BackupEnd``."""
 
     id: int
 
@@ -298,6 +327,29 @@ class Compacted(_Message, tag="compacted"):
     seq: int
 
 
+class PauseState(_Message, tag="pause_state"):
+    """Answer to ``Pause`` and ``Resume``: whether leasing is paused now."""
+
+    id: int
+    paused: bool
+
+
+class BackupFile(msgspec.Struct, forbid_unknown_fields=True):
+    """One file of a backup: copy its first ``length`` bytes."""
+
+    name: str
+    length: int
+
+
+class Manifest(_Message, tag="manifest"):
+    """Answer to ``BackupBegin``: what to copy from ``directory`` for the state as of ``seq``."""
+
+    id: int
+    directory: str
+    seq: int
+    files: list[BackupFile]
+
+
 class Error(_Message, tag="error"):
     """A failed request. ``id`` is None when the error is not tied to a request."""
 
@@ -312,6 +364,7 @@ class Error(_Message, tag="error"):
 
 Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
+    | PauseState | Manifest
 )
 
 
@@ -470,6 +523,16 @@ def stats_to_wire(stats: QueueStats) -> WireStats:
 
 def stats_from_wire(wire: WireStats) -> QueueStats:
     return _same_fields(wire, QueueStats, WireStats.__struct_fields__)
+
+
+def manifest_to_wire(request_id: int, manifest: BackupManifest) -> Manifest:
+    files = [BackupFile(name, length) for name, length in manifest.files]
+    return Manifest(id=request_id, directory=manifest.directory, seq=manifest.seq, files=files)
+
+
+def manifest_from_wire(wire: Manifest) -> BackupManifest:
+    files = tuple((item.name, item.length) for item in wire.files)
+    return BackupManifest(directory=wire.directory, seq=wire.seq, files=files)
 
 
 def put_item(request: Any) -> PutItem:

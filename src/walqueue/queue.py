@@ -39,7 +39,7 @@ from .snapshot import (
     write_snapshot,
 )
 from .state import LEASED, MAX_EXPIRE_IDS, RECORD_FIELDS, State, Task
-from .values import Lease, PutRequest, QueueStats, TaskView, copy_json
+from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
 from .wal import ActiveSegment, SegmentReader, list_segments
 
 LOCK = "LOCK"
@@ -332,6 +332,32 @@ class Queue:
             self._die()
             raise
         return seq
+
+    def backup_manifest(self) -> BackupManifest:
+        """The files a consistent copy needs, as of the last seq, made durable first.
+
+        Not part of SPEC's API: `walqueue.backup` copies what it lists, and
+        walqueued hands it to `walqueue-ctl backup`. Sealed segments and
+        snapshots never change and the active segment only grows past the
+        listed length, so the listed bytes stay valid until a compaction
+        deletes them: the caller keeps compaction away until the copy is
+        done (walqueued pins them). A queue that holds records but was never
+        compacted is compacted first, so that every copy with data has a
+        CURRENT, which the copy writes last: until then a half copy starts
+        after seq 1 and fails to open instead of opening with fewer records.
+        """
+        self._check_open()
+        if self._snapshot_file is None and self._state.last_seq > 0:
+            self.compact()
+        else:
+            self._sync()
+        fs, directory = self._fs, self._directory
+        files = [(name, fs.size(os.path.join(directory, name))) for name in self._sealed]
+        files.append((self._active.filename, self._active.size))
+        if self._snapshot_file is not None:
+            for name in (self._snapshot_file, CURRENT):
+                files.append((name, fs.size(os.path.join(directory, name))))
+        return BackupManifest(os.path.abspath(directory), self._state.last_seq, tuple(files))
 
     def _compaction_steps(self):
         """The steps of compact(), in the only safe order (SPEC §5).

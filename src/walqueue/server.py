@@ -397,6 +397,8 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.connections: dict[int, Connection] = {}
         self.parked = ParkedReserves()
+        self.paused = False  # walqueue-ctl pause: every reserve gets nothing (see _reserve)
+        self.backup_holder: Connection | None = None  # the connection pinning a backup's files
         self.last_now = 0
         self.turn = 0
         self.stopping = False
@@ -519,7 +521,7 @@ class Server:
             deadlines.append(self._next_watchdog - time.monotonic())
         if self.parked:
             deadlines.append(self.parked.next_deadline() - time.monotonic())
-            due = self._next_due()
+            due = None if self.paused else self._next_due()  # paused: a due task wakes no one
             if due is not None:
                 if due <= self.last_now:
                     # Should not happen (a due task would have been leased);
@@ -604,6 +606,9 @@ class Server:
             conn.events = 0
         self.connections.pop(conn.sock.fileno(), None)
         conn.sock.close()
+        if self.backup_holder is conn:
+            self.backup_holder = None
+            log.warning("backup pin released: %s closed before ending its backup", conn.name)
         if conn.parked:
             self.parked.drop(lambda entry: entry.conn is conn)
         log.info("disconnect %s (%s)", conn.name, reason)
@@ -867,9 +872,7 @@ class Server:
                 self._end_waits(entry.conn)
                 continue
             try:
-                leases = self.queue.reserve(
-                    request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
-                )
+                leases = self._lease_due(request.worker, now, request.lease_seconds, request.limit)
             except REQUEST_ERRORS as exc:
                 leases = exc
             if not leases:
@@ -978,17 +981,25 @@ class Server:
                     stats = p.stats_to_wire(q.stats())
                     self._answer(conn, request_id, [p.StatsOk(id=request_id, stats=stats)])
                 case p.Compact():
+                    self._refuse_while_pinned()
                     started = time.monotonic()
                     seq = q.compact()
                     log.info("compacted on request through seq %d in %.3f s", seq, time.monotonic() - started)
                     self._answer(conn, request_id, [p.Compacted(id=request_id, seq=seq)])
+                case p.Pause() | p.Resume():
+                    self._set_paused(conn, isinstance(request, p.Pause), now)
+                    self._answer(conn, request_id, [p.PauseState(id=request_id, paused=self.paused)])
+                case p.BackupBegin():
+                    self._answer(conn, request_id, [self._backup_begin(conn, request_id)])
+                case p.BackupEnd():
+                    self._backup_end(conn)
+                    self._answer(conn, request_id, [p.Done(id=request_id)])
         except REQUEST_ERRORS as exc:
             log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, one_line(str(exc)))
             self._answer(conn, request_id, [p.error_to_wire(request_id, exc)])
 
     def _reserve(self, conn: Connection, request: p.Reserve | p.AckReserve, now: int) -> None:
         """Lease due tasks to ``request``'s worker now, or park it if it may wait."""
-        q = self.queue
         request_id = request.id
         if self._peer_gone(conn):
             # It sent this and closed (or died): a lease could only
@@ -998,9 +1009,7 @@ class Server:
         # Parked reserves were served at the start of the turn and
         # after every request that made a task due, so if any are
         # still parked this returns nothing: arrival order holds.
-        leases = q.reserve(
-            request.worker, now=now, lease_seconds=request.lease_seconds, limit=request.limit
-        )
+        leases = self._lease_due(request.worker, now, request.lease_seconds, request.limit)
         if leases or request.wait == 0 or conn.closing:
             self._answer(conn, request_id, self._lease_messages(request_id, leases))
         else:
@@ -1136,9 +1145,59 @@ class Server:
                 conn.out += p.encode(error)
                 log.error("answer to request %s from %s not encodable: %s", request_id, conn.name, one_line(str(exc)))
 
+    # -- operator controls: pause and the backup pin -----------------------------------
+
+    def _lease_due(self, worker: str, now: int, lease_seconds: int, limit: int) -> list[Lease]:
+        """Lease up to ``limit`` due tasks, or nothing while paused.
+
+        Every reserve (new, parked, or the reserve half of a combined request)
+        goes through here, so pausing is this one check. Paused, nothing is
+        written either: expired leases are reaped by the first reserve after
+        resuming.
+        """
+        if self.paused:
+            return []
+        return self.queue.reserve(worker, now=now, lease_seconds=lease_seconds, limit=limit)
+
+    def _set_paused(self, conn: Connection, paused: bool, now: int) -> None:
+        """Pause or resume leasing (idempotent); resuming serves parked reserves in arrival order."""
+        if paused != self.paused:
+            self.paused = paused
+            log.info("%s by %s (%d reserve(s) waiting)", "paused" if paused else "resumed",
+                     conn.name, self.parked.live)
+        if not paused:
+            self._serve_parked(now)
+
+    def _backup_begin(self, conn: Connection, request_id: int) -> p.Manifest:
+        """Pin the files of a consistent copy for ``conn`` and describe them.
+
+        Raises InvalidRequest while another backup holds the pin.
+        """
+        if self.backup_holder is not None:
+            raise InvalidRequest(f"a backup is already in progress ({self.backup_holder.name}); "
+                                 "wait for it to finish")
+        manifest = self.queue.backup_manifest()  # may compact a queue never compacted
+        self.backup_holder = conn
+        log.info("backup pin taken by %s: seq %d, %d file(s)", conn.name, manifest.seq, len(manifest.files))
+        return p.manifest_to_wire(request_id, manifest)
+
+    def _backup_end(self, conn: Connection) -> None:
+        if self.backup_holder is not conn:
+            raise InvalidRequest("this connection holds no backup pin (it ends when the connection "
+                                 "that began the backup closes)")
+        self.backup_holder = None
+        log.info("backup pin released by %s", conn.name)
+
+    def _refuse_while_pinned(self) -> None:
+        if self.backup_holder is not None:
+            raise InvalidRequest(f"a backup is in progress ({self.backup_holder.name}); compaction "
+                                 "would delete the files it copies: compact after it ends")
+
     # -- compaction and shutdown --------------------------------------------------------
 
     def _maybe_compact(self) -> None:
+        if self.backup_holder is not None:
+            return  # deferred: the first write after the backup ends compacts
         try:
             wal_bytes = self.queue.stats().wal_bytes
             if wal_bytes <= self.compact_wal_bytes:

@@ -54,6 +54,22 @@ class QueueStats:
     wal_bytes: int
 
 
+@dataclass(frozen=True)
+class BackupManifest:
+    """The files of a consistent copy of a queue directory as of `seq`.
+
+    `files` holds (name, length) pairs: the WAL segments that follow the
+    snapshot, oldest first (the active one only up to its last complete
+    frame at `seq`), then the snapshot CURRENT names and CURRENT itself,
+    each whole. Copying exactly these bytes gives a directory that opens
+    with the state as of `seq` (see walqueue.backup).
+    """
+
+    directory: str
+    seq: int
+    files: tuple[tuple[str, int], ...]
+
+
 def copy_json(value: Any) -> Any:
     """A deep copy of a JSON tree (dicts, lists and immutable scalars)."""
     if isinstance(value, dict):

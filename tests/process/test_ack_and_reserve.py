@@ -74,3 +74,17 @@ def test_the_asyncio_client_has_it_too(daemon):
             return nxt.task_id, (await client.get("a")).status
 
     assert asyncio.run(main()) == ("b", "completed")
+
+
+def test_while_paused_the_ack_happens_and_the_reserve_half_gets_nothing(daemon):
+    with Client(socket_of(daemon)) as client:
+        client.put_many([{"task_id": "a", "payload": {}}, {"task_id": "b", "payload": {}}])
+        (lease,) = client.reserve("w", lease_seconds=60)
+        client.pause()
+        try:
+            assert client.ack_and_reserve(lease) == []
+            assert client.get("a").status == "completed"
+            assert client.get("b").status == "ready"
+        finally:
+            client.resume()
+        assert [nxt.task_id for nxt in client.reserve("w")] == ["b"]

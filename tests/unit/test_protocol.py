@@ -21,6 +21,7 @@ from walqueue import (
     WalQueueError,
 )
 from walqueue import protocol as p
+from walqueue.values import BackupManifest
 
 
 def test_the_body_bound_is_the_frame_bound_plus_one_mebibyte():
@@ -67,6 +68,10 @@ def test_frames_split_across_reads_are_reassembled_in_order():
     p.Tasks(id=10, status="dead"),
     p.Stats(id=11),
     p.Compact(id=12),
+    p.Pause(id=13),
+    p.Resume(id=14),
+    p.BackupBegin(id=15),
+    p.BackupEnd(id=16),
 ])
 def test_every_request_round_trips(request_message):
     reader = p.FrameReader()
@@ -171,3 +176,14 @@ def test_the_wire_types_carry_exactly_the_fields_of_the_library_types():
 
     for library, wire in [(Lease, p.WireLease), (TaskView, p.WireTask), (QueueStats, p.WireStats)]:
         assert tuple(field.name for field in dataclasses.fields(library)) == wire.__struct_fields__
+
+
+def test_a_manifest_round_trips_to_the_library_value():
+    manifest = BackupManifest("/var/lib/walqueue", 42, (("wal-00000000000000000041.log", 300),
+                                                        ("snapshot-00000000000000000040.snap", 900),
+                                                        ("CURRENT", 104)))
+    wire = p.manifest_to_wire(7, manifest)
+    answer = p.decode_response(p.encode(wire)[4:])
+    assert answer == wire and p.manifest_from_wire(answer) == manifest
+    state = p.decode_response(p.encode(p.PauseState(id=8, paused=True))[4:])
+    assert state == p.PauseState(id=8, paused=True)

@@ -97,6 +97,10 @@ requests = st.one_of(
                                                             "bogus", ""])),
     st.builds(p.Stats, id=integers),
     st.builds(p.Compact, id=integers),
+    st.builds(p.Pause, id=integers),
+    st.builds(p.Resume, id=integers),
+    st.builds(p.BackupBegin, id=integers),
+    st.builds(p.BackupEnd, id=integers),
 )
 
 lease_values = st.builds(p.WireLease, task_id=texts, worker=texts, generation=integers, deadline=integers,
@@ -115,6 +119,9 @@ responses = st.one_of(
     st.builds(p.TaskOk, id=integers, task=st.none() | task_values),
     st.builds(p.TaskList, id=integers, tasks=st.lists(task_values, max_size=2), more=st.booleans()),
     st.builds(p.Compacted, id=integers, seq=integers),
+    st.builds(p.PauseState, id=integers, paused=st.booleans()),
+    st.builds(p.Manifest, id=integers, directory=texts, seq=integers,
+              files=st.lists(st.builds(p.BackupFile, name=texts, length=integers), max_size=3)),
     st.builds(p.Error, id=st.none() | integers, error=texts, message=texts, task_id=st.none() | texts,
               status=st.none() | texts, generation=st.none() | integers, fatal=st.booleans()),
 )
