@@ -676,6 +676,7 @@ def _library_verdict(directory: str) -> str:
         probe._directory = directory
         probe._fs = _RecoveryProbeFiles()
         probe._hook = None
+        probe._preallocate_bytes = 0
         probe._closed = True
         probe._active = None
         probe._lock_fd = None
