@@ -96,6 +96,22 @@ def _keep_torn_tail(self, size):
     """Recovery that leaves a torn tail in place and appends after it."""
 
 
+def _seal_without_trim(self):
+    """Rotation that syncs the preallocated segment but keeps its zeros: a sealed segment ends in zeros."""
+    self.sync()
+
+
+_real_sync = ActiveSegment.sync
+
+
+def _sync_without_fdatasync(self):
+    """A preallocating segment that skips fdatasync (the write went into space already allocated)."""
+    if self.preallocate_bytes:
+        self.unsynced = False
+        return
+    _real_sync(self)
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(queue_module, "read_current", _newest_snapshot_wins),
@@ -113,6 +129,10 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(State, "_current_lease", _lease_valid_at_its_deadline),
     "torn_tail_left_in_place":
         lambda: mock.patch.object(ActiveSegment, "truncate", _keep_torn_tail),
+    "seal_without_trim":
+        lambda: mock.patch.object(ActiveSegment, "seal", _seal_without_trim),
+    "prealloc_no_sync":
+        lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
 }
 
 
