@@ -204,8 +204,10 @@ def test_a_frame_torn_inside_the_preallocated_region_is_corrupt_store_naming_fil
     assert str(raised.value) == (f"{wal_name(1)}: frame at offset {len(answered)} "
                                  f"fails its SHA-256 checksum")
     report = verify_directory(directory)
-    assert [(p.severity, p.file, p.offset) for p in report.problems if p.severity == CORRUPT] == [
-        (CORRUPT, wal_name(1), len(answered))]
+    (problem,) = report.by_severity(CORRUPT)
+    assert (problem.file, problem.offset) == (wal_name(1), len(answered))
+    assert f"only its first {len(torn)} bytes are non-zero" in problem.what
+    assert "torn inside a preallocated segment" in problem.what
     assert report.last_seq == 2  # every answered operation is before the torn frame
 
     # What docs/failure-model.md tells the operator to do for exactly this shape.
@@ -215,6 +217,19 @@ def test_a_frame_torn_inside_the_preallocated_region_is_corrupt_store_naming_fil
         assert [view.task_id for view in reopened.tasks()] == ["a", "b"]
     assert segment.read_bytes() == frames(put_record(1, put_task("a", {})),
                                           put_record(2, put_task("b", {})))
+
+
+def test_verify_does_not_call_other_damage_a_torn_write(tmp_path):
+    directory = tmp_path / "q"
+    with Queue(directory, preallocate_bytes=STEP) as queue:
+        queue.put("a", {})
+        queue.put("b", {})
+    segment = directory / wal_name(1)
+    data = bytearray(segment.read_bytes())
+    data[10] ^= 0x01  # a flipped bit in the first frame: frames follow it
+    segment.write_bytes(bytes(data) + bytes(100))
+    problems = verify_directory(directory).by_severity(CORRUPT)
+    assert problems and not any("torn inside" in problem.what for problem in problems)
 
 
 def test_wal_bytes_counts_frames_not_the_allocation(tmp_path):
