@@ -36,6 +36,7 @@ from walqueue.client import Client  # noqa: E402
 
 READY_SECONDS = 30.0
 OPS = ("put", "reserve", "ack")
+SERVE_OPTIONS: list[str] = []  # extra `walqueued serve` options, from the command line
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -141,7 +142,8 @@ class DaemonRun:
         self.log = open(self.workdir / "daemon.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "walqueue.server", "serve", str(self.directory), "--socket",
-             self.socket_path, "--log-level", "warning", "--test-hook", "tests.process.hooks:hook"],
+             self.socket_path, "--log-level", "warning", "--test-hook", "tests.process.hooks:hook",
+             *SERVE_OPTIONS],
             stdout=self.log, stderr=self.log, env=env, cwd=REPO)
         notify.settimeout(READY_SECONDS)
         try:
@@ -296,7 +298,11 @@ def main() -> None:
                         help="samples per request type for the one-client latency table (0: skip)")
     parser.add_argument("--compaction-tasks", default="",
                         help="also measure how long compaction stalls service at these queue sizes")
+    parser.add_argument("--preallocate-wal-bytes", type=int, default=None,
+                        help="passed to walqueued serve (default: the daemon's own default)")
     args = parser.parse_args()
+    if args.preallocate_wal_bytes is not None:
+        SERVE_OPTIONS[:] = ["--preallocate-wal-bytes", str(args.preallocate_wal_bytes)]
     if args.runs < 3:
         parser.error("--runs must be at least 3 (medians of >= 3 runs)")
     (REPO / "var").mkdir(exist_ok=True)

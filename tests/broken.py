@@ -106,6 +106,22 @@ def _copy_whole_file(source, target, length, source_path):
     _real_copy_file(source, target, os.fstat(source).st_size, source_path)
 
 
+def _seal_without_trim(self):
+    """Rotation that syncs the preallocated segment but keeps its zeros: a sealed segment ends in zeros."""
+    self.sync()
+
+
+_real_sync = ActiveSegment.sync
+
+
+def _sync_without_fdatasync(self):
+    """A preallocating segment that skips fdatasync (the write went into space already allocated)."""
+    if self.preallocate_bytes:
+        self.unsynced = False
+        return
+    _real_sync(self)
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(queue_module, "read_current", _newest_snapshot_wins),
@@ -125,6 +141,10 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(ActiveSegment, "truncate", _keep_torn_tail),
     "backup_copies_current_file_sizes":
         lambda: mock.patch.object(backup_module, "_copy_file", _copy_whole_file),
+    "seal_without_trim":
+        lambda: mock.patch.object(ActiveSegment, "seal", _seal_without_trim),
+    "prealloc_no_sync":
+        lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
 }
 
 

@@ -12,8 +12,18 @@ cannot catch a missing fsync. This disk keeps two images:
 seeded choice of each file's unsynced operations: none, a prefix of them, or
 a prefix and then one write torn part-way (its first bytes, or zeros of its
 length, as a file extended past its last synced write reads). That is the
-model of POSIX durability the library relies on (file data needs fsync of
-the file; a name created, renamed or removed needs fsync of its directory).
+model of POSIX durability the library relies on (file data needs fsync or
+fdatasync of the file; a name created, renamed or removed needs fsync of its
+directory).
+
+Preallocation (`allocate`, posix_fallocate) is an operation like a write: a
+power cut may keep it or not, and the file reads as zeros past whatever
+survived. A write into an allocated region that was not synced is kept,
+lost (its bytes read back as the zeros that were there), or torn: its first
+bytes and then zeros -- the non-zero prefix followed by zeros that SPEC §5
+cannot tell from damage (docs/failure-model.md). `tear="zeros"` limits
+tears to zeros, as ext4's unwritten extents behave for a frame inside one
+fresh extent; the default also tears into a prefix.
 
 `skip` removes one fsync from the library without copying its code: an
 fsync (or directory fsync) called from a function of that name does nothing.
@@ -34,16 +44,21 @@ from dataclasses import dataclass, field
 class Inode:
     content: bytearray = field(default_factory=bytearray)
     synced: bytes = b""
-    pending: list = field(default_factory=list)  # ("write", offset, bytes) | ("truncate", size)
+    # ("write", offset, bytes) | ("truncate", size) | ("allocate", end)
+    pending: list = field(default_factory=list)
 
 
 class SimFileSystem:
-    def __init__(self, skip: tuple[str, str] | None = None) -> None:
+    def __init__(self, skip: tuple[str, str] | None = None, *, can_allocate: bool = True,
+                 allocate_error: int | None = None) -> None:
+        self.can_allocate = can_allocate      # False: allocate answers "not supported"
+        self.allocate_error = allocate_error  # an errno allocate raises (e.g. ENOSPC)
+        self.allocations = 0
         self.volatile: dict[str, dict[str, Inode]] = {}   # directory -> name -> inode
         self.durable: dict[str, dict[str, Inode]] = {}
         self.fds: dict[int, tuple[Inode, bool]] = {}       # fd -> (inode, append)
         self.next_fd = 1000
-        self.skip = skip          # (caller function name, "fsync" | "fsync_directory")
+        self.skip = skip          # (caller function name, "fsync" | "fdatasync" | "fsync_directory")
         self.skipped = 0          # how many fsyncs `skip` swallowed
         self.fsyncs = 0
 
@@ -68,6 +83,9 @@ class SimFileSystem:
     def open_append(self, path: str) -> int:
         return self._open(path, append=True, truncate=False)
 
+    def open_write(self, path: str) -> int:
+        return self._open(path, append=False, truncate=False)
+
     def create(self, path: str) -> int:
         return self._open(path, append=False, truncate=True)
 
@@ -77,9 +95,37 @@ class SimFileSystem:
         inode.content += data
         inode.pending.append(("write", offset, bytes(data)))
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        inode, _ = self.fds[fd]
+        _apply(inode.content, ("write", offset, bytes(data)))
+        inode.pending.append(("write", offset, bytes(data)))
+
+    def allocate(self, fd: int, offset: int, length: int) -> bool:
+        if self.allocate_error is not None:
+            raise OSError(self.allocate_error, os.strerror(self.allocate_error))
+        if not self.can_allocate:
+            return False
+        self.allocations += 1
+        inode, _ = self.fds[fd]
+        end = offset + length
+        if end > len(inode.content):
+            _apply(inode.content, ("allocate", end))
+            inode.pending.append(("allocate", end))
+        return True
+
     def fsync(self, fd: int) -> None:
         if self._skipped("fsync"):
             return
+        self._sync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        if self._skipped("fdatasync"):
+            return
+        self._sync(fd)
+
+    def _sync(self, fd: int) -> None:
+        # The simulated file has no metadata apart from its size, which
+        # fdatasync makes durable too (the size is needed to read the data).
         self.fsyncs += 1
         inode, _ = self.fds[fd]
         inode.synced = bytes(inode.content)
@@ -114,15 +160,19 @@ class SimFileSystem:
 
     # -- power ----------------------------------------------------------
 
-    def power_loss(self, rng: random.Random) -> None:
-        """Lose everything not durable, keeping a seeded choice of unsynced writes."""
+    def power_loss(self, rng: random.Random | None, *, tear: str = "prefix") -> None:
+        """Lose everything not durable, keeping a seeded choice of unsynced writes.
+
+        `rng` None keeps no unsynced operation at all. `tear` is "prefix"
+        (a torn write keeps its first bytes or zeros) or "zeros" (only zeros).
+        """
         self.fds.clear()
         survivors: dict[int, Inode] = {}
         for directory, entries in self.durable.items():
             self.volatile[directory] = {}
             for name, inode in entries.items():
                 if id(inode) not in survivors:
-                    survivors[id(inode)] = _after_power_loss(inode, rng)
+                    survivors[id(inode)] = _after_power_loss(inode, rng, tear)
                 self.volatile[directory][name] = survivors[id(inode)]
             self.durable[directory] = dict(self.volatile[directory])
 
@@ -165,8 +215,10 @@ class SimFileSystem:
         return False
 
 
-def _after_power_loss(inode: Inode, rng: random.Random) -> Inode:
+def _after_power_loss(inode: Inode, rng: random.Random | None, tear: str) -> Inode:
     content = bytearray(inode.synced)
+    if rng is None:
+        return Inode(content=content, synced=bytes(content))
     operations = inode.pending
     kept = rng.randint(0, len(operations))
     for operation in operations[:kept]:
@@ -174,7 +226,7 @@ def _after_power_loss(inode: Inode, rng: random.Random) -> Inode:
     if kept < len(operations) and operations[kept][0] == "write" and rng.random() < 0.5:
         _, offset, data = operations[kept]
         cut = rng.randint(1, len(data))
-        torn = data[:cut] if rng.random() < 0.5 else bytes(cut)
+        torn = data[:cut] if tear == "prefix" and rng.random() < 0.5 else bytes(cut)
         _apply(content, ("write", offset, torn))
     return Inode(content=content, synced=bytes(content))
 
@@ -182,6 +234,10 @@ def _after_power_loss(inode: Inode, rng: random.Random) -> Inode:
 def _apply(content: bytearray, operation) -> None:
     if operation[0] == "truncate":
         del content[operation[1]:]
+        return
+    if operation[0] == "allocate":
+        if len(content) < operation[1]:
+            content += bytes(operation[1] - len(content))
         return
     _, offset, data = operation
     if len(content) < offset:

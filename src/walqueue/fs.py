@@ -9,11 +9,14 @@ bytes on disk.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
 FILE_MODE = 0o640       # no world access; the group may read (backups, verify)
 DIRECTORY_MODE = 0o750
+# posix_fallocate's answers for "this file system cannot preallocate".
+_CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 
 
 class OsFileSystem:
@@ -48,6 +51,10 @@ class OsFileSystem:
         """Open (creating if needed) a file for appending; returns a descriptor."""
         return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
 
+    def open_write(self, path: str) -> int:
+        """Open (creating if needed) a file for writing at chosen offsets; returns a descriptor."""
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+
     def create(self, path: str) -> int:
         """Create or truncate a file for writing; returns a descriptor."""
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
@@ -58,8 +65,33 @@ class OsFileSystem:
             written = os.write(fd, view)
             view = view[written:]
 
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def allocate(self, fd: int, offset: int, length: int) -> bool:
+        """Reserve disk blocks for [offset, offset + length), extending the file with zeros.
+
+        Returns False, changing nothing, when the file system cannot
+        preallocate; raises OSError for anything else (ENOSPC above all).
+        """
+        try:
+            os.posix_fallocate(fd, offset, length)
+        except OSError as error:
+            if error.errno in _CANNOT_PREALLOCATE:
+                return False
+            raise
+        return True
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        """Make the file's data durable, with the metadata needed to read it back (its size)."""
+        os.fdatasync(fd)
 
     def close(self, fd: int) -> None:
         os.close(fd)

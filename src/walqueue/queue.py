@@ -40,7 +40,7 @@ from .snapshot import (
 )
 from .state import LEASED, MAX_EXPIRE_IDS, RECORD_FIELDS, State, Task
 from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
-from .wal import ActiveSegment, SegmentReader, list_segments
+from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment, SegmentReader, list_segments
 
 LOCK = "LOCK"
 PHASES = (
@@ -54,12 +54,20 @@ _PUT_FIELDS = ("task_id", "payload", "key", "available_at", "max_attempts")
 class Queue:
     """A single-writer durable task queue stored in `directory`.
 
-    Raises QueueLocked if another owner holds the directory, CorruptStore if
-    its files are damaged (naming the file and offset or seq).
+    `preallocate_bytes` N > 0 keeps the active WAL segment's next frame in a
+    preallocated region, grown N bytes at a time, and syncs with fdatasync
+    (see wal.ActiveSegment); 0, the default, appends and fsyncs. Either way
+    the frames on disk are the same, and a closed directory holds only them.
+
+    Raises InvalidRequest for a bad `preallocate_bytes` (before touching the
+    directory), QueueLocked if another owner holds the directory,
+    CorruptStore if its files are damaged (naming the file and offset or seq).
     """
 
     def __init__(self, directory: str | os.PathLike, *, hook: Callable[[str], Any] | None = None,
-                 filesystem: OsFileSystem | None = None) -> None:
+                 filesystem: OsFileSystem | None = None, preallocate_bytes: int = 0) -> None:
+        self._preallocate_bytes = validation.integer(preallocate_bytes, "preallocate_bytes",
+                                                     maximum=MAX_PREALLOCATE_BYTES)
         self._directory = os.fspath(directory)
         self._hook = hook
         self._fs = filesystem or OsFileSystem()
@@ -138,7 +146,8 @@ class Queue:
         garbage = list(covered)
         if reader is not None and reader.last_seq >= snapshot_seq:
             newest = live[-1][1]
-            self._active = ActiveSegment(fs, directory, reader.first_seq, sizes[newest])
+            self._active = ActiveSegment(fs, directory, reader.first_seq, sizes[newest],
+                                         self._preallocate_bytes)
             if reader.tail.kind != "clean":
                 self._active.truncate(reader.tail.offset)
                 self._call_hook("recover.after_truncate")
@@ -154,7 +163,8 @@ class Queue:
             fs.unlink(os.path.join(directory, name))
         created = self._active is None
         if created:
-            self._active = ActiveSegment(fs, directory, state.last_seq + 1, 0)
+            self._active = ActiveSegment(fs, directory, state.last_seq + 1, 0,
+                                         self._preallocate_bytes)
         if garbage or created:
             fs.fsync_directory(directory)
 
@@ -370,13 +380,16 @@ class Queue:
         return (self._rotate, self._write_snapshot, self._publish, self._delete_covered)
 
     def _rotate(self, seq: int) -> None:
-        """Seal the active segment and start wal-<seq+1>."""
+        """Seal the active segment (trimmed, fsynced) and start wal-<seq+1>."""
         if not self._active.empty:
-            self._active.sync()
+            # Trimmed before the next segment exists: only the newest segment
+            # may end in zeros (SPEC §5).
+            self._active.seal()
             self._active.close()
             self._sealed.append(self._active.filename)
             self._sealed_bytes += self._active.size
-            self._active = ActiveSegment(self._fs, self._directory, seq + 1, 0)
+            self._active = ActiveSegment(self._fs, self._directory, seq + 1, 0,
+                                         self._preallocate_bytes)
             self._fs.fsync_directory(self._directory)
         self._call_hook("wal.after_rotate")
 
@@ -419,7 +432,9 @@ class Queue:
         if self._closed:
             return
         try:
-            if self._active.unsynced:
+            if self._active.has_zero_tail:
+                self._active.trim()  # a cleanly closed directory holds only frames
+            elif self._active.unsynced:
                 self._active.sync()  # only inside a batch; no hook at close
         finally:
             self._closed = True

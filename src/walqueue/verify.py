@@ -572,6 +572,8 @@ def _verify_segment(verifier: _Verifier, filename: str, first_seq: int, newest: 
             else:
                 verifier.last_applied = seq
         if tail_kind == "damaged":
+            if newest:
+                _explain_a_write_torn_in_preallocation(verifier, filename, data)
             sizes[filename] = len(data)
             return last_seq
         sizes[filename] = tail_offset
@@ -589,6 +591,30 @@ def _verify_segment(verifier: _Verifier, filename: str, first_seq: int, newest: 
         return last_seq
     finally:
         _close(data)
+
+
+def _explain_a_write_torn_in_preallocation(verifier: _Verifier, filename: str, data) -> None:
+    """Say so when the newest segment's last problem looks like a write torn inside preallocated space.
+
+    Still corrupt (open raises CorruptStore for it, SPEC §5): a frame whose
+    digest fails, holding some non-zero bytes and then only zeros to the end
+    of the file, is what a power cut leaves when it tears a write into a
+    preallocated segment (docs/failure-model.md). Verify only adds the
+    reading; whether to cut the segment there is the operator's decision.
+    """
+    problem = verifier.problems[-1]
+    if problem.file != filename or problem.offset is None or \
+            "fails its SHA-256 checksum" not in problem.what:
+        return
+    rest = bytes(data[problem.offset:])
+    written = len(rest.rstrip(b"\x00"))
+    (length,) = _LENGTH.unpack_from(rest, 0)
+    if not 0 < written < LENGTH_BYTES + length + DIGEST_BYTES <= len(rest):
+        return
+    verifier.problems[-1] = dataclasses.replace(problem, what=(
+        f"{problem.what}; only its first {written} bytes are non-zero and every byte after them "
+        f"is zero: this looks like a write torn inside a preallocated segment (a frame whose sync "
+        f"never returned), see docs/failure-model.md, 'A write torn inside preallocated space'"))
 
 
 def _describe_tail(filename: str, size: int, offset: int, kind: str) -> str:
@@ -678,6 +704,7 @@ def _library_verdict(directory: str) -> str:
         probe._directory = directory
         probe._fs = _RecoveryProbeFiles()
         probe._hook = None
+        probe._preallocate_bytes = 0
         probe._closed = True
         probe._active = None
         probe._lock_fd = None

@@ -55,6 +55,15 @@ from tests.model.reference import (
 
 QueueFactory = Callable[..., Any]
 
+# Below the size of the script's larger frames, so the allocation grows often
+# and sometimes by more than one step.
+MATRIX_PREALLOCATE_BYTES = 200
+
+
+def preallocating_factory(directory: Path, hook: Any = None) -> Any:
+    """A Queue whose active segment is preallocated (zeros after its frames while open)."""
+    return walqueue.Queue(directory, hook=hook, preallocate_bytes=MATRIX_PREALLOCATE_BYTES)
+
 PHASES = frozenset(
     {
         "wal.before_write",

@@ -1,7 +1,10 @@
 """Every deliberately broken variant (tests/broken.py) is caught; the real library is not.
 
-Three kinds of evidence, each run against every variant:
-  - the crash matrix (tests/crash/matrix.py), in process, with the variant patched in;
+Four kinds of evidence, each run against every variant:
+  - the crash matrix (tests/crash/matrix.py), in process, with the variant
+    patched in, appending and with a preallocated WAL (caught if either goes red);
+  - the power-loss suite (tests/crash/test_power_loss.py, one power cut at
+    every hook call on the simulated disk), appending and preallocated;
   - seeded random walks against the reference model (tests/model/driver.py);
   - the example-based unit suites, in a child pytest with WALQUEUE_BROKEN set.
 CAUGHT says which checks must go red for which variant; a variant that a
@@ -20,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests import broken
-from tests.crash.matrix import run_crash_matrix
+from tests.crash import test_power_loss as power_loss
+from tests.crash.matrix import preallocating_factory, run_crash_matrix
 from tests.model.driver import run_model_check
 from walqueue import Queue
 
@@ -28,18 +32,41 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL_SEEDS = range(6)
 MODEL_STEPS = 150
 
-# variant -> (caught by the crash matrix, caught by the model walks, unit test file that catches it)
+MATRIX_FACTORIES = (Queue, preallocating_factory)
+POWER_LOSS_MODES = (power_loss.APPEND, power_loss.PREALLOCATE)
+
+# variant -> (caught by the crash matrix, caught by the power-loss suite,
+#             caught by the model walks, unit test file that catches it)
 CAUGHT = {
-    "recovery_trusts_the_newest_snapshot": (True, True, "tests/unit/test_recovery.py"),
-    "compaction_deletes_before_publishing": (True, True, "tests/unit/test_format.py"),
-    "snapshot_drops_lease_state": (True, True, "tests/unit/test_format.py"),
-    "snapshot_drops_tombstones": (True, True, "tests/unit/test_format.py"),
-    "stale_ack_appends_a_frame": (True, True, "tests/unit/test_semantics.py"),
-    "reap_forgets_the_old_deadline": (True, True, "tests/unit/test_semantics.py"),
-    "lease_valid_at_its_deadline": (False, True, "tests/unit/test_semantics.py"),
-    "torn_tail_left_in_place": (True, False, "tests/unit/test_recovery.py"),
-    "backup_copies_current_file_sizes": (False, False, "tests/unit/test_backup.py"),
+    "recovery_trusts_the_newest_snapshot": (True, False, True, "tests/unit/test_recovery.py"),
+    "compaction_deletes_before_publishing": (True, True, True, "tests/unit/test_format.py"),
+    "snapshot_drops_lease_state": (True, True, True, "tests/unit/test_format.py"),
+    "snapshot_drops_tombstones": (True, True, True, "tests/unit/test_format.py"),
+    "stale_ack_appends_a_frame": (True, False, True, "tests/unit/test_semantics.py"),
+    "reap_forgets_the_old_deadline": (True, False, True, "tests/unit/test_semantics.py"),
+    "lease_valid_at_its_deadline": (False, False, True, "tests/unit/test_semantics.py"),
+    "torn_tail_left_in_place": (True, False, False, "tests/unit/test_recovery.py"),
+    # Only a dead process between rotation and publishing leaves the sealed
+    # segment on disk (the preallocating matrix), or a power cut there.
+    "seal_without_trim": (True, True, False, "tests/unit/test_preallocation.py"),
+    # A process death keeps the page cache: only a power cut shows it.
+    "prealloc_no_sync": (False, True, False, "tests/unit/test_preallocation.py"),
+    "backup_copies_current_file_sizes": (False, False, False, "tests/unit/test_backup.py"),
 }
+
+
+def _matrix_failures() -> list[str]:
+    failures = []
+    for factory in MATRIX_FACTORIES:
+        failures += run_crash_matrix(factory).failures
+    return failures
+
+
+def _power_loss_failures() -> list[str]:
+    failures = []
+    for mode in POWER_LOSS_MODES:
+        failures += power_loss.all_power_loss_failures(mode=mode, stop_at_first=True)
+    return failures
 
 
 def test_every_variant_in_tests_broken_has_an_expectation() -> None:
@@ -47,7 +74,8 @@ def test_every_variant_in_tests_broken_has_an_expectation() -> None:
 
 
 def test_the_real_library_passes_the_checks_that_catch_the_variants() -> None:
-    assert run_crash_matrix(Queue).failures == []
+    assert _matrix_failures() == []
+    assert _power_loss_failures() == []
     for seed in MODEL_SEEDS:
         run_model_check(Queue, seed, steps=MODEL_STEPS)
 
@@ -56,10 +84,21 @@ def test_the_real_library_passes_the_checks_that_catch_the_variants() -> None:
 def test_the_crash_matrix_catches_exactly_the_expected_variants(variant: str) -> None:
     with broken.active(variant):
         try:
-            failures = run_crash_matrix(Queue).failures
+            failures = _matrix_failures()
         except Exception as error:  # noqa: BLE001 - the harness tripping over the variant is a catch
             failures = [f"the matrix raised {type(error).__name__}: {error}"]
-    expected, _, _ = CAUGHT[variant]
+    expected, _, _, _ = CAUGHT[variant]
+    assert bool(failures) == expected, failures[:3]
+
+
+@pytest.mark.parametrize("variant", sorted(CAUGHT))
+def test_the_power_loss_suite_catches_exactly_the_expected_variants(variant: str) -> None:
+    with broken.active(variant):
+        try:
+            failures = _power_loss_failures()
+        except Exception as error:  # noqa: BLE001 - the harness tripping over the variant is a catch
+            failures = [f"the power-loss suite raised {type(error).__name__}: {error}"]
+    _, expected, _, _ = CAUGHT[variant]
     assert bool(failures) == expected, failures[:3]
 
 
@@ -74,13 +113,13 @@ def test_the_model_walks_catch_exactly_the_expected_variants(variant: str) -> No
                 caught.append((seed, str(error).splitlines()[0]))
             except Exception as error:  # noqa: BLE001 - a crash of the walk is a catch too
                 caught.append((seed, f"{type(error).__name__}: {error}"))
-    _, expected, _ = CAUGHT[variant]
+    _, _, expected, _ = CAUGHT[variant]
     assert bool(caught) == expected, caught[:3]
 
 
 @pytest.mark.parametrize("variant", sorted(CAUGHT))
 def test_a_unit_suite_goes_red_under_each_variant(variant: str) -> None:
-    _, _, suite = CAUGHT[variant]
+    _, _, _, suite = CAUGHT[variant]
     env = {**os.environ, "WALQUEUE_BROKEN": variant}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", suite],

@@ -12,6 +12,10 @@ WAL tails are truncated on open, and dying right after that truncation is
 survivable. All
 nine SPEC §6 phases are exercised, and no other phase name is ever used. See
 tests/crash/matrix.py for the details of each check.
+
+Everything runs twice: with the default appending WAL and with the active
+segment preallocated (`preallocate_bytes`), where a dead process leaves
+zeros after its last frame and every reopen must cut them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ from typing import Any
 import pytest
 
 import walqueue
-from tests.crash.matrix import PHASES, MatrixReport, disk_full, run_crash_matrix
+from tests.crash.matrix import (
+    PHASES,
+    MatrixReport,
+    QueueFactory,
+    disk_full,
+    preallocating_factory,
+    run_crash_matrix,
+)
 from tests.crash.script import SCRIPT, ScriptModel
 from tests.model import disk
 from tests.model.driver import default_factory
@@ -35,14 +46,22 @@ def _failures(report: MatrixReport) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def plain_report() -> MatrixReport:
-    return run_crash_matrix(default_factory, batched=False)
+FACTORIES = {"append": default_factory, "preallocate": preallocating_factory}
+
+
+@pytest.fixture(scope="module", params=list(FACTORIES))
+def factory(request: pytest.FixtureRequest) -> QueueFactory:
+    return FACTORIES[request.param]
 
 
 @pytest.fixture(scope="module")
-def batched_report() -> MatrixReport:
-    return run_crash_matrix(default_factory, batched=True)
+def plain_report(factory: QueueFactory) -> MatrixReport:
+    return run_crash_matrix(factory, batched=False)
+
+
+@pytest.fixture(scope="module")
+def batched_report(factory: QueueFactory) -> MatrixReport:
+    return run_crash_matrix(factory, batched=True)
 
 
 def test_the_script_covers_every_writing_operation_and_two_compactions() -> None:
@@ -75,9 +94,9 @@ def test_a_crash_at_every_hook_call_inside_batches_recovers_to_exactly_the_compl
 
 @pytest.mark.parametrize("batched", [False, True], ids=["plain", "batched"])
 def test_a_failing_write_at_every_hook_call_closes_the_queue_and_recovers_the_same_way(
-    batched: bool,
+    factory: QueueFactory, batched: bool,
 ) -> None:
-    report = run_crash_matrix(default_factory, batched=batched, make_error=disk_full)
+    report = run_crash_matrix(factory, batched=batched, make_error=disk_full)
     assert len(report.crash_points) == report.hook_calls
     assert not report.failures, _failures(report)
 

@@ -20,6 +20,7 @@ import pytest
 
 import walqueue
 from tests.crash.matrix import (
+    MATRIX_PREALLOCATE_BYTES,
     MatrixReport,
     ScriptRunner,
     learn_hook_calls,
@@ -33,7 +34,7 @@ from tests.model.driver import call_real, default_factory
 EXIT_CODE = 86
 
 
-def _die_at(directory: Path, crash_at: int) -> int:
+def _die_at(directory: Path, crash_at: int, preallocate_bytes: int) -> int:
     """Forks a child that runs SCRIPT and `os._exit`s inside hook call `crash_at`."""
     pid = os.fork()
     if pid == 0:  # the child: no clean-up of any kind may run
@@ -45,7 +46,7 @@ def _die_at(directory: Path, crash_at: int) -> int:
                 if len(calls) - 1 == crash_at:
                     os._exit(EXIT_CODE)
 
-            queue = walqueue.Queue(directory, hook=hook)
+            queue = walqueue.Queue(directory, hook=hook, preallocate_bytes=preallocate_bytes)
             for action in SCRIPT:
                 call_real(queue, action)
         finally:
@@ -63,19 +64,21 @@ def learned() -> tuple[ScriptModel, list]:
     return account, calls
 
 
+@pytest.mark.parametrize("preallocate_bytes", [0, MATRIX_PREALLOCATE_BYTES],
+                         ids=["append", "preallocate"])
 def test_a_process_killed_at_every_hook_call_recovers_to_exactly_the_complete_frames(
-    learned: tuple[ScriptModel, list], tmp_path: Path
+    learned: tuple[ScriptModel, list], tmp_path: Path, preallocate_bytes: int
 ) -> None:
     account, calls = learned
     failures: list[str] = []
     for crash_at, point in enumerate(calls):
         directory = tmp_path / f"q{crash_at}"
         context = f"process death at hook call {crash_at} ({point.phase}, op {point.op_index})"
-        exit_code = _die_at(directory, crash_at)
+        exit_code = _die_at(directory, crash_at, preallocate_bytes)
         if exit_code != EXIT_CODE:
             failures.append(f"{context}: the child exited with {exit_code}")
             continue
-        with walqueue.Queue(directory) as reopened:
+        with walqueue.Queue(directory, preallocate_bytes=preallocate_bytes) as reopened:
             snapshot_seq = account.compaction_seqs[point.publishes - 1] if point.publishes else 0
             expected = model_state(account.after_frames(point.frames_complete, snapshot_seq))
             state = logical_state(reopened)

@@ -10,7 +10,13 @@ dies by SIGKILL:
 * a tear: armed at ``wal.before_write``, the hook first appends part of a
   frame to the newest segment, then dies — a kill in the middle of a write.
   The next incarnation is armed at ``recover.after_truncate`` (n=1), so it
-  dies during the recovery that truncates that torn tail;
+  dies during the recovery that truncates that torn tail. The torn
+  incarnation runs with ``--preallocate-wal-bytes 0``: a torn append is a
+  torn tail, while a write torn inside a preallocated segment is the
+  CorruptStore case docs/failure-model.md describes, which no restart can
+  survive. Every other incarnation preallocates (``--preallocate-wal-bytes``
+  4 MiB; the daemon's default is to append), so the directory changes hands
+  between appending and preallocating daemons;
 * timed: unarmed, and the harness sends SIGKILL a seeded time after READY.
 
 Like a supervisor, the harness starts the next incarnation on the same
@@ -59,6 +65,7 @@ HOOK = "tests.process.kill_hook:hook"
 BROKEN_HOOK = "tests.process.broken_hook:hook"  # the same hook in a daemon running a tests/broken.py variant
 READY_SECONDS = 20.0
 FALLBACK_SECONDS = 8.0
+PREALLOCATE_WAL_BYTES = 4 * 1024 * 1024  # untorn incarnations preallocate, torn ones append
 FINAL_MIN_SECONDS = 0.3
 WORKER_EXIT_SECONDS = 45.0
 WORKER_MAX_SECONDS = 600.0
@@ -175,7 +182,8 @@ class DaemonRun:
     """One walqueued incarnation: a child process with its own log and sd_notify socket."""
 
     def __init__(self, workdir: Path, number: int, directory: Path, socket_path: Path,
-                 compact_wal_bytes: int, env: dict[str, str], broken: str | None = None) -> None:
+                 compact_wal_bytes: int, env: dict[str, str], broken: str | None = None,
+                 preallocate_wal_bytes: int | None = None) -> None:
         self.log_path = workdir / f"daemon-{number}.log"
         self.notify_path = workdir / f"n{number}.sock"
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -183,6 +191,8 @@ class DaemonRun:
         command = [sys.executable, "-m", "walqueue.server", "serve", str(directory),
                    "--socket", str(socket_path), "--compact-wal-bytes", str(compact_wal_bytes),
                    "--log-level", "info", "--test-hook", BROKEN_HOOK if broken else HOOK]
+        if preallocate_wal_bytes is not None:
+            command += ["--preallocate-wal-bytes", str(preallocate_wal_bytes)]
         if broken:
             env = {**env, "WALQUEUE_BROKEN": broken}
         with open(self.log_path, "ab") as log:
@@ -244,14 +254,16 @@ class Run:
 
     def start_daemon(self, incarnation: Incarnation | None) -> DaemonRun:
         env = {"WALQUEUE_KILL_LOG": str(self.kill_log)}
+        preallocate = PREALLOCATE_WAL_BYTES
         if incarnation is not None and incarnation.phase is not None:
             env["WALQUEUE_KILL_PHASE"] = incarnation.phase
             env["WALQUEUE_KILL_AT"] = str(incarnation.at)
             if incarnation.tear_bytes:
                 env["WALQUEUE_KILL_TEAR_DIRECTORY"] = str(self.directory)
                 env["WALQUEUE_KILL_TEAR_BYTES"] = str(incarnation.tear_bytes)
+                preallocate = 0  # the hook's tear is an append cut short (see the module header)
         daemon = DaemonRun(self.workdir, len(self.daemons) + 1, self.directory, self.socket_path,
-                           self.schedule.compact_wal_bytes, env, self.broken)
+                           self.schedule.compact_wal_bytes, env, self.broken, preallocate)
         self.daemons.append(daemon)
         return daemon
 

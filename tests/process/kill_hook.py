@@ -14,7 +14,9 @@ environment variables:
   append the first ``WALQUEUE_KILL_TEAR_BYTES`` bytes of a frame that is never
   completed to the newest WAL segment of this queue directory: the process dies
   in the middle of a write, leaving a torn tail for the next open to truncate
-  (so that it reaches ``recover.after_truncate``).
+  (so that it reaches ``recover.after_truncate``). An append cut short: the
+  daemon must run with ``--preallocate-wal-bytes 0``, or the fragment would
+  land after the zeros of its preallocated segment.
 
 The kill is ``os.kill(os.getpid(), SIGKILL)``: no exception unwinds, no
 ``finally`` runs, no buffer is flushed — a real death, unlike a hook that

@@ -29,3 +29,16 @@ def test_bench_library_quick_run_prints_the_table(tmp_path):
     assert data["builds"]["2000"]["small_frames"] == 400
     # The scratch directory is gone: only the JSON file is left in tmp_path.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+def test_bench_wal_sync_prints_every_probe_and_both_put_rates(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_wal_sync.py"), "--writes", "20", "--runs", "1",
+         "--tmp-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for line in ("raw: append + fsync", "raw: posix_fallocate'd + pwrite + fdatasync",
+                 "raw: written zeros + pwrite + fdatasync", "Queue.put(), preallocate_bytes=0",
+                 "Queue.put(), preallocate_bytes=4194304", "with a preallocated segment"):
+        assert line in done.stdout, line
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is gone

@@ -170,6 +170,46 @@ def test_wal_bytes_equals_the_size_of_the_segments(directory):
         )
 
 
+def test_a_preallocated_segment_holds_the_frames_then_zeros_and_after_close_only_the_frames(
+    directory,
+):
+    step = 1024
+    q = Queue(directory, preallocate_bytes=step)
+    records = run_script(q)
+    expected = frames(*records)
+    data = (directory / wal_name(1)).read_bytes()
+    # Allocated from offset 0 in whole steps, just enough for every frame.
+    assert len(data) == -(-len(expected) // step) * step
+    assert data == expected + bytes(len(data) - len(expected))
+    assert q.stats().wal_bytes == len(expected)  # the frames, never the allocation
+    q.close()
+    assert sorted(read_dir(directory)) == ["LOCK", wal_name(1)]
+    assert (directory / wal_name(1)).read_bytes() == expected
+
+
+def test_a_frame_larger_than_the_preallocation_step_grows_it_by_whole_steps(directory):
+    payload = {"blob": "x" * 1000}
+    expected = frame(put_record(1, put_task("big", payload)))
+    with Queue(directory, preallocate_bytes=64) as q:
+        q.put("big", payload)
+        data = (directory / wal_name(1)).read_bytes()
+        assert len(data) == -(-len(expected) // 64) * 64
+        assert data == expected + bytes(len(data) - len(expected))
+    assert (directory / wal_name(1)).read_bytes() == expected
+
+
+def test_a_preallocated_queue_writes_the_same_files_as_an_appending_one(tmp_path):
+    for name, step in (("append", 0), ("preallocate", 300)):
+        with Queue(tmp_path / name, preallocate_bytes=step) as q:
+            run_script(q)
+            q.compact()
+            q.put("after", P1)
+    appended, preallocated = read_dir(tmp_path / "append"), read_dir(tmp_path / "preallocate")
+    assert appended == preallocated
+    assert (tmp_path / "append" / wal_name(14)).read_bytes() == frame(
+        put_record(14, put_task("after", P1)))
+
+
 def test_an_expire_frame_lists_ids_in_old_deadline_then_task_id_order(directory):
     with Queue(directory) as q:
         q.put_many([PutRequest(task_id, {}) for task_id in ["d", "c", "b", "a"]])
