@@ -57,6 +57,7 @@ from walqueue.client import (
     ack_call,
     compact_call,
     complete,
+    daemon_stats_call,
     encode_request,
     get_call,
     hello_answer,
@@ -76,6 +77,7 @@ from walqueue.client import (
     touch_call,
     unix_address,
 )
+from walqueue.metrics import DaemonStats
 from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
@@ -449,6 +451,10 @@ class Client:
     async def compact(self) -> int:
         """Compact now; returns the published snapshot's seq."""
         return await self._run(compact_call())
+
+    async def daemon_stats(self) -> DaemonStats:
+        """The daemon's full report: ``stats()`` plus its own figures (walqueue.metrics)."""
+        return await self._run(daemon_stats_call())
 
 
 # -- the worker -------------------------------------------------------------------

@@ -43,6 +43,7 @@ from typing import Any
 
 from walqueue import InvalidRequest, Lease, QueueClosed, QueueStats, TaskView, WalQueueError
 from walqueue import protocol as p
+from walqueue.metrics import DaemonStats
 
 SOCKET_NAME = "walqueued.sock"
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -496,6 +497,10 @@ def compact_call() -> Call:
     return Call(p.Compact(id=0), lambda answer: answer.seq)
 
 
+def daemon_stats_call() -> Call:
+    return Call(p.DaemonStatsReq(id=0), lambda answer: p.daemon_stats_from_wire(answer.stats))
+
+
 class Client:
     """SPEC §8's client. See the module docstring for retries and thread safety.
 
@@ -628,3 +633,7 @@ class Client:
     def compact(self) -> int:
         """Compact now; returns the published snapshot's seq."""
         return self._run(compact_call())
+
+    def daemon_stats(self) -> DaemonStats:
+        """The daemon's full report: ``stats()`` plus its own figures (walqueue.metrics)."""
+        return self._run(daemon_stats_call())

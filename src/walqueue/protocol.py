@@ -55,6 +55,7 @@ from walqueue import (
     TaskView,
     WalQueueError,
 )
+from walqueue.metrics import DaemonStats
 
 PROTOCOL_VERSION = 1
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
@@ -170,7 +171,16 @@ class Compact(_Message, tag="compact"):
     id: int
 
 
-Request = Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
+class DaemonStatsReq(_Message, tag="daemon_stats"):
+    """The daemon's full report (``DaemonStatsOk``); ``Stats`` stays the queue's alone."""
+
+    id: int
+
+
+Request = (
+    Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
+    | DaemonStatsReq
+)
 
 # Requests that may append to the WAL; the others only read state.
 WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact)
@@ -209,6 +219,33 @@ class WireStats(msgspec.Struct, forbid_unknown_fields=True):
     last_seq: int
     snapshot_seq: int
     wal_bytes: int
+
+
+class WireDaemonStats(msgspec.Struct, forbid_unknown_fields=True):
+    """``walqueue.metrics.DaemonStats`` on the wire (``queue`` is the QueueStats)."""
+
+    queue: WireStats
+    oldest_ready_age_seconds: int
+    leases_past_half: int
+    wal_segments: int
+    compact_wal_bytes: int
+    fsyncs_total: int
+    fsync_seconds_total: float
+    fsync_p50_seconds: float | None
+    fsync_p99_seconds: float | None
+    fsync_window: int
+    requests_total: int
+    requests_per_fsync: float | None
+    write_failures_total: int
+    compactions_total: int
+    last_compaction_seconds: float | None
+    connections: int
+    parked_reserves: int
+    paused: bool
+    uptime_seconds: float
+    start_time_seconds: float
+    last_recovery_seconds: float
+    directory: str
 
 
 # -- answers ------------------------------------------------------------------
@@ -291,8 +328,14 @@ class Error(_Message, tag="error"):
     fatal: bool = False
 
 
+class DaemonStatsOk(_Message, tag="daemon_stats_ok"):
+    id: int
+    stats: WireDaemonStats
+
+
 Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
+    | DaemonStatsOk
 )
 
 
@@ -449,6 +492,19 @@ def stats_to_wire(stats: QueueStats) -> WireStats:
 
 def stats_from_wire(wire: WireStats) -> QueueStats:
     return _same_fields(wire, QueueStats, WireStats.__struct_fields__)
+
+
+_DAEMON_FIELDS = tuple(name for name in WireDaemonStats.__struct_fields__ if name != "queue")
+
+
+def daemon_stats_to_wire(stats: DaemonStats) -> WireDaemonStats:
+    return WireDaemonStats(queue=stats_to_wire(stats.queue),
+                           **{name: getattr(stats, name) for name in _DAEMON_FIELDS})
+
+
+def daemon_stats_from_wire(wire: WireDaemonStats) -> DaemonStats:
+    return DaemonStats(queue=stats_from_wire(wire.queue),
+                       **{name: getattr(wire, name) for name in _DAEMON_FIELDS})
 
 
 def put_item(request: Any) -> PutItem:

@@ -68,6 +68,8 @@ from walqueue import (
 )
 from walqueue import protocol as p
 from walqueue.client import unix_address
+from walqueue.metrics import Recorder, render_prometheus
+from walqueue.metrics_http import ListenError, MetricsEndpoint, parse_listen
 
 log = logging.getLogger("walqueued")
 
@@ -383,6 +385,8 @@ class Server:
         hook: Callable[[str], None] | None,
         notifier: Notifier,
         hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
+        recovery_seconds: float = 0.0,
+        metrics_endpoint: MetricsEndpoint | None = None,
     ) -> None:
         self.hello_timeout = hello_timeout
         self.directory = directory
@@ -417,6 +421,9 @@ class Server:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
+        self.metrics = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
+                                recovery_seconds=recovery_seconds)
+        self.metrics_endpoint = metrics_endpoint  # GET /metrics; rendered by this loop only
 
     # -- time -----------------------------------------------------------------
 
@@ -438,6 +445,8 @@ class Server:
         code = EXIT_OK
         try:
             self.notifier.notify("READY=1\nSTATUS=serving " + self.directory)
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.start(self._wake_loop)
             log.info("ready: serving %s", self.directory)
             while not self.stopping:
                 self._one_turn()
@@ -491,6 +500,8 @@ class Server:
         self._watchdog()
         if wrote:
             self._maybe_compact()
+        if self.metrics_endpoint is not None and self.metrics_endpoint.wanted:
+            self.metrics_endpoint.publish(render_prometheus(self._daemon_stats(self.now())))
 
     def _expire_hellos(self) -> None:
         """Close connections that did not say hello in time: they hold a slot for nothing."""
@@ -541,6 +552,20 @@ class Server:
         if force or time.monotonic() >= self._next_watchdog:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = time.monotonic() + self.notifier.watchdog_seconds
+
+    def _wake_loop(self) -> None:
+        """Called from another thread (the metrics endpoint): end the current select."""
+        try:
+            self._wake_write.send(b"\0")
+        except OSError:
+            pass  # buffer full (a wakeup is pending anyway) or shutting down
+
+    def _daemon_stats(self, now: int):
+        return self.metrics.report(
+            self.queue, now=now, connections=len(self.connections), parked_reserves=self.parked.live,
+            # The pause switch of issue 6 sets `self.paused` once merged.
+            paused=bool(getattr(self, "paused", False)),
+            compact_wal_bytes=self.compact_wal_bytes, directory=self.directory)
 
     def _drain_wakeup(self) -> None:
         try:
@@ -766,8 +791,9 @@ class Server:
         answered_before = len(self._answers)
         # Serving parked reserves may write too (expire and reserve frames).
         writing = bool(self.parked) or any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
+        self.metrics.turn_started(now, self.queue)
         try:
-            with self.queue.batch():
+            with self.metrics.timed_batch(self.queue, self._turn_requests):
                 if self.parked:
                     self._serve_parked(now)
                 for conn, request in requests:
@@ -805,6 +831,7 @@ class Server:
             error = p.Error(id=request_id, error="QueueClosed", message=message)
             self._answers.append(Answer(conn, request_id, [error]))
         log.error("write failed, answered %d request(s) with an error: %r", len(affected), exc)
+        self.metrics.write_failed()
         self._reopen()
 
     def _reopen(self) -> None:
@@ -815,8 +842,10 @@ class Server:
             self.queue.close()
         except Exception as exc:  # the queue is being discarded either way
             log.warning("closing the failed queue raised %r", exc)
+        started = time.monotonic()
         try:
             self.queue = Queue(self.directory, hook=self.hook)
+            self.metrics.recovered(time.monotonic() - started)
         except CorruptStore as exc:
             raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: CorruptStore: {exc}") from exc
         except Exception as exc:
@@ -989,8 +1018,12 @@ class Server:
                 case p.Compact():
                     started = time.monotonic()
                     seq = q.compact()
+                    self.metrics.compacted(time.monotonic() - started)
                     log.info("compacted on request through seq %d in %.3f s", seq, time.monotonic() - started)
                     self._answer(conn, request_id, [p.Compacted(id=request_id, seq=seq)])
+                case p.DaemonStatsReq():
+                    stats = p.daemon_stats_to_wire(self._daemon_stats(now))
+                    self._answer(conn, request_id, [p.DaemonStatsOk(id=request_id, stats=stats)])
         except REQUEST_ERRORS as exc:
             log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, one_line(str(exc)))
             self._answer(conn, request_id, [p.error_to_wire(request_id, exc)])
@@ -1118,6 +1151,7 @@ class Server:
             log.error("automatic compaction failed: %r", exc)
             self._reopen()
             return
+        self.metrics.compacted(time.monotonic() - started)
         log.info(
             "compacted %d WAL bytes through seq %d in %.3f s",
             wal_bytes,
@@ -1164,6 +1198,8 @@ class Server:
                 os.unlink(self.socket_path)
             except FileNotFoundError:
                 pass
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()
@@ -1223,11 +1259,28 @@ def cli() -> None:
               help="Seconds a new connection has to send its hello before it is closed.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
               default="info", show_default=True)
+@click.option("--metrics-listen", metavar="HOST:PORT", default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default). HOST is "
+                   "an IP address ([::1] for IPv6) or localhost and must be loopback unless "
+                   "--metrics-allow-remote is given; PORT 0 picks a free port (logged).")
+@click.option("--metrics-allow-remote", is_flag=True, default=False,
+              help="Allow a non-loopback --metrics-listen address (anyone who can reach it reads "
+                   "the queue's directory and load; put a firewall in front).")
 @click.option("--test-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
-          max_connections: int, hello_timeout: float, log_level: str, test_hook: str | None) -> None:
+          max_connections: int, hello_timeout: float, log_level: str, metrics_listen: str | None,
+          metrics_allow_remote: bool, test_hook: str | None) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT."""
+    metrics_address = None
+    if metrics_listen is not None:
+        try:
+            metrics_address = parse_listen(metrics_listen, allow_remote=metrics_allow_remote)
+        except ListenError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics-listen") from None
+    elif metrics_allow_remote:
+        raise click.BadParameter("is only meaningful with --metrics-listen",
+                                 param_hint="--metrics-allow-remote")
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, log_level.upper()),
@@ -1238,7 +1291,8 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
     if test_hook is not None:
         hook = _load_hook(test_hook)
         log.warning("TEST ONLY fault-injection hook loaded: %s", test_hook)
-    sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook, hello_timeout))
+    sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook, hello_timeout,
+                    metrics_address))
 
 
 def descriptor_budget(max_connections: int) -> int:
@@ -1292,7 +1346,8 @@ def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, 
 
 def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes: int,
            max_connections: int, hook: Callable[[str], None] | None,
-           hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS) -> int:
+           hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
+           metrics_address: tuple[str, int] | None = None) -> int:
     directory = os.path.abspath(directory)
     max_connections = descriptor_budget(max_connections)
     notifier = Notifier(dict(os.environ))
@@ -1311,7 +1366,8 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
     except OSError as exc:
         log.error("cannot open %s: %s", directory, exc)
         return EXIT_FAILURE
-    log.info("recovered %s in %.3f s: %s", directory, time.monotonic() - started, queue.stats())
+    recovery_seconds = time.monotonic() - started
+    log.info("recovered %s in %.3f s: %s", directory, recovery_seconds, queue.stats())
     try:
         listener = activated_listener(dict(os.environ))
         owned_path = None
@@ -1326,6 +1382,18 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
         log.error("%s", exc)
         queue.close()
         return exc.code
+    metrics_endpoint = None
+    if metrics_address is not None:
+        try:
+            metrics_endpoint = MetricsEndpoint(*metrics_address)
+        except OSError as exc:
+            log.error("--metrics-listen %s:%d: cannot listen: %s", *metrics_address, exc)
+            queue.close()
+            if owned_path is not None:
+                os.unlink(owned_path)
+            listener.close()
+            return EXIT_FAILURE
+        log.info("serving metrics at %s", metrics_endpoint.url)
     server = Server(
         directory,
         queue,
@@ -1336,6 +1404,8 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
         hook=hook,
         notifier=notifier,
         hello_timeout=hello_timeout,
+        recovery_seconds=recovery_seconds,
+        metrics_endpoint=metrics_endpoint,
     )
     try:
         return server.run()
