@@ -124,6 +124,7 @@ class MetricsEndpoint:
         self._condition = threading.Condition()
         self._text: str | None = None
         self._rendered_at = float("-inf")
+        self._renders = 0  # how many texts were published: a scrape waits for the next one
         self.wanted = False  # read by the loop every turn: a plain attribute, set under the lock
         server_class = _Server
         if ipaddress.ip_address(host).version == 6:
@@ -155,6 +156,7 @@ class MetricsEndpoint:
         with self._condition:
             self._text = text
             self._rendered_at = time.monotonic()
+            self._renders += 1
             self.wanted = False
             self._condition.notify_all()
 
@@ -169,7 +171,8 @@ class MetricsEndpoint:
             if self._fresh():
                 return self._text
             self.wanted = True
+            asked_after = self._renders
         self._wake()
         with self._condition:
-            self._condition.wait_for(self._fresh, RENDER_WAIT_SECONDS)
+            self._condition.wait_for(lambda: self._renders > asked_after, RENDER_WAIT_SECONDS)
             return self._text

@@ -23,8 +23,9 @@ Two figures for monitoring (the daemon's metrics), kept without a clock:
   - each task remembers `ready_seq`, the seq of the record that last made it
     ready (put, release, expire, revive; 0 for a task loaded ready from a
     snapshot: "ready since the snapshot at least"), and `_ready_fifo` holds
-    (ready_seq, task_id) in seq order, stale entries dropped lazily like the
-    heaps', so the longest-waiting ready task is found in amortized O(1);
+    ready_seq, task_id, ready_seq, task_id, ... flat (16 bytes an entry, no
+    tuple) in seq order, stale entries dropped lazily like the heaps', so
+    the longest-waiting ready task is found in amortized O(1);
   - each leased task remembers `lease_start`, the `now` of the reserve or
     touch that set its deadline (None for a lease loaded from a snapshot,
     whose format does not carry it).
@@ -131,7 +132,7 @@ class State:
         self._leases: list[tuple[int, str]] = []
         # Monitoring only (see the header): ready episodes in seq order, and
         # those found delayed when they reached the head, by available_at.
-        self._ready_fifo: deque[tuple[int, str]] = deque()
+        self._ready_fifo: deque[int | str] = deque()
         self._delayed: list[tuple[int, int, str]] = []
         self._last_loaded = ""  # the task id of the last snapshot entry loaded
 
@@ -159,7 +160,9 @@ class State:
         it became ready at seq ready_seq, and could be leased from its
         available_at on. `seq_time` maps a seq to a time no later than the
         one at which it was written (the caller's clock; this module has
-        none) and must not decrease as the seq grows. Amortized O(1): each
+        none), must not decrease as the seq grows, and must be the same
+        map from call to call (it may only lower old times, as the daemon's
+        SeqClock does when it thins samples). Amortized O(1): each
         ready episode leaves the FIFO once, either as stale or to the
         `_delayed` heap when it was delayed (available_at later than it
         became ready); the FIFO head is then the longest-waiting immediate
@@ -168,13 +171,15 @@ class State:
         tasks, fifo, delayed = self.tasks, self._ready_fifo, self._delayed
         oldest = None
         while fifo:
-            seq, task_id = fifo[0]
+            seq, task_id = fifo[0], fifo[1]
             task = tasks[task_id]
             if task.status != READY or task.ready_seq != seq:
+                fifo.popleft()
                 fifo.popleft()
                 continue
             became_ready = seq_time(seq)
             if task.available_at > became_ready:
+                fifo.popleft()
                 fifo.popleft()
                 heapq.heappush(delayed, (task.available_at, seq, task_id))
                 continue
@@ -354,7 +359,8 @@ class State:
             self.task_id_by_key[task.key] = task_id
             self.counts[READY] += 1
             heapq.heappush(self._ready, (available_at, task_id))
-            fifo.append((seq, task_id))
+            fifo.append(seq)
+            fifo.append(task_id)
         self._tidy(self._ready, READY)
 
     def _check_expire(self, record):
@@ -453,7 +459,8 @@ class State:
             task.available_at = now
             task.ready_seq = seq
             heapq.heappush(self._ready, (now, task.task_id))
-            self._ready_fifo.append((seq, task.task_id))
+            self._ready_fifo.append(seq)
+            self._ready_fifo.append(task.task_id)
         self.counts[DEAD] -= len(targets)
         self.counts[READY] += len(targets)
         self._tidy(self._ready, READY)
@@ -522,16 +529,22 @@ class State:
             task.status = READY
             task.ready_seq = seq
             heapq.heappush(self._ready, (task.available_at, task.task_id))
-            self._ready_fifo.append((seq, task.task_id))
+            self._ready_fifo.append(seq)
+            self._ready_fifo.append(task.task_id)
         self.counts[task.status] += 1
 
     def _tidy(self, heap: list, status: str) -> None:
         """Drop stale heap entries once they outnumber the live ones."""
-        if status == READY and len(self._ready_fifo) > 2 * self.counts[READY] + 1024:
-            tasks = self.tasks
-            self._ready_fifo = deque(entry for entry in self._ready_fifo
-                                     if tasks[entry[1]].status == READY
-                                     and tasks[entry[1]].ready_seq == entry[0])
+        if status == READY and len(self._ready_fifo) > 4 * self.counts[READY] + 2048:
+            tasks, fifo = self.tasks, self._ready_fifo
+            kept: deque[int | str] = deque()
+            entries = iter(fifo)
+            for seq in entries:
+                task_id = next(entries)
+                if tasks[task_id].status == READY and tasks[task_id].ready_seq == seq:
+                    kept.append(seq)
+                    kept.append(task_id)
+            self._ready_fifo = kept
         if len(heap) <= 2 * self.counts[status] + 1024:
             return
         attribute = "available_at" if status == READY else "deadline"
@@ -592,7 +605,8 @@ class State:
         self.counts[status] += 1
         if status == READY:
             self._ready.append((available_at, task_id))
-            self._ready_fifo.append((0, task_id))  # ready_seq 0: since the snapshot at least
+            self._ready_fifo.append(0)  # ready_seq 0: since the snapshot at least
+            self._ready_fifo.append(task_id)
         elif status == LEASED:
             self._leases.append((deadline, task_id))
 
