@@ -1229,9 +1229,10 @@ def _parse_mode(value: str) -> int:
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
-  1  failure: cannot open the directory or bind the socket, or reopening
-     the queue after a failed write failed
-  2  usage error; the socket path is not a socket
+  1  failure: cannot open the directory, bind the socket or listen on the
+     --metrics-listen address, or reopening the queue after a failed write failed
+  2  usage error (a bad --metrics-listen, or a non-loopback one without
+     --metrics-allow-remote, included); the socket path is not a socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
 """
