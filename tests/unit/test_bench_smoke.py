@@ -29,3 +29,16 @@ def test_bench_library_quick_run_prints_the_table(tmp_path):
     assert data["builds"]["2000"]["small_frames"] == 400
     # The scratch directory is gone: only the JSON file is left in tmp_path.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+def test_bench_ab_compares_two_trees_and_prints_its_table():
+    # Both sides are this checkout: it checks the script, not the speed.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_ab.py"), str(ROOT / "src"), "--rounds", "1",
+         "--scale", "0.01"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split(" | ")[0][2:] for row in rows[1:]] == [
+        "put_batch100_us", "put_many1000_us_per_task", "reserve_ack_batch100_us",
+        "reserve_release_batch100_us", "recover_wal_s", "recover_snapshot_s"]
