@@ -60,6 +60,7 @@ from walqueue.client import (
     backup_end_call,
     compact_call,
     complete,
+    daemon_stats_call,
     encode_request,
     get_call,
     hello_answer,
@@ -81,6 +82,7 @@ from walqueue.client import (
     touch_call,
     unix_address,
 )
+from walqueue.metrics import DaemonStats
 from walqueue.values import BackupManifest
 from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
 
@@ -479,6 +481,10 @@ class Client:
     async def backup_end(self) -> None:
         """Release the pin this connection holds."""
         await self._run(backup_end_call())
+
+    async def daemon_stats(self) -> DaemonStats:
+        """The daemon's full report: ``stats()`` plus its own figures (walqueue.metrics)."""
+        return await self._run(daemon_stats_call())
 
 
 # -- the worker -------------------------------------------------------------------

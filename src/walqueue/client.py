@@ -44,6 +44,7 @@ from typing import Any
 
 from walqueue import InvalidRequest, Lease, QueueClosed, QueueStats, TaskView, WalQueueError
 from walqueue import protocol as p
+from walqueue.metrics import DaemonStats
 from walqueue.values import BackupManifest
 
 SOCKET_NAME = "walqueued.sock"
@@ -571,6 +572,9 @@ def backup_begin_call() -> Call:
 def backup_end_call() -> Call:
     return Call(p.BackupEnd(id=0), _nothing)
 
+def daemon_stats_call() -> Call:
+    return Call(p.DaemonStatsReq(id=0), lambda answer: p.daemon_stats_from_wire(answer.stats))
+
 
 class Client:
     """SPEC §8's client. See the module docstring for retries and thread safety.
@@ -742,3 +746,7 @@ class Client:
         """Release the pin. Raises InvalidRequest if this connection holds none
         (e.g. it was lost and replaced since backup_begin(): the pin ended with it)."""
         self._run(backup_end_call())
+
+    def daemon_stats(self) -> DaemonStats:
+        """The daemon's full report: ``stats()`` plus its own figures (walqueue.metrics)."""
+        return self._run(daemon_stats_call())

@@ -40,6 +40,7 @@ from walqueue.backup import (
     copy_manifest,
 )
 from walqueue.client import SOCKET_NAME, Client, DaemonUnavailable
+from walqueue.metrics import DaemonStats, render_prometheus
 from walqueue.verify import verify_directory
 
 EXIT_OK = 0
@@ -369,16 +370,60 @@ def table(rows: list[list[str]]) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
+def stats_fields(report: DaemonStats) -> dict[str, Any]:
+    """The report flat: the QueueStats keys first (as `stats --json` always had), then the rest."""
+    fields = dataclasses.asdict(report.queue)
+    fields.update((field.name, getattr(report, field.name))
+                  for field in dataclasses.fields(report) if field.name != "queue")
+    return fields
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) >= 1e5 else f"{value:.6g}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 @cli.command(epilog=EXIT_CODES_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print the stats as one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as one JSON object (the queue's stats keys at the top level).")
 @pass_ctl
 def stats(ctl: Ctl, as_json: bool) -> None:
-    """Task counts per status, last and snapshot seq, WAL size."""
-    result = ctl.call("stats")
+    """The daemon's report: the queue and the daemon's own figures.
+
+    \b
+    Queue: ready, leased, completed, dead (task counts), last_seq,
+      snapshot_seq, wal_bytes (WAL since the snapshot).
+    Daemon: oldest_ready_age_seconds (how long the longest-waiting due
+      ready task has waited; 0 if none), leases_past_half, wal_segments,
+      compact_wal_bytes (the compaction threshold), fsyncs_total,
+      fsync_seconds_total, fsync_p50/p99_seconds and requests_per_fsync
+      (over fsync_window recent fsyncs of the last minute; - if none),
+      requests_total, write_failures_total, compactions_total,
+      last_compaction_seconds, connections, parked_reserves, paused,
+      uptime_seconds, start_time_seconds, last_recovery_seconds, directory.
+    docs/metrics.md defines each one and what to alert on.
+    """
+    fields = stats_fields(ctl.call("daemon_stats"))
     if as_json:
-        emit(result)
+        emit(fields)
         return
-    table([[name, str(value)] for name, value in dataclasses.asdict(result).items()])
+    table([[name, _cell(value)] for name, value in fields.items()])
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@pass_ctl
+def metrics(ctl: Ctl) -> None:
+    """Print the daemon's report in the Prometheus text format.
+
+    For node_exporter's textfile collector, write it atomically, e.g.
+    `walqueue-ctl metrics > DIR/walqueue.prom.tmp && mv DIR/walqueue.prom.tmp
+    DIR/walqueue.prom` from a timer. `walqueued serve --metrics-listen`
+    serves the same text over HTTP.
+    """
+    click.echo(render_prometheus(ctl.call("daemon_stats")), nl=False)
 
 
 @cli.command(epilog=EXIT_CODES_HELP)

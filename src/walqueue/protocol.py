@@ -55,6 +55,7 @@ from walqueue import (
     TaskView,
     WalQueueError,
 )
+from walqueue.metrics import DaemonStats
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1
@@ -187,6 +188,12 @@ class Compact(_Message, tag="compact"):
     id: int
 
 
+class DaemonStatsReq(_Message, tag="daemon_stats"):
+    """The daemon's full report (``DaemonStatsOk``); ``Stats`` stays the queue's alone."""
+
+    id: int
+
+
 class Pause(_Message, tag="pause"):
     """Stop leasing: every reserve gets nothing (a waiting one parks) until ``Resume``."""
 
@@ -215,7 +222,7 @@ class BackupEnd(_Message, tag="backup_end"):
 
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
-    | AckReserve | Pause | Resume | BackupBegin | BackupEnd
+    | AckReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq
 )
 
 # Requests that may append to the WAL; the others only read state. (Resume
@@ -257,6 +264,33 @@ class WireStats(msgspec.Struct, forbid_unknown_fields=True):
     last_seq: int
     snapshot_seq: int
     wal_bytes: int
+
+
+class WireDaemonStats(msgspec.Struct, forbid_unknown_fields=True):
+    """``walqueue.metrics.DaemonStats`` on the wire (``queue`` is the QueueStats)."""
+
+    queue: WireStats
+    oldest_ready_age_seconds: int
+    leases_past_half: int
+    wal_segments: int
+    compact_wal_bytes: int
+    fsyncs_total: int
+    fsync_seconds_total: float
+    fsync_p50_seconds: float | None
+    fsync_p99_seconds: float | None
+    fsync_window: int
+    requests_total: int
+    requests_per_fsync: float | None
+    write_failures_total: int
+    compactions_total: int
+    last_compaction_seconds: float | None
+    connections: int
+    parked_reserves: int
+    paused: bool
+    uptime_seconds: float
+    start_time_seconds: float
+    last_recovery_seconds: float
+    directory: str
 
 
 # -- answers ------------------------------------------------------------------
@@ -362,9 +396,14 @@ class Error(_Message, tag="error"):
     fatal: bool = False
 
 
+class DaemonStatsOk(_Message, tag="daemon_stats_ok"):
+    id: int
+    stats: WireDaemonStats
+
+
 Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
-    | PauseState | Manifest
+    | PauseState | Manifest | DaemonStatsOk
 )
 
 
@@ -533,6 +572,19 @@ def manifest_to_wire(request_id: int, manifest: BackupManifest) -> Manifest:
 def manifest_from_wire(wire: Manifest) -> BackupManifest:
     files = tuple((item.name, item.length) for item in wire.files)
     return BackupManifest(directory=wire.directory, seq=wire.seq, files=files)
+
+
+_DAEMON_FIELDS = tuple(name for name in WireDaemonStats.__struct_fields__ if name != "queue")
+
+
+def daemon_stats_to_wire(stats: DaemonStats) -> WireDaemonStats:
+    return WireDaemonStats(queue=stats_to_wire(stats.queue),
+                           **{name: getattr(stats, name) for name in _DAEMON_FIELDS})
+
+
+def daemon_stats_from_wire(wire: WireDaemonStats) -> DaemonStats:
+    return DaemonStats(queue=stats_from_wire(wire.queue),
+                       **{name: getattr(wire, name) for name in _DAEMON_FIELDS})
 
 
 def put_item(request: Any) -> PutItem:

@@ -312,6 +312,27 @@ class Queue:
         self._check_open()
         return self._state.next_due_time()
 
+    # -- monitoring (not part of SPEC's API; the daemon's metrics) -------
+
+    def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
+        """The earliest time since which a ready task has been due (see State.ready_due_since)."""
+        self._check_open()
+        return self._state.ready_due_since(now, seq_time)
+
+    def leases_past_half(self, now: int) -> int:
+        """How many leases are at or past half their time at `now` (see State.leases_past_half)."""
+        self._check_open()
+        return self._state.leases_past_half(now)
+
+    def segment_count(self) -> int:
+        """WAL segment files this Queue holds: the sealed ones and the active one."""
+        self._check_open()
+        return len(self._sealed) + 1
+
+    def unsynced(self) -> bool:
+        """True while frames appended in the open batch still wait for its fsync."""
+        return not self._closed and self._active.unsynced
+
     # -- group commit, compaction, closing ------------------------------
 
     def batch(self) -> _Batch:

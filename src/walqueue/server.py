@@ -69,6 +69,8 @@ from walqueue import (
 )
 from walqueue import protocol as p
 from walqueue.client import unix_address
+from walqueue.metrics import Recorder, render_prometheus
+from walqueue.metrics_http import ListenError, MetricsEndpoint, parse_listen
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
 log = logging.getLogger("walqueued")
@@ -392,6 +394,8 @@ class Server:
         notifier: Notifier,
         hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
         preallocate_wal_bytes: int = DEFAULT_PREALLOCATE_WAL_BYTES,
+        recovery_seconds: float = 0.0,
+        metrics_endpoint: MetricsEndpoint | None = None,
     ) -> None:
         self.hello_timeout = hello_timeout
         self.preallocate_wal_bytes = preallocate_wal_bytes
@@ -429,6 +433,9 @@ class Server:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
+        self.metrics = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
+                                recovery_seconds=recovery_seconds)
+        self.metrics_endpoint = metrics_endpoint  # GET /metrics; rendered by this loop only
 
     # -- time -----------------------------------------------------------------
 
@@ -450,6 +457,8 @@ class Server:
         code = EXIT_OK
         try:
             self.notifier.notify("READY=1\nSTATUS=serving " + self.directory)
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.start(self._wake_loop)
             log.info("ready: serving %s", self.directory)
             while not self.stopping:
                 self._one_turn()
@@ -503,6 +512,8 @@ class Server:
         self._watchdog()
         if wrote:
             self._maybe_compact()
+        if self.metrics_endpoint is not None and self.metrics_endpoint.wanted:
+            self.metrics_endpoint.publish(render_prometheus(self._daemon_stats(self.now())))
 
     def _expire_hellos(self) -> None:
         """Close connections that did not say hello in time: they hold a slot for nothing."""
@@ -553,6 +564,20 @@ class Server:
         if force or time.monotonic() >= self._next_watchdog:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = time.monotonic() + self.notifier.watchdog_seconds
+
+    def _wake_loop(self) -> None:
+        """Called from another thread (the metrics endpoint): end the current select."""
+        try:
+            self._wake_write.send(b"\0")
+        except OSError:
+            pass  # buffer full (a wakeup is pending anyway) or shutting down
+
+    def _daemon_stats(self, now: int):
+        return self.metrics.report(
+            self.queue, now=now, connections=len(self.connections), parked_reserves=self.parked.live,
+            # The pause switch of issue 6 sets `self.paused` once merged.
+            paused=self.paused,
+            compact_wal_bytes=self.compact_wal_bytes, directory=self.directory)
 
     def _drain_wakeup(self) -> None:
         try:
@@ -781,8 +806,9 @@ class Server:
         answered_before = len(self._answers)
         # Serving parked reserves may write too (expire and reserve frames).
         writing = bool(self.parked) or any(isinstance(request, p.WRITING_REQUESTS) for _, request in requests)
+        self.metrics.turn_started(now, self.queue)
         try:
-            with self.queue.batch():
+            with self.metrics.timed_batch(self.queue, self._turn_requests):
                 if self.parked:
                     self._serve_parked(now)
                 for conn, request in requests:
@@ -820,6 +846,7 @@ class Server:
             error = p.Error(id=request_id, error="QueueClosed", message=message)
             self._answers.append(Answer(conn, request_id, p.encode(error)))
         log.error("write failed, answered %d request(s) with an error: %r", len(affected), exc)
+        self.metrics.write_failed()
         self._reopen()
 
     def _reopen(self) -> None:
@@ -830,9 +857,11 @@ class Server:
             self.queue.close()
         except Exception as exc:  # the queue is being discarded either way
             log.warning("closing the failed queue raised %r", exc)
+        started = time.monotonic()
         try:
             self.queue = Queue(self.directory, hook=self.hook,
                                preallocate_bytes=self.preallocate_wal_bytes)
+            self.metrics.recovered(time.monotonic() - started)
         except CorruptStore as exc:
             raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: CorruptStore: {exc}") from exc
         except Exception as exc:
@@ -994,6 +1023,7 @@ class Server:
                     self._refuse_while_pinned()
                     started = time.monotonic()
                     seq = q.compact()
+                    self.metrics.compacted(time.monotonic() - started)
                     log.info("compacted on request through seq %d in %.3f s", seq, time.monotonic() - started)
                     self._answer(conn, request_id, [p.Compacted(id=request_id, seq=seq)])
                 case p.Pause() | p.Resume():
@@ -1004,6 +1034,9 @@ class Server:
                 case p.BackupEnd():
                     self._backup_end(conn)
                     self._answer(conn, request_id, [p.Done(id=request_id)])
+                case p.DaemonStatsReq():
+                    stats = p.daemon_stats_to_wire(self._daemon_stats(now))
+                    self._answer(conn, request_id, [p.DaemonStatsOk(id=request_id, stats=stats)])
         except REQUEST_ERRORS as exc:
             log.debug("request %d from %s: %s: %s", request_id, conn.name, type(exc).__name__, one_line(str(exc)))
             self._answer(conn, request_id, [p.error_to_wire(request_id, exc)])
@@ -1220,6 +1253,7 @@ class Server:
             log.error("automatic compaction failed: %r", exc)
             self._reopen()
             return
+        self.metrics.compacted(time.monotonic() - started)
         log.info(
             "compacted %d WAL bytes through seq %d in %.3f s",
             wal_bytes,
@@ -1266,6 +1300,8 @@ class Server:
                 os.unlink(self.socket_path)
             except FileNotFoundError:
                 pass
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()
@@ -1295,9 +1331,10 @@ def _parse_mode(value: str) -> int:
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
-  1  failure: cannot open the directory or bind the socket, or reopening
-     the queue after a failed write failed
-  2  usage error; the socket path is not a socket
+  1  failure: cannot open the directory, bind the socket or listen on the
+     --metrics-listen address, or reopening the queue after a failed write failed
+  2  usage error (a bad --metrics-listen, or a non-loopback one without
+     --metrics-allow-remote, included); the socket path is not a socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
 """
@@ -1331,12 +1368,28 @@ def cli() -> None:
                    "sync it with fdatasync: faster syncs, but a frame torn by a crash inside the "
                    "preallocated space stops the next start until an operator cuts the segment "
                    "(docs/daemon.md). 0, the default, appends and fsyncs.")
+@click.option("--metrics-listen", metavar="HOST:PORT", default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (off by default). HOST is "
+                   "an IP address ([::1] for IPv6) or localhost and must be loopback unless "
+                   "--metrics-allow-remote is given; PORT 0 picks a free port (logged).")
+@click.option("--metrics-allow-remote", is_flag=True, default=False,
+              help="Allow a non-loopback --metrics-listen address (anyone who can reach it reads "
+                   "the queue's directory and load; put a firewall in front).")
 @click.option("--test-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
-          max_connections: int, hello_timeout: float, log_level: str, test_hook: str | None,
-          preallocate_wal_bytes: int) -> None:
+          max_connections: int, hello_timeout: float, log_level: str, metrics_listen: str | None,
+          metrics_allow_remote: bool, test_hook: str | None, preallocate_wal_bytes: int) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT."""
+    metrics_address = None
+    if metrics_listen is not None:
+        try:
+            metrics_address = parse_listen(metrics_listen, allow_remote=metrics_allow_remote)
+        except ListenError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics-listen") from None
+    elif metrics_allow_remote:
+        raise click.BadParameter("is only meaningful with --metrics-listen",
+                                 param_hint="--metrics-allow-remote")
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, log_level.upper()),
@@ -1348,7 +1401,7 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
         hook = _load_hook(test_hook)
         log.warning("TEST ONLY fault-injection hook loaded: %s", test_hook)
     sys.exit(_serve(directory, socket_path, mode, compact_wal_bytes, max_connections, hook, hello_timeout,
-                    preallocate_wal_bytes))
+                    preallocate_wal_bytes, metrics_address))
 
 
 def descriptor_budget(max_connections: int) -> int:
@@ -1404,7 +1457,8 @@ def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, 
 def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes: int,
            max_connections: int, hook: Callable[[str], None] | None,
            hello_timeout: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
-           preallocate_wal_bytes: int = DEFAULT_PREALLOCATE_WAL_BYTES) -> int:
+           preallocate_wal_bytes: int = DEFAULT_PREALLOCATE_WAL_BYTES,
+           metrics_address: tuple[str, int] | None = None) -> int:
     directory = os.path.abspath(directory)
     max_connections = descriptor_budget(max_connections)
     notifier = Notifier(dict(os.environ))
@@ -1423,7 +1477,8 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
     except OSError as exc:
         log.error("cannot open %s: %s", directory, exc)
         return EXIT_FAILURE
-    log.info("recovered %s in %.3f s: %s", directory, time.monotonic() - started, queue.stats())
+    recovery_seconds = time.monotonic() - started
+    log.info("recovered %s in %.3f s: %s", directory, recovery_seconds, queue.stats())
     try:
         listener = activated_listener(dict(os.environ))
         owned_path = None
@@ -1438,6 +1493,18 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
         log.error("%s", exc)
         queue.close()
         return exc.code
+    metrics_endpoint = None
+    if metrics_address is not None:
+        try:
+            metrics_endpoint = MetricsEndpoint(*metrics_address)
+        except OSError as exc:
+            log.error("--metrics-listen %s:%d: cannot listen: %s", *metrics_address, exc)
+            queue.close()
+            if owned_path is not None:
+                os.unlink(owned_path)
+            listener.close()
+            return EXIT_FAILURE
+        log.info("serving metrics at %s", metrics_endpoint.url)
     server = Server(
         directory,
         queue,
@@ -1449,6 +1516,8 @@ def _serve(directory: str, socket_path: str | None, mode: int, compact_wal_bytes
         notifier=notifier,
         hello_timeout=hello_timeout,
         preallocate_wal_bytes=preallocate_wal_bytes,
+        recovery_seconds=recovery_seconds,
+        metrics_endpoint=metrics_endpoint,
     )
     try:
         return server.run()

@@ -18,6 +18,19 @@ only while the task still has that status and that time, so stale entries
 are dropped when they surface, and the heaps are filtered when more than
 half of them is stale. Leasing one task among a million ready ones therefore
 costs O(log n).
+
+Two figures for monitoring (the daemon's metrics), kept without a clock:
+  - each task remembers `ready_seq`, the seq of the record that last made it
+    ready (put, release, expire, revive; 0 for a task loaded ready from a
+    snapshot: "ready since the snapshot at least"), and `_ready_fifo` holds
+    ready_seq, task_id, ready_seq, task_id, ... flat (16 bytes an entry, no
+    tuple) in seq order, stale entries dropped lazily like the heaps', so
+    the longest-waiting ready task is found in amortized O(1);
+  - each leased task remembers `lease_start`, the `now` of the reserve or
+    touch that set its deadline (None for a lease loaded from a snapshot,
+    whose format does not carry it).
+Both are set by the records themselves, so recovery rebuilds them exactly as
+serving built them.
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from __future__ import annotations
 import hashlib
 import heapq
 import re
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from . import validation
@@ -66,10 +81,11 @@ def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: in
 
 class Task:
     __slots__ = ("task_id", "key", "identity", "status", "attempts", "max_attempts",
-                 "generation", "available_at", "deadline", "worker", "payload")
+                 "generation", "available_at", "deadline", "worker", "payload",
+                 "ready_seq", "lease_start")
 
     def __init__(self, task_id, key, identity, status, attempts, max_attempts, generation,
-                 available_at, deadline, worker, payload):
+                 available_at, deadline, worker, payload, ready_seq=0, lease_start=None):
         self.task_id = task_id
         self.key = key
         self.identity = identity
@@ -81,6 +97,8 @@ class Task:
         self.deadline = deadline
         self.worker = worker
         self.payload = payload
+        self.ready_seq = ready_seq  # seq of the record that last made it ready (see the header)
+        self.lease_start = lease_start  # `now` of the reserve/touch that set the deadline
 
     def pin_identity(self) -> str:
         """The identity, computed from the put's fields while they are still unchanged.
@@ -112,6 +130,10 @@ class State:
         self.last_seq = 0
         self._ready: list[tuple[int, str]] = []
         self._leases: list[tuple[int, str]] = []
+        # Monitoring only (see the header): ready episodes in seq order, and
+        # those found delayed when they reached the head, by available_at.
+        self._ready_fifo: deque[int | str] = deque()
+        self._delayed: list[tuple[int, int, str]] = []
         self._last_loaded = ""  # the task id of the last snapshot entry loaded
 
     # -- queries --------------------------------------------------------
@@ -130,6 +152,74 @@ class State:
                  self._peek_time(self._leases, LEASED, "deadline")]
         times = [time for time in times if time is not None]
         return min(times) if times else None
+
+    def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
+        """The earliest time since which a ready task has been due, or None if none is due at `now`.
+
+        A ready task has been due since max(available_at, seq_time(ready_seq)):
+        it became ready at seq ready_seq, and could be leased from its
+        available_at on. `seq_time` maps a seq to a time no later than the
+        one at which it was written (the caller's clock; this module has
+        none), must not decrease as the seq grows, and must be the same
+        map from call to call (it may only lower old times, as the daemon's
+        SeqClock does when it thins samples). Amortized O(1): each
+        ready episode leaves the FIFO once, either as stale or to the
+        `_delayed` heap when it was delayed (available_at later than it
+        became ready); the FIFO head is then the longest-waiting immediate
+        task and the heap head the delayed task due first.
+        """
+        tasks, fifo, delayed = self.tasks, self._ready_fifo, self._delayed
+        oldest = None
+        while fifo:
+            seq, task_id = fifo[0], fifo[1]
+            task = tasks[task_id]
+            if task.status != READY or task.ready_seq != seq:
+                fifo.popleft()
+                fifo.popleft()
+                continue
+            became_ready = seq_time(seq)
+            if task.available_at > became_ready:
+                fifo.popleft()
+                fifo.popleft()
+                heapq.heappush(delayed, (task.available_at, seq, task_id))
+                continue
+            oldest = became_ready
+            break
+        while delayed:
+            available_at, seq, task_id = delayed[0]
+            task = tasks[task_id]
+            if task.status != READY or task.ready_seq != seq:
+                heapq.heappop(delayed)
+                continue
+            if available_at <= now and (oldest is None or available_at < oldest):
+                oldest = available_at
+            break
+        if len(delayed) > 2 * self.counts[READY] + 1024:
+            delayed[:] = [entry for entry in delayed
+                          if tasks[entry[2]].status == READY and tasks[entry[2]].ready_seq == entry[1]]
+            heapq.heapify(delayed)
+        return oldest
+
+    def leases_past_half(self, now: int) -> int:
+        """How many leased tasks are at or past the middle of their lease at `now`.
+
+        The middle is halfway from lease_start (the reserve's or the last
+        touch's now) to the deadline; leases whose deadline has passed but
+        that no reserve has reaped yet count too. Leases loaded from a
+        snapshot have no known start and are not counted until touched.
+        O(leased tasks): meant for a monitoring query, not the hot path.
+        """
+        tasks = self.tasks
+        seen: set[str] = set()
+        count = 0
+        for deadline, task_id in self._leases:
+            task = tasks[task_id]
+            if task.status != LEASED or task.deadline != deadline or task_id in seen:
+                continue
+            seen.add(task_id)
+            if task.lease_start is not None and 2 * now >= task.lease_start + deadline:
+                count += 1
+        return count
 
     def _peek(self, heap, status, attribute, now, limit) -> list[str]:
         tasks = self.tasks
@@ -258,15 +348,19 @@ class State:
         return ("put", record, tasks)
 
     def _commit_put(self, record, tasks):
+        seq = record["seq"]
+        fifo = self._ready_fifo
         for fields in tasks:
             task_id, payload = fields["task_id"], fields["payload"]
             available_at, max_attempts = fields["available_at"], fields["max_attempts"]
             task = Task(task_id, fields["key"], None,  # identity: see Task.pin_identity
-                        READY, 0, max_attempts, 0, available_at, None, None, payload)
+                        READY, 0, max_attempts, 0, available_at, None, None, payload, seq)
             self.tasks[task_id] = task
             self.task_id_by_key[task.key] = task_id
             self.counts[READY] += 1
             heapq.heappush(self._ready, (available_at, task_id))
+            fifo.append(seq)
+            fifo.append(task_id)
         self._tidy(self._ready, READY)
 
     def _check_expire(self, record):
@@ -276,10 +370,11 @@ class State:
         return ("expire", record, targets)
 
     def _commit_expire(self, record, targets):
+        seq = record["seq"]
         for task in targets:
             task.pin_identity()
             task.available_at = task.deadline
-            self._end_lease(task)
+            self._end_lease(task, seq)
         self._tidy(self._ready, READY)
 
     def _check_reserve(self, record):
@@ -292,7 +387,8 @@ class State:
         return ("reserve", record, targets)
 
     def _commit_reserve(self, record, targets):
-        deadline = record["now"] + record["lease_seconds"]
+        now = record["now"]
+        deadline = now + record["lease_seconds"]
         worker = record["worker"]
         counts = self.counts
         for task in targets:
@@ -301,6 +397,7 @@ class State:
             task.generation += 1
             task.worker = worker
             task.deadline = deadline
+            task.lease_start = now
             heapq.heappush(self._leases, (deadline, task.task_id))
         counts[READY] -= len(targets)
         counts[LEASED] += len(targets)
@@ -329,7 +426,7 @@ class State:
         (task,) = targets
         task.pin_identity()
         task.available_at = record["now"] + record["delay"]
-        self._end_lease(task)
+        self._end_lease(task, record["seq"])
         self._tidy(self._ready, READY)
 
     def _check_touch(self, record):
@@ -341,6 +438,7 @@ class State:
     def _commit_touch(self, record, targets):
         (task,) = targets
         task.deadline = record["now"] + record["lease_seconds"]
+        task.lease_start = record["now"]
         heapq.heappush(self._leases, (task.deadline, task.task_id))
         self._tidy(self._leases, LEASED)
 
@@ -353,13 +451,16 @@ class State:
         return ("revive", record, targets)
 
     def _commit_revive(self, record, targets):
-        now = record["now"]
+        now, seq = record["now"], record["seq"]
         for task in targets:
             task.pin_identity()  # already pinned when it died; kept for the invariant
             task.status = READY
             task.attempts = 0
             task.available_at = now
+            task.ready_seq = seq
             heapq.heappush(self._ready, (now, task.task_id))
+            self._ready_fifo.append(seq)
+            self._ready_fifo.append(task.task_id)
         self.counts[DEAD] -= len(targets)
         self.counts[READY] += len(targets)
         self._tidy(self._ready, READY)
@@ -417,8 +518,8 @@ class State:
         raise StaleLease(f"task {task_id!r} {problem}: the lease is stale",
                          task_id=task_id, status=task.status, generation=task.generation)
 
-    def _end_lease(self, task: Task) -> None:
-        """Leased -> ready, or dead once attempts reach max_attempts."""
+    def _end_lease(self, task: Task, seq: int) -> None:
+        """Leased -> ready (at `seq`), or dead once attempts reach max_attempts."""
         task.worker = None
         task.deadline = None
         self.counts[LEASED] -= 1
@@ -426,11 +527,24 @@ class State:
             task.status = DEAD
         else:
             task.status = READY
+            task.ready_seq = seq
             heapq.heappush(self._ready, (task.available_at, task.task_id))
+            self._ready_fifo.append(seq)
+            self._ready_fifo.append(task.task_id)
         self.counts[task.status] += 1
 
     def _tidy(self, heap: list, status: str) -> None:
         """Drop stale heap entries once they outnumber the live ones."""
+        if status == READY and len(self._ready_fifo) > 4 * self.counts[READY] + 2048:
+            tasks, fifo = self.tasks, self._ready_fifo
+            kept: deque[int | str] = deque()
+            entries = iter(fifo)
+            for seq in entries:
+                task_id = next(entries)
+                if tasks[task_id].status == READY and tasks[task_id].ready_seq == seq:
+                    kept.append(seq)
+                    kept.append(task_id)
+            self._ready_fifo = kept
         if len(heap) <= 2 * self.counts[status] + 1024:
             return
         attribute = "available_at" if status == READY else "deadline"
@@ -491,6 +605,8 @@ class State:
         self.counts[status] += 1
         if status == READY:
             self._ready.append((available_at, task_id))
+            self._ready_fifo.append(0)  # ready_seq 0: since the snapshot at least
+            self._ready_fifo.append(task_id)
         elif status == LEASED:
             self._leases.append((deadline, task_id))
 

@@ -42,3 +42,16 @@ def test_bench_wal_sync_prints_every_probe_and_both_put_rates(tmp_path):
                  "Queue.put(), preallocate_bytes=4194304", "with a preallocated segment"):
         assert line in done.stdout, line
     assert list(tmp_path.iterdir()) == []  # the scratch directory is gone
+
+
+def test_bench_ab_compares_two_trees_and_prints_its_table():
+    # Both sides are this checkout: it checks the script, not the speed.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_ab.py"), str(ROOT / "src"), "--rounds", "1",
+         "--scale", "0.01"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split(" | ")[0][2:] for row in rows[1:]] == [
+        "put_batch100_us", "put_many1000_us_per_task", "reserve_ack_batch100_us",
+        "reserve_release_batch100_us", "recover_wal_s", "recover_snapshot_s"]

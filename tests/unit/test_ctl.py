@@ -27,6 +27,7 @@ from walqueue.ctl import (
     EXIT_USAGE,
     cli,
 )
+from walqueue.metrics import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
               EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE}
@@ -74,6 +75,11 @@ class FakeClient:
 
     def compact(self):
         return self.queue.compact()
+
+    def daemon_stats(self):
+        recorder = Recorder(next_seq=1, now=0, recovery_seconds=0.25)
+        return recorder.report(self.queue, now=self.clock[0], connections=1, parked_reserves=0,
+                               paused=False, compact_wal_bytes=1000, directory="/var/q")
 
     def close(self):
         self.closed = True
@@ -248,9 +254,26 @@ def test_stats_prints_a_table_or_json(run):
     run("put", "a")
     table = run("stats")
     assert re.search(r"^ready\s+1$", table.stdout, re.M) and re.search(r"^last_seq\s+1$", table.stdout, re.M)
+    assert re.search(r"^last_compaction_seconds\s+-$", table.stdout, re.M)
+    assert re.search(r"^last_recovery_seconds\s+0.25$", table.stdout, re.M)
     (stats,) = lines(run("stats", "--json"))
-    assert stats == {"ready": 1, "leased": 0, "completed": 0, "dead": 0, "last_seq": 1,
-                     "snapshot_seq": 0, "wal_bytes": stats["wal_bytes"]}
+    # The QueueStats keys stay at the top level, so older consumers keep working.
+    queue_keys = {"ready": 1, "leased": 0, "completed": 0, "dead": 0, "last_seq": 1,
+                  "snapshot_seq": 0, "wal_bytes": stats["wal_bytes"]}
+    assert {key: stats[key] for key in queue_keys} == queue_keys
+    assert stats["oldest_ready_age_seconds"] == 100 and stats["fsync_p99_seconds"] is None
+    assert stats["directory"] == "/var/q" and "queue" not in stats
+
+
+def test_metrics_prints_the_prometheus_text(run):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    run("put", "a")
+    result = run("metrics")
+    assert result.exit_code == 0
+    families = {family.name: family for family in text_string_to_metric_families(result.stdout)}
+    tasks = {sample.labels["status"]: sample.value for sample in families["walqueue_tasks"].samples}
+    assert tasks == {"ready": 1, "leased": 0, "completed": 0, "dead": 0}
 
 
 def make_dead(run, *names):

@@ -27,7 +27,7 @@ def test_the_option_defaults_to_off_and_is_passed_to_serve(monkeypatch, tmp_path
     assert runner.invoke(server.cli, ["serve", str(tmp_path)]).exit_code == 0
     assert runner.invoke(server.cli, ["serve", str(tmp_path), "--preallocate-wal-bytes", "4194304"]).exit_code == 0
     # Off unless asked: a tear inside preallocated space needs an operator (docs/daemon.md).
-    assert [args[-1] for args in seen] == [0, 4 * 1024 * 1024]
+    assert [args[7] for args in seen] == [0, 4 * 1024 * 1024]  # _serve(..., preallocate_wal_bytes, metrics)
 
 
 @pytest.mark.parametrize("value", ["-1", str(2**30 + 1), "lots"])

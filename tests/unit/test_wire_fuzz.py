@@ -24,6 +24,7 @@ import selectors
 import signal
 import socket
 import struct
+import typing
 from collections import Counter
 from pathlib import Path
 
@@ -101,6 +102,7 @@ requests = st.one_of(
     st.builds(p.Resume, id=integers),
     st.builds(p.BackupBegin, id=integers),
     st.builds(p.BackupEnd, id=integers),
+    st.builds(p.DaemonStatsReq, id=integers),
 )
 
 lease_values = st.builds(p.WireLease, task_id=texts, worker=texts, generation=integers, deadline=integers,
@@ -109,6 +111,14 @@ task_values = st.builds(p.WireTask, task_id=texts, key=texts, status=texts, atte
                         max_attempts=integers, generation=integers, available_at=integers,
                         deadline=st.none() | integers, worker=st.none() | texts,
                         payload=st.none() | payloads)
+floats = st.floats(allow_nan=False)
+stats_values = st.builds(p.WireStats, **dict.fromkeys(p.WireStats.__struct_fields__, integers))
+_DAEMON_STATS_TYPES = {int: integers, float: floats, float | None: st.none() | floats,
+                       bool: st.booleans(), str: texts}
+daemon_stats_values = st.builds(
+    p.WireDaemonStats, queue=stats_values,
+    **{name: _DAEMON_STATS_TYPES[kind] for name, kind in
+       typing.get_type_hints(p.WireDaemonStats).items() if name != "queue"})
 responses = st.one_of(
     st.builds(p.HelloOk, id=integers, version=integers, server=texts, max_body_bytes=integers),
     st.builds(p.PutOk, id=integers, task_id=texts),
@@ -122,6 +132,7 @@ responses = st.one_of(
     st.builds(p.PauseState, id=integers, paused=st.booleans()),
     st.builds(p.Manifest, id=integers, directory=texts, seq=integers,
               files=st.lists(st.builds(p.BackupFile, name=texts, length=integers), max_size=3)),
+    st.builds(p.DaemonStatsOk, id=integers, stats=daemon_stats_values),
     st.builds(p.Error, id=st.none() | integers, error=texts, message=texts, task_id=st.none() | texts,
               status=st.none() | texts, generation=st.none() | integers, fatal=st.booleans()),
 )

@@ -1,0 +1,229 @@
+"""The daemon's report against a real walqueued: the figures after real work,
+`walqueue-ctl stats/metrics`, and `--metrics-listen` serving GET /metrics
+(parsed with prometheus_client), its 404/405, and its refusals."""
+
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from walqueue import QueueClosed, aio
+from walqueue.client import Client
+
+from .daemon import REPO, child_env, wait_until
+from .test_ctl_process import ctl
+
+HTTP_SECONDS = 10.0
+FIGURE_SECONDS = 15.0  # bound on waiting for a figure that moves with the wall clock
+
+
+def families_of(text: str) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, name: str, **labels) -> float:
+    for family in families.values():
+        for item in family.samples:
+            if item.name == name and item.labels == labels:
+                return item.value
+    raise KeyError((name, labels))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def http(method: str, url: str) -> tuple[int, dict, str]:
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=HTTP_SECONDS) as answer:
+            return answer.status, dict(answer.headers), answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+def test_the_report_after_some_work_has_the_right_figures(daemon):
+    with Client(daemon.socket_path) as client, Client(daemon.socket_path) as waiter:
+        empty = client.daemon_stats()
+        assert empty.queue == client.stats()
+        assert (empty.oldest_ready_age_seconds, empty.leases_past_half, empty.wal_segments) == (0, 0, 1)
+        assert empty.directory == str(daemon.directory) and empty.paused is False
+        assert empty.last_recovery_seconds >= 0 and empty.uptime_seconds > 0
+        assert empty.compact_wal_bytes == 64 * 1024 * 1024
+
+        # A parked reserve shows, and is served by the next put.
+        got = []
+        thread = threading.Thread(target=lambda: got.extend(waiter.reserve("parked", wait=30)))
+        thread.start()
+        try:
+            wait_until(lambda: client.daemon_stats().parked_reserves == 1, FIGURE_SECONDS, "a parked reserve")
+            assert client.daemon_stats().connections == 2
+        finally:
+            client.put("first", {})
+            thread.join(FIGURE_SECONDS)
+        assert [lease.task_id for lease in got] == ["first"]
+        waiter.ack(got[0])
+
+        before = client.daemon_stats()
+        client.put("a", {})
+        client.put("later", {}, delay=3600)  # ready but not due: never counted as waiting
+        client.put_many([{"task_id": "b", "payload": {}}, {"task_id": "c", "payload": {}, "max_attempts": 1}])
+        after = client.daemon_stats()
+        assert after.fsyncs_total >= before.fsyncs_total + 3
+        assert after.requests_total >= before.requests_total + 4
+        assert after.fsync_p50_seconds is not None and after.fsync_p99_seconds >= after.fsync_p50_seconds
+        assert after.requests_per_fsync >= 1 and after.fsync_window >= 4
+        assert after.fsync_seconds_total > before.fsync_seconds_total
+
+        # "a", "b", "c" wait from their put on: the age grows with the wall clock.
+        wait_until(lambda: client.daemon_stats().oldest_ready_age_seconds >= 1, FIGURE_SECONDS,
+                   "the oldest ready age to reach 1 s")
+        long_lease = client.reserve("w", lease_seconds=3600)  # "a"
+        short_lease = client.reserve("w", lease_seconds=2)  # "b": half is 1 s away
+        (dead_lease,) = client.reserve("w", lease_seconds=3600)  # "c"
+        client.release(dead_lease)  # max_attempts 1: dead
+        client.ack(long_lease[0])
+        report = client.daemon_stats()
+        assert (report.queue.ready, report.queue.leased, report.queue.completed, report.queue.dead) == (1, 1, 2, 1)
+        assert report.oldest_ready_age_seconds == 0  # only "later" is ready, not due
+        wait_until(lambda: client.daemon_stats().leases_past_half == 1, FIGURE_SECONDS, "lease b past half")
+        assert short_lease[0].task_id == "b"
+
+        seq = client.compact()
+        compacted = client.daemon_stats()
+        assert compacted.queue.snapshot_seq == seq and compacted.compactions_total == 1
+        assert compacted.last_compaction_seconds is not None and compacted.wal_segments == 1
+
+        async def from_aio():
+            async with aio.Client(daemon.socket_path) as async_client:
+                return await async_client.daemon_stats()
+
+        assert asyncio.run(from_aio()).queue == client.stats()
+
+
+def test_walqueue_ctl_stats_and_metrics_print_the_report(daemon):
+    with Client(daemon.socket_path) as client:
+        client.put("a", {})
+        client.put("b", {})
+        client.reserve("w", lease_seconds=60)
+    (report,) = [json.loads(line) for line in ctl("--socket", daemon.socket_path, "stats", "--json").stdout.splitlines()]
+    assert (report["ready"], report["leased"], report["last_seq"]) == (1, 1, 3)
+    assert report["fsyncs_total"] >= 3 and report["directory"] == str(daemon.directory)
+    table = ctl("--socket", daemon.socket_path, "stats")
+    assert table.returncode == 0 and re.search(r"^leases_past_half\s+0$", table.stdout, re.M)
+    metrics = ctl("--socket", daemon.socket_path, "metrics")
+    assert metrics.returncode == 0, metrics.stderr
+    families = families_of(metrics.stdout)
+    assert sample(families, "walqueue_tasks", status="ready") == 1
+    assert sample(families, "walqueue_tasks", status="leased") == 1
+    assert sample(families, "walqueue_fsync_duration_seconds_count") >= 3
+    assert families["walqueue_requests"].type == "counter"
+    assert sample(families, "walqueue_info", directory=str(daemon.directory)) == 1
+
+
+def test_metrics_listen_serves_get_metrics_and_nothing_else(make_daemon):
+    port = free_port()
+    daemon = make_daemon("--metrics-listen", f"127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}/metrics"
+    status, headers, text = http("GET", url)
+    assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert sample(families_of(text), "walqueue_tasks", status="ready") == 0
+    with Client(daemon.socket_path) as client:
+        client.put("a", {})
+
+    def ready_count():
+        return sample(families_of(http("GET", url + "?fresh")[2]), "walqueue_tasks", status="ready") == 1
+
+    wait_until(ready_count, FIGURE_SECONDS, "GET /metrics to show the put", interval=0.2)
+    assert http("GET", f"http://127.0.0.1:{port}/")[0] == 404
+    assert http("GET", f"http://127.0.0.1:{port}/metricsx")[0] == 404
+    for method in ("POST", "PUT", "DELETE", "HEAD"):
+        status, headers, _ = http(method, url)
+        assert status == 405 and headers["Allow"] == "GET", method
+    assert daemon.terminate() == 0
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=HTTP_SECONDS)
+
+
+def test_metrics_listen_on_port_0_logs_the_port_it_got(make_daemon):
+    daemon = make_daemon("--metrics-listen", "localhost:0")
+    daemon.wait_for_log("serving metrics at http://127.0.0.1:")
+    (url,) = re.findall(r"serving metrics at (http://127\.0\.0\.1:\d+/metrics)", daemon.log())
+    status, _, text = http("GET", url)
+    assert status == 200 and "walqueue_uptime_seconds" in families_of(text)
+
+
+def serve_command(directory, *args) -> list[str]:
+    return [sys.executable, "-m", "walqueue.server", "serve", str(directory), *args]
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--metrics-listen", "0.0.0.0:9464"), "--metrics-allow-remote"),
+    (("--metrics-listen", "[::]:9464"), "--metrics-allow-remote"),
+    (("--metrics-listen", "nonsense"), "--metrics-listen"),
+    (("--metrics-listen", "127.0.0.1:99999"), "--metrics-listen"),
+    (("--metrics-allow-remote",), "--metrics-allow-remote"),
+])
+def test_a_bad_or_remote_metrics_address_exits_2_naming_the_option(workdir, args, named):
+    result = subprocess.run(serve_command(workdir / "queue", *args), capture_output=True, text=True,
+                            env=child_env(), cwd=REPO, timeout=30)
+    assert result.returncode == 2 and named in result.stderr, result.stderr
+    assert not (workdir / "queue").exists()  # refused before anything was opened
+
+
+def test_a_remote_address_is_served_with_the_explicit_flag(make_daemon):
+    daemon = make_daemon("--metrics-listen", "0.0.0.0:0", "--metrics-allow-remote")
+    daemon.wait_for_log("serving metrics at http://0.0.0.0:")
+    (port,) = re.findall(r"serving metrics at http://0\.0\.0\.0:(\d+)/metrics", daemon.log())
+    assert http("GET", f"http://127.0.0.1:{port}/metrics")[0] == 200
+
+
+def test_a_metrics_port_in_use_stops_the_start_with_exit_1(make_daemon, workdir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = make_daemon("--metrics-listen", f"127.0.0.1:{port}", start=False)
+        daemon.start(wait_ready=False)
+        assert daemon.proc.wait(30) == 1
+    assert "--metrics-listen" in daemon.log() and "cannot listen" in daemon.log()
+    assert not (workdir / "wq.sock").exists()
+
+
+def test_serve_help_says_the_endpoint_is_loopback_only_unless_allowed():
+    result = subprocess.run(serve_command("--help"), capture_output=True, text=True, env=child_env(),
+                            cwd=REPO, timeout=30)
+    text = " ".join(result.stdout.split())
+    assert "--metrics-listen HOST:PORT" in text and "must be loopback unless --metrics-allow-remote" in text
+
+
+def test_fsyncs_match_the_durable_syncs_and_a_failed_write_is_counted(make_daemon, workdir):
+    sync_log, fail_file = workdir / "syncs", workdir / "fail"
+    daemon = make_daemon("--test-hook", "tests.process.hooks:hook",
+                         env={"WALQUEUE_TEST_SYNC_LOG": str(sync_log),
+                              "WALQUEUE_TEST_FAIL_FILE": str(fail_file)})
+    with Client(daemon.socket_path, retry_seconds=0) as client:
+        for number in range(5):
+            client.put(f"t{number}", {})
+        client.reserve("w", limit=2)
+        client.get("t0")  # a read: no fsync
+        report = client.daemon_stats()
+        # One fsync per write batch, each seen by the hook at wal.after_sync.
+        assert report.fsyncs_total == sync_log.stat().st_size == 6
+        assert report.write_failures_total == 0
+        fail_file.touch()
+        with pytest.raises(QueueClosed):
+            client.put("lost", {})
+        report = client.daemon_stats()
+        assert report.write_failures_total == 1 and report.fsyncs_total == 6
+        assert report.queue.ready == 3 and report.queue.leased == 2  # reopened from disk

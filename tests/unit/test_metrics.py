@@ -1,0 +1,457 @@
+"""The daemon's figures without a daemon: the state's two monitoring queries,
+the seq clock, the recorder's window, the Prometheus text (parsed with
+prometheus_client, not string-matched), the wire form and --metrics-listen."""
+
+import dataclasses
+import math
+import random
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from walqueue import Queue, QueueStats
+from walqueue import protocol as p
+from walqueue.metrics import (
+    FSYNC_WINDOW,
+    FSYNC_WINDOW_SECONDS,
+    MAX_SEQ_SAMPLES,
+    DaemonStats,
+    Recorder,
+    SeqClock,
+    quantile,
+    render_prometheus,
+)
+from walqueue.metrics_http import ListenError, parse_listen
+from walqueue.state import READY
+
+# -- oldest due ready task ----------------------------------------------------------
+
+
+def times(mapping: dict[int, int]):
+    """A seq -> time function from the seqs at which the clock moved (monotone, a step function)."""
+    def seq_time(seq: int) -> int:
+        return max((time for first, time in mapping.items() if first <= seq), default=0)
+    return seq_time
+
+
+def test_the_oldest_due_ready_task_is_the_one_ready_longest(tmp_path):
+    with Queue(tmp_path / "q") as q:
+        q.put("b", {})  # seq 1
+        q.put("a", {})  # seq 2: served first (task_id order) but ready later
+        seq_time = times({1: 10, 2: 20, 3: 30, 4: 40})
+        assert q.ready_due_since(now=50, seq_time=seq_time) == 10
+        (lease,) = q.reserve("w", now=30, lease_seconds=60)  # seq 3 leases "a"
+        assert lease.task_id == "a"
+        assert q.ready_due_since(now=50, seq_time=seq_time) == 10
+        (lease_b,) = q.reserve("w", now=30, lease_seconds=60)  # seq 4 leases "b"
+        assert q.ready_due_since(now=50, seq_time=seq_time) is None
+        q.release(lease, now=45)  # seq 5 (time 40 by the map): due from available_at 45
+        assert q.ready_due_since(now=50, seq_time=seq_time) == 45
+        q.release(lease_b, now=46)  # seq 6
+        assert q.ready_due_since(now=50, seq_time=seq_time) == 45
+
+
+def test_a_delayed_task_counts_from_its_available_at_and_only_once_due(tmp_path):
+    with Queue(tmp_path / "q") as q:
+        q.put("later", {}, available_at=100)  # seq 1, written at time 5
+        seq_time = times({1: 5, 2: 60})
+        assert q.ready_due_since(now=50, seq_time=seq_time) is None
+        q.put("now", {})  # seq 2, written at 60
+        assert q.ready_due_since(now=70, seq_time=seq_time) == 60
+        assert q.ready_due_since(now=150, seq_time=seq_time) == 60
+        (lease,) = q.reserve("w", now=150, lease_seconds=10)  # (0, "now") comes first
+        assert lease.task_id == "now"
+        assert q.ready_due_since(now=150, seq_time=seq_time) == 100
+        # A put whose available_at is already past when written counts from the write.
+        q.put("past", {}, available_at=1)  # seq 4
+        assert q.ready_due_since(now=150, seq_time=times({1: 5, 2: 60, 4: 90})) == 90
+
+
+def test_revived_and_expired_tasks_count_from_the_record_that_made_them_ready(tmp_path):
+    with Queue(tmp_path / "q") as q:
+        q.put("x", {}, max_attempts=1)  # seq 1
+        (lease,) = q.reserve("w", now=10, lease_seconds=5)  # seq 2
+        q.release(lease, now=11)  # seq 3: dead
+        assert q.ready_due_since(now=20, seq_time=lambda seq: seq) is None
+        q.revive(["x"], now=20)  # seq 4, available_at 20
+        assert q.ready_due_since(now=30, seq_time=lambda seq: 10 * seq) == 40
+        q.put("y", {})  # seq 5
+        q.reserve("w", now=30, lease_seconds=5, limit=2)  # seq 6 leases x and y until 35
+        assert q.ready_due_since(now=40, seq_time=lambda seq: seq) is None
+        q.put("z", {})  # seq 7: (0, "z") is leased before the expired "y" (35, "y")
+        q.reserve("w", now=40, lease_seconds=5, limit=1)  # seq 8 expires x (dead), y; seq 9 leases z
+        assert q.get("y").status == "ready" and q.get("x").status == "dead"
+        # "y" is due from its old deadline 35, and ready since seq 8 (time 40 by this map).
+        assert q.ready_due_since(now=50, seq_time=lambda seq: 5 * seq) == 40
+
+
+def meaningful_slots(q) -> dict:
+    """ready_seq of the ready tasks, lease_start of the leased ones (the others are leftovers)."""
+    return {task_id: task.ready_seq if task.status == "ready" else task.lease_start
+            for task_id, task in q._state.tasks.items() if task.status in ("ready", "leased")}
+
+
+def test_tasks_loaded_from_a_snapshot_count_from_the_earliest_time_and_replay_is_identical(tmp_path):
+    directory = tmp_path / "q"
+    with Queue(directory) as q:
+        q.put("old", {})  # seq 1
+        q.compact()
+        q.put("new", {})  # seq 2
+        leases = q.reserve("w", now=100, lease_seconds=10, limit=2)  # seq 3, both until 110
+        q.release(leases[0], now=101)  # seq 4: "new" ready again
+        q.put("newer", {})  # seq 5
+        q.touch(leases[1], now=104, lease_seconds=2)  # seq 6: "old" leased from 104 to 106
+        before = (q.ready_due_since(now=200, seq_time=lambda seq: seq),
+                  q.leases_past_half(105), q.leases_past_half(104))
+        state = meaningful_slots(q)
+    with Queue(directory) as q:
+        after = (q.ready_due_since(now=200, seq_time=lambda seq: seq),
+                 q.leases_past_half(105), q.leases_past_half(104))
+        assert after == before == (5, 1, 0)
+        assert meaningful_slots(q) == state == {"new": 4, "newer": 5, "old": 104}
+        q.compact()
+    with Queue(directory) as q:
+        # Loaded from the snapshot: ready since seq 0 (the earliest time there is),
+        # and the lease's start is unknown, so it is not counted.
+        assert q.ready_due_since(now=200, seq_time=lambda seq: 1000 + seq) == 1000
+        assert q.leases_past_half(105) == 0
+
+
+def test_the_ready_fifo_stays_bounded_when_nobody_asks(tmp_path):
+    with Queue(tmp_path / "q") as q:
+        with q.batch():
+            for round_number in range(3000):
+                q.put(f"t{round_number}", {})
+                (lease,) = q.reserve("w", now=1, lease_seconds=10)
+                q.ack(lease, now=1)
+        state = q._state
+        assert len(state._ready_fifo) <= 2 * (2 * state.counts[READY] + 1025)
+
+
+def test_the_oldest_due_ready_time_matches_a_brute_force_search():
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    import tempfile
+    with tempfile.TemporaryDirectory() as directory, Queue(directory) as q:
+        ready_seq: dict[str, int] = {}  # what the test itself saw make each task ready
+        leases = []
+        now = 0
+
+        def seq_time(seq: int) -> int:
+            return seq // 3  # any non-decreasing map will do
+
+        for step in range(400):
+            now += rng.choice([0, 0, 1, 5])
+            action = rng.random()
+            if action < 0.35:
+                name = f"t{step}"
+                q.put(name, {}, available_at=rng.choice([0, 0, now + rng.randrange(-20, 40)]) if now > 20 else 0)
+                ready_seq[name] = q.stats().last_seq
+            elif action < 0.6:
+                before = {view.task_id for view in q.tasks("ready")}
+                leases += q.reserve("w", now=now, lease_seconds=rng.randrange(1, 30), limit=rng.randrange(1, 4))
+                expired_now = {view.task_id for view in q.tasks("ready")} - before
+                for task_id in expired_now:
+                    ready_seq[task_id] = q._state.tasks[task_id].ready_seq
+                    assert ready_seq[task_id] <= q.stats().last_seq
+            elif action < 0.85 and leases:
+                lease = leases.pop(rng.randrange(len(leases)))
+                view = q.get(lease.task_id)
+                if view.status != "leased" or view.generation != lease.generation or now >= view.deadline:
+                    continue
+                if rng.random() < 0.5:
+                    q.ack(lease, now=now)
+                else:
+                    q.release(lease, now=now, delay=rng.choice([0, 10]))
+                    ready_seq[lease.task_id] = q.stats().last_seq
+            elif action < 0.9:
+                dead = [view.task_id for view in q.tasks("dead")]
+                if dead:
+                    q.revive(dead, now=now)
+                    for task_id in dead:
+                        ready_seq[task_id] = q.stats().last_seq
+            query_now = now + rng.choice([0, 3, 30])
+            expected = min((max(view.available_at, seq_time(ready_seq[view.task_id]))
+                            for view in q.tasks("ready") if view.available_at <= query_now), default=None)
+            assert q.ready_due_since(query_now, seq_time) == expected, f"seed {seed}, step {step}"
+
+
+# -- leases past half ---------------------------------------------------------------
+
+
+def test_leases_past_half_counts_from_the_reserve_or_the_last_touch(tmp_path):
+    with Queue(tmp_path / "q") as q:
+        q.put("a", {})
+        q.put("b", {})
+        (lease,) = q.reserve("w", now=0, lease_seconds=10)
+        assert [q.leases_past_half(now) for now in (0, 4, 5, 9, 20)] == [0, 0, 1, 1, 1]
+        lease = q.touch(lease, now=6, lease_seconds=10)  # 6 .. 16: half at 11
+        assert [q.leases_past_half(now) for now in (10, 11)] == [0, 1]
+        lease = q.touch(lease, now=7, lease_seconds=9)  # same deadline, new start: half at 11.5
+        assert [q.leases_past_half(now) for now in (11, 12)] == [0, 1]
+        q.reserve("w", now=7, lease_seconds=1)  # "b", 7 .. 8
+        assert q.leases_past_half(8) == 1 and q.leases_past_half(12) == 2
+        q.ack(lease, now=12)
+        assert q.leases_past_half(12) == 1
+
+
+# -- the seq clock and the recorder ---------------------------------------------
+
+
+def test_the_seq_clock_maps_seqs_to_a_time_no_later_than_their_write():
+    clock = SeqClock(next_seq=11, now=100)  # seqs 1..10 came before the start
+    clock.note(11, 100)  # same second: ignored
+    clock.note(11, 101)  # nothing written since: seq 11 is later still
+    clock.note(15, 105)
+    clock.note(15, 106)
+    assert [clock.time_of(seq) for seq in (1, 10, 11, 14, 15, 99)] == [101, 101, 101, 101, 106, 106]
+    assert len(clock) == 2
+    clock.note(13, 107)  # a reopen forgot seqs 13..14: the sample above goes
+    assert clock.time_of(12) == 101 and clock.time_of(13) == 107
+
+
+def test_the_seq_clock_thins_old_samples_and_stays_a_lower_bound():
+    clock = SeqClock(next_seq=1, now=0)
+    written = {}
+    for second in range(1, 3 * MAX_SEQ_SAMPLES):
+        clock.note(second * 2, second)
+        written[second * 2] = second
+    assert len(clock) <= MAX_SEQ_SAMPLES
+    previous = 0
+    for seq, second in written.items():
+        mapped = clock.time_of(seq)
+        assert previous <= mapped <= second
+        previous = mapped
+    assert clock.time_of(written.keys().__reversed__().__next__()) == 3 * MAX_SEQ_SAMPLES - 1
+
+
+def test_the_recorder_reports_quantiles_and_requests_per_fsync_over_a_recent_window(tmp_path):
+    clock = [1000.0]
+    recorder = Recorder(next_seq=1, now=0, recovery_seconds=1.5, clock=lambda: clock[0],
+                        wall_clock=lambda: 1.7e9)
+    with Queue(tmp_path / "q") as q:
+        report = recorder.report(q, now=5, connections=2, parked_reserves=3, paused=True,
+                                 compact_wal_bytes=99, directory="/d")
+        assert (report.fsync_p50_seconds, report.fsync_p99_seconds, report.requests_per_fsync) == (None,) * 3
+        recorder.batch_ended(0.5, 7, fsynced=False)  # a read-only batch
+        for index in range(100):
+            recorder.batch_ended((index + 1) / 1000, 2, fsynced=True)
+        recorder.compacted(0.25)
+        recorder.write_failed()
+        clock[0] += 10
+        report = recorder.report(q, now=5, connections=2, parked_reserves=3, paused=True,
+                                 compact_wal_bytes=99, directory="/d")
+        assert report.fsyncs_total == 100 and report.requests_total == 207
+        assert report.fsync_p50_seconds == 0.05 and report.fsync_p99_seconds == 0.099
+        assert report.requests_per_fsync == 2.0 and report.fsync_window == 100
+        assert math.isclose(report.fsync_seconds_total, sum(range(1, 101)) / 1000)
+        assert (report.compactions_total, report.last_compaction_seconds, report.write_failures_total) == (1, 0.25, 1)
+        assert (report.uptime_seconds, report.start_time_seconds, report.last_recovery_seconds) == (10, 1.7e9, 1.5)
+        assert (report.connections, report.parked_reserves, report.paused, report.wal_segments) == (2, 3, True, 1)
+        clock[0] += FSYNC_WINDOW_SECONDS + 1  # the window empties; the totals stay
+        report = recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
+                                 compact_wal_bytes=99, directory="/d")
+        assert report.fsync_window == 0 and report.fsync_p99_seconds is None and report.fsyncs_total == 100
+        for _ in range(FSYNC_WINDOW + 10):
+            recorder.batch_ended(0.001, 1, fsynced=True)
+        report = recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
+                                 compact_wal_bytes=99, directory="/d")
+        assert report.fsync_window == FSYNC_WINDOW
+
+
+def test_quantile_is_nearest_rank():
+    assert quantile([], 0.5) is None
+    assert quantile([3.0], 0.99) == 3.0
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert quantile([float(n) for n in range(1, 101)], 0.99) == 99.0
+
+
+# -- the Prometheus text ------------------------------------------------------------
+
+EXPECTED_FAMILIES = {
+    # family name as prometheus_client reports it -> type
+    "walqueue_info": "gauge",
+    "walqueue_tasks": "gauge",
+    "walqueue_oldest_ready_age_seconds": "gauge",
+    "walqueue_leases_past_half": "gauge",
+    "walqueue_last_seq": "gauge",
+    "walqueue_snapshot_seq": "gauge",
+    "walqueue_wal_bytes": "gauge",
+    "walqueue_compaction_threshold_bytes": "gauge",
+    "walqueue_wal_segments": "gauge",
+    "walqueue_fsync_duration_seconds": "summary",
+    "walqueue_requests": "counter",
+    "walqueue_requests_per_fsync": "gauge",
+    "walqueue_write_failures": "counter",
+    "walqueue_compactions": "counter",
+    "walqueue_last_compaction_duration_seconds": "gauge",
+    "walqueue_connections": "gauge",
+    "walqueue_parked_reserves": "gauge",
+    "walqueue_paused": "gauge",
+    "walqueue_uptime_seconds": "gauge",
+    "walqueue_start_time_seconds": "gauge",
+    "walqueue_last_recovery_duration_seconds": "gauge",
+}
+
+
+def sample_stats(**changes) -> DaemonStats:
+    fields = dict(
+        queue=QueueStats(ready=5, leased=2, completed=30, dead=1, last_seq=77, snapshot_seq=40,
+                         wal_bytes=12345),
+        oldest_ready_age_seconds=42, leases_past_half=1, wal_segments=2, compact_wal_bytes=64 << 20,
+        fsyncs_total=60, fsync_seconds_total=0.75, fsync_p50_seconds=0.002, fsync_p99_seconds=0.031,
+        fsync_window=60, requests_total=500, requests_per_fsync=8.25, write_failures_total=3,
+        compactions_total=4, last_compaction_seconds=0.5, connections=6, parked_reserves=7,
+        paused=True, uptime_seconds=3600.5, start_time_seconds=1.8e9, last_recovery_seconds=0.125,
+        directory="/var/lib/walqueue",
+    )
+    fields.update(changes)
+    return DaemonStats(**fields)
+
+
+def parse(text: str) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def value(families: dict, name: str, **labels) -> float:
+    for family in families.values():
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    raise KeyError((name, labels))
+
+
+def test_every_metric_family_is_present_with_its_type_and_value():
+    text = render_prometheus(sample_stats())
+    families = parse(text)
+    assert {name: family.type for name, family in families.items()} == EXPECTED_FAMILIES
+    assert all(family.documentation for family in families.values())
+    assert {sample.labels["status"]: sample.value for sample in families["walqueue_tasks"].samples} == \
+        {"ready": 5, "leased": 2, "completed": 30, "dead": 1}
+    assert value(families, "walqueue_fsync_duration_seconds", quantile="0.5") == 0.002
+    assert value(families, "walqueue_fsync_duration_seconds", quantile="0.99") == 0.031
+    assert value(families, "walqueue_fsync_duration_seconds_count") == 60
+    assert value(families, "walqueue_fsync_duration_seconds_sum") == 0.75
+    assert value(families, "walqueue_requests_total") == 500
+    assert value(families, "walqueue_write_failures_total") == 3
+    assert value(families, "walqueue_compactions_total") == 4
+    assert value(families, "walqueue_paused") == 1
+    assert value(families, "walqueue_oldest_ready_age_seconds") == 42
+    assert value(families, "walqueue_wal_bytes") == 12345
+    assert value(families, "walqueue_compaction_threshold_bytes") == 64 << 20
+    assert value(families, "walqueue_info", directory="/var/lib/walqueue") == 1
+    # One HELP and one TYPE line per family, HELP first, each naming the family.
+    lines = text.splitlines()
+    helps = [line.split()[2] for line in lines if line.startswith("# HELP ")]
+    types = [line.split()[2] for line in lines if line.startswith("# TYPE ")]
+    assert helps == types and len(set(types)) == len(types) == len(EXPECTED_FAMILIES)
+    for index, line in enumerate(lines):
+        if line.startswith("# HELP "):
+            assert lines[index + 1].startswith(f"# TYPE {line.split()[2]} ")
+    assert text.endswith("\n") and not text.endswith("\n\n")
+
+
+def test_counters_end_in_total_and_no_gauge_does():
+    for line in render_prometheus(sample_stats()).splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name.endswith("_total") == (kind == "counter"), line
+
+
+def test_missing_figures_are_nan_and_the_label_is_escaped():
+    awkward = 'C:\\queues\\"prod"\nsecond line'
+    families = parse(render_prometheus(sample_stats(
+        fsync_p50_seconds=None, fsync_p99_seconds=None, requests_per_fsync=None,
+        last_compaction_seconds=None, paused=False, directory=awkward)))
+    assert math.isnan(value(families, "walqueue_fsync_duration_seconds", quantile="0.99"))
+    assert math.isnan(value(families, "walqueue_requests_per_fsync"))
+    assert math.isnan(value(families, "walqueue_last_compaction_duration_seconds"))
+    assert value(families, "walqueue_paused") == 0
+    assert value(families, "walqueue_info", directory=awkward) == 1
+
+
+def test_the_daemon_report_crosses_the_wire_field_by_field():
+    assert tuple(field.name for field in dataclasses.fields(DaemonStats)) == p.WireDaemonStats.__struct_fields__
+    stats = sample_stats(fsync_p50_seconds=None)
+    answer = p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats))
+    reader = p.FrameReader()
+    reader.feed(p.encode(answer))
+    decoded = p.decode_response(reader.next_body())
+    assert p.daemon_stats_from_wire(decoded.stats) == stats
+    request = p.DaemonStatsReq(id=3)
+    reader.feed(p.encode(request))
+    assert p.decode_request(reader.next_body()) == request
+
+
+# -- --metrics-listen ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+    ("localhost:0", ("127.0.0.1", 0)),
+    ("127.8.9.10:80", ("127.8.9.10", 80)),
+    ("[::1]:9464", ("::1", 9464)),
+])
+def test_loopback_listen_addresses_are_accepted(text, expected):
+    assert parse_listen(text, allow_remote=False) == expected
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("9464", "HOST:PORT"),
+    (":9464", "HOST:PORT"),
+    ("127.0.0.1:", "port"),
+    ("127.0.0.1:65536", "port"),
+    ("127.0.0.1:http", "port"),
+    ("example.com:9464", "not an IP address"),
+    ("::1:9464", "brackets"),
+    ("0.0.0.0:9464", "--metrics-allow-remote"),
+    ("192.0.2.1:9464", "--metrics-allow-remote"),
+    ("[::]:9464", "--metrics-allow-remote"),
+])
+def test_bad_or_remote_listen_addresses_are_refused(text, complaint):
+    with pytest.raises(ListenError, match=complaint.replace("-", "\\-")):
+        parse_listen(text, allow_remote=False)
+
+
+def test_a_remote_listen_address_needs_the_explicit_flag():
+    assert parse_listen("0.0.0.0:9464", allow_remote=True) == ("0.0.0.0", 9464)
+
+
+# -- the endpoint's hand-over between the HTTP thread and the loop ---------------------
+
+
+def test_a_scrape_wakes_the_loop_and_gets_what_it_publishes(monkeypatch):
+    import threading
+
+    from walqueue import metrics_http
+
+    endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)
+    try:
+        wakes = []
+
+        def loop_turn():  # what Server._one_turn does when woken
+            wakes.append(endpoint.wanted)
+            endpoint.publish(f"text {len(wakes)}\n")
+
+        endpoint._wake = lambda: threading.Thread(target=loop_turn).start()
+        assert endpoint.text() == "text 1\n" and wakes == [True] and endpoint.wanted is False
+        assert endpoint.text() == "text 1\n" and len(wakes) == 1  # fresh: no second render
+        monkeypatch.setattr(metrics_http, "FRESH_SECONDS", 0.0)
+        assert endpoint.text() == "text 2\n"
+        # A loop too busy to answer: the scrape gets the last text after its wait.
+        monkeypatch.setattr(metrics_http, "RENDER_WAIT_SECONDS", 0.05)
+        endpoint._wake = lambda: None
+        assert endpoint.text() == "text 2\n" and endpoint.wanted is True
+    finally:
+        endpoint.close()
+
+
+def test_before_any_render_a_busy_loop_means_no_text(monkeypatch):
+    from walqueue import metrics_http
+
+    monkeypatch.setattr(metrics_http, "RENDER_WAIT_SECONDS", 0.05)
+    endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)
+    try:
+        assert endpoint.text() is None
+    finally:
+        endpoint.close()
