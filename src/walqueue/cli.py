@@ -168,7 +168,16 @@ def _dumps(value: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m walqueue.cli",
-        description="Serve JSON-lines requests from stdin against the queue in DIRECTORY.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve JSON-lines requests from stdin against the queue in DIRECTORY.\n\n"
+                    "One JSON object per line in, one answer per line out, in order:\n"
+                    '  {"op": OP, ...arguments, "id": optional}  ->  {"ok": true, ...} or\n'
+                    '  {"ok": false, "error": EXCEPTION_NAME, "message": ...}\n'
+                    "OP is put, put_many, reserve, ack, release, touch, revive, get, stats or\n"
+                    "compact (SPEC §7); reserve, ack, release, touch and revive need \"now\"\n"
+                    "(Unix seconds): the library reads no clock. Example:\n"
+                    '  {"op": "put", "task_id": "t1", "payload": {"n": 1}}\n'
+                    '  {"op": "reserve", "worker": "w", "now": 1700000000, "lease_seconds": 30}',
         epilog="Exit codes: 0 end of input, 2 usage, 3 directory locked, 4 corrupt store, "
                "5 a write failed and the queue could not be reopened.")
     parser.add_argument("directory", help="the queue directory (created if missing)")

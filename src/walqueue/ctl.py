@@ -204,15 +204,18 @@ pass_ctl = click.make_pass_decorator(Ctl)
 # -- tasks in ---------------------------------------------------------------------
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Put a task (idempotent by key).')
 @click.argument("task_id")
 @click.argument("payload", required=False, default="{}", metavar="[PAYLOAD_JSON|-]")
-@click.option("--key", default=None, help="Idempotency key [default: the task id].")
+@click.option("--key", default=None,
+              help="Idempotency key [default: the task id]. A key already used by a different "
+                   "request is a key conflict (exit 6).")
 @click.option("--delay", type=click.IntRange(min=0), default=None,
               help="Due this many seconds from now (computed once, so a retry keeps its identity).")
 @click.option("--available-at", type=click.IntRange(min=0), default=None,
-              help="Due at this Unix time (seconds).")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True)
+              help="Due at this Unix time (seconds). Not with --delay.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Leases after which a task that keeps failing (released or expired) is dead.")
 @pass_ctl
 def put(ctl: Ctl, task_id: str, payload: str, key: str | None, delay: int | None,
         available_at: int | None, max_attempts: int) -> None:
@@ -233,10 +236,13 @@ def put(ctl: Ctl, task_id: str, payload: str, key: str | None, delay: int | None
 # -- leases -----------------------------------------------------------------------
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Lease due tasks for WORKER.')
 @click.argument("worker")
-@click.option("--lease-seconds", type=click.IntRange(min=1), default=30, show_default=True)
-@click.option("--limit", type=click.IntRange(1, 1000), default=1, show_default=True)
+@click.option("--lease-seconds", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Lease length. The daemon's clock is whole seconds, so a lease of L seconds "
+                   "lasts between L-1 and L seconds of wall time.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=1, show_default=True,
+              help="At most this many tasks in one lease batch.")
 @click.option("--wait", type=click.FloatRange(0, 300), default=0, show_default=True,
               help="Seconds to wait for a task to become due.")
 @pass_ctl
@@ -316,7 +322,7 @@ def lease_arguments(command):
     return click.argument("lease", metavar="(- | TASK_ID)")(command)
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Complete leased tasks.')
 @lease_arguments
 @pass_ctl
 def ack(ctl: Ctl, lease: str, worker: str | None, generation: int | None) -> None:
@@ -325,7 +331,7 @@ def ack(ctl: Ctl, lease: str, worker: str | None, generation: int | None) -> Non
     for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.call("ack", ref))
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Give leased tasks back, due again after --delay.')
 @lease_arguments
 @click.option("--delay", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seconds before the task is due again.")
@@ -337,7 +343,7 @@ def release(ctl: Ctl, lease: str, worker: str | None, generation: int | None, de
                    lambda ref: ctl.call("release", ref, delay=delay))
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Extend live leases.')
 @lease_arguments
 @click.option("--lease-seconds", type=click.IntRange(min=1), required=True,
               help="The new deadline, in seconds from the daemon's now.")
@@ -463,11 +469,16 @@ def revive(ctl: Ctl, task_ids: tuple[str, ...]) -> None:
 @cli.command(epilog=EXIT_CODES_HELP)
 @pass_ctl
 def compact(ctl: Ctl) -> None:
-    """Snapshot the queue now and drop the WAL it covers. Prints {"seq": S}."""
+    """Snapshot the queue now and drop the WAL it covers. Prints {"seq": S}.
+
+    The daemon serves nothing while it compacts (about 1.3 s per 100,000
+    live tasks on the development machine); it also compacts on its own
+    past --compact-wal-bytes.
+    """
     emit({"seq": ctl.call("compact")})
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Stop handing out tasks until resume.')
 @pass_ctl
 def pause(ctl: Ctl) -> None:
     """Stop handing out tasks: every reserve gets nothing (waiting ones wait).
@@ -480,7 +491,7 @@ def pause(ctl: Ctl) -> None:
     emit({"paused": ctl.call("pause")})
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Hand out tasks again.')
 @pass_ctl
 def resume(ctl: Ctl) -> None:
     """Hand out tasks again; waiting reserves are served first, in arrival order.
@@ -490,7 +501,7 @@ def resume(ctl: Ctl) -> None:
     emit({"paused": ctl.call("resume")})
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Copy the queue, consistent, into DEST while it serves.')
 @click.argument("dest", type=click.Path())
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"seq", "files", "bytes", "directory"} as one JSON object.')
@@ -554,7 +565,7 @@ def end_backup(ctl: Ctl) -> None:
 
 # -- verify (offline) -------------------------------------------------------------
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help='Check a queue directory offline.')
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def verify(directory: str, as_json: bool) -> None:
@@ -565,6 +576,11 @@ def verify(directory: str, as_json: bool) -> None:
     problem with its file and offset. Exit 0 when the directory would open
     (a torn tail is reported, not an error), 4 when it is corrupt, 8 when a
     file cannot be read.
+
+    Run it on a stopped daemon's directory or on a copy (a live daemon may be
+    mid-append, which looks like a torn tail). `python -m walqueue.verify`
+    is the same check with the standard library only. How to read the
+    report: docs/operations.md, "Reading verify output".
     """
     try:
         report = verify_directory(directory)

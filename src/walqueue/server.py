@@ -1334,7 +1334,8 @@ Exit codes:
   1  failure: cannot open the directory, bind the socket or listen on the
      --metrics-listen address, or reopening the queue after a failed write failed
   2  usage error (a bad --metrics-listen, or a non-loopback one without
-     --metrics-allow-remote, included); the socket path is not a socket
+     --metrics-allow-remote, included); the socket path is not a socket;
+     a descriptor passed by systemd is not a Unix stream socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
 """
@@ -1348,20 +1349,28 @@ def cli() -> None:
     pass
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@cli.command(epilog=EXIT_CODES_HELP, short_help="Serve DIRECTORY in the foreground.")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
-              help="Socket path [default: DIRECTORY/walqueued.sock].")
-@click.option("--socket-mode", default="0660", show_default=True, help="Permissions of the socket file (octal).")
+              help="Socket path [default: DIRECTORY/walqueued.sock]. Ignored when systemd passes "
+                   "a listening socket (LISTEN_FDS).")
+@click.option("--socket-mode", default="0660", show_default=True, metavar="MODE",
+              help="Permissions of the socket file, in octal. Ignored under socket activation "
+                   "(the .socket unit's SocketMode applies).")
 @click.option("--compact-wal-bytes", type=click.IntRange(min=1), default=DEFAULT_COMPACT_WAL_BYTES,
-              show_default=True, help="Compact when the WAL since the last snapshot grows past this.")
+              show_default=True, metavar="BYTES",
+              help="Compact (write a snapshot, drop the WAL it covers) when the WAL since the last "
+                   "snapshot grows past this many bytes. Service pauses while it runs.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
-              show_default=True, help="Connections beyond this are answered with an error and closed.")
+              show_default=True,
+              help="Connections beyond this are answered with an error and closed. Lowered to fit "
+                   "the open-file limit (RLIMIT_NOFILE), with a log line saying so.")
 @click.option("--hello-timeout", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULT_HELLO_TIMEOUT_SECONDS, show_default=True,
               help="Seconds a new connection has to send its hello before it is closed.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-              default="info", show_default=True)
+              default="info", show_default=True,
+              help="Least severe log line written. Logs go to stderr, one line per event.")
 @click.option("--preallocate-wal-bytes", type=click.IntRange(min=0, max=MAX_PREALLOCATE_BYTES),
               default=DEFAULT_PREALLOCATE_WAL_BYTES, show_default=True,
               help="Preallocate the active WAL segment in steps of this many bytes (e.g. 4194304) and "
@@ -1380,7 +1389,13 @@ def cli() -> None:
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
           max_connections: int, hello_timeout: float, log_level: str, metrics_listen: str | None,
           metrics_allow_remote: bool, test_hook: str | None, preallocate_wal_bytes: int) -> None:
-    """Serve DIRECTORY in the foreground until SIGTERM or SIGINT."""
+    """Serve DIRECTORY in the foreground until SIGTERM or SIGINT.
+
+    DIRECTORY is created (mode 0750) if missing; the daemon holds its lock, so
+    a second walqueued on it exits 3. Start it under a supervisor (systemd/
+    has units); it does not fork. Stopping with SIGTERM answers the requests
+    in progress after their fsync, then removes the socket.
+    """
     metrics_address = None
     if metrics_listen is not None:
         try:

@@ -795,9 +795,13 @@ def main(argv: list[str] | None = None) -> int:
     For a machine without the daemon layer's packages; same report, same
     exit codes (0 opens, 4 corrupt, 8 unreadable, 2 usage).
     """
-    parser = argparse.ArgumentParser(prog="python -m walqueue.verify",
-                                     description="Check a WALQueue directory offline; changes nothing.")
-    parser.add_argument("directory")
+    parser = argparse.ArgumentParser(
+        prog="python -m walqueue.verify",
+        description="Check a WALQueue directory offline; changes nothing. Run it on a stopped "
+                    "daemon's directory or on a copy. How to read the report: docs/operations.md.",
+        epilog="Exit codes: 0 the directory opens (a torn tail is reported, not an error), "
+               "4 corrupt, 8 a file cannot be read, 2 usage.")
+    parser.add_argument("directory", help="the queue directory to check")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     arguments = parser.parse_args(argv)
     try:
