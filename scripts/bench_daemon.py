@@ -7,9 +7,9 @@ echo round trip.
         [--latency-samples 300] [--compaction-tasks 100000,1000000]
 
 Every figure is the median of ``--runs`` runs (each run gets a fresh queue
-directory and a fresh daemon). The daemon counts its fsyncs through the
-test-only hook in tests/process/hooks.py, so requests per fsync is measured,
-not inferred. Not part of the test suite.
+directory and a fresh daemon, started as a user would: no test hook). The
+daemon's own count of its WAL fsyncs (``daemon_stats().fsyncs_total``) gives
+requests per fsync, measured, not inferred. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -125,25 +125,26 @@ def echo_round_trip(directory: Path, seconds: float) -> tuple[float, float]:
 
 
 class DaemonRun:
-    """A walqueued subprocess on a fresh directory, counting its fsyncs."""
+    """A walqueued subprocess on a fresh directory, run as a user would (no test hook).
+
+    Its fsyncs are counted by the daemon itself (``daemon_stats().fsyncs_total``).
+    """
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.directory = workdir / "queue"
         self.socket_path = str(workdir / "wq.sock")
-        self.sync_log = workdir / "syncs"
         self.notify_path = str(workdir / "notify.sock")
 
     def __enter__(self) -> DaemonRun:
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(self.notify_path)
-        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, WALQUEUE_TEST_SYNC_LOG=str(self.sync_log),
+        env = dict(os.environ, NOTIFY_SOCKET=self.notify_path,
                    PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
         self.log = open(self.workdir / "daemon.log", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "walqueue.server", "serve", str(self.directory), "--socket",
-             self.socket_path, "--log-level", "warning", "--test-hook", "tests.process.hooks:hook",
-             *SERVE_OPTIONS],
+             self.socket_path, "--log-level", "warning", *SERVE_OPTIONS],
             stdout=self.log, stderr=self.log, env=env, cwd=REPO)
         notify.settimeout(READY_SECONDS)
         try:
@@ -154,7 +155,9 @@ class DaemonRun:
         return self
 
     def syncs(self) -> int:
-        return self.sync_log.stat().st_size if self.sync_log.exists() else 0
+        """WAL fsyncs so far, as the daemon counts them (one per batch that wrote)."""
+        with Client(self.socket_path, name="bench-syncs") as client:
+            return client.daemon_stats().fsyncs_total
 
     def __exit__(self, *exc_info) -> None:
         self.proc.send_signal(signal.SIGTERM)

@@ -647,8 +647,9 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
         "put, then `ack_and_reserve` of the task in hand (two requests: the ack and the next "
         "claim share one request and one fsync); (Worker) is `walqueue.worker.Worker` with a "
         "handler that puts the next task (it acks with `ack_and_reserve`; its lease toucher "
-        "thread is on). req/fsync counts the daemon's WAL fsyncs through the test hook "
-        "scripts/bench_daemon.py uses.",
+        "thread is on). req/fsync divides by the daemon's own count of its WAL fsyncs "
+        "(`daemon_stats().fsyncs_total`, read before and after the window); the daemon runs "
+        "with its defaults and no test hook.",
         "",
         "## Cycles per second",
         "",
