@@ -37,12 +37,15 @@ GROUPS = (
     ("epoll wait (idle)", lambda f, n: n == "<method 'poll' of 'select.epoll' objects>"),
     ("socket syscalls (send, recv)", lambda f, n: "_socket.socket" in n),
     ("WAL write syscalls", lambda f, n: n == "<built-in method posix.write>" or "pwrite" in n),
-    ("JSON + SHA-256 (frames, identities)", lambda f, n: "json" in f or "sha256" in n or "HASH" in n),
+    ("JSON + SHA-256 (frames, identities)",
+     lambda f, n: "json" in f or "json" in n.lower() or "sha256" in n or "HASH" in n),
     ("library: validation", lambda f, n: f.endswith("validation.py") or f.endswith("values.py")),
     ("library: state machine", lambda f, n: f.endswith("state.py")),
     ("library: queue, codec, wal", lambda f, n: f.endswith(("queue.py", "codec.py", "wal.py", "fs.py"))),
     ("wire protocol (msgspec, framing)", lambda f, n: f.endswith("protocol.py") or "msgspec" in n),
     ("server loop", lambda f, n: f.endswith("server.py") or "selectors" in f),
+    # "other": builtins called from everywhere (isinstance, len, getattr, dataclass
+    # __init__, dict and list methods), the metrics recorder, logging.
 )
 
 
