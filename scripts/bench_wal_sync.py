@@ -47,28 +47,23 @@ def _file(directory: Path, name: str, flags: int) -> int:
     return os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flags, 0o600)
 
 
-def probe_append_fsync(directory: Path, writes: int) -> float:
-    fd = _file(directory, "append-fsync", os.O_APPEND)
-    try:
-        started = time.perf_counter()
-        for _ in range(writes):
-            os.write(fd, RECORD)
-            os.fsync(fd)
-        return writes / (time.perf_counter() - started)
-    finally:
-        os.close(fd)
+def _append_and(sync, name: str):
+    """A probe: serial appends to a growing file, each followed by ``sync``."""
+    def probe(directory: Path, writes: int) -> float:
+        fd = _file(directory, name, os.O_APPEND)
+        try:
+            started = time.perf_counter()
+            for _ in range(writes):
+                os.write(fd, RECORD)
+                sync(fd)
+            return writes / (time.perf_counter() - started)
+        finally:
+            os.close(fd)
+    return probe
 
 
-def probe_append_fdatasync(directory: Path, writes: int) -> float:
-    fd = _file(directory, "append-fdatasync", os.O_APPEND)
-    try:
-        started = time.perf_counter()
-        for _ in range(writes):
-            os.write(fd, RECORD)
-            os.fdatasync(fd)
-        return writes / (time.perf_counter() - started)
-    finally:
-        os.close(fd)
+probe_append_fsync = _append_and(os.fsync, "append-fsync")
+probe_append_fdatasync = _append_and(os.fdatasync, "append-fdatasync")
 
 
 def _pwrite_fdatasync(fd: int, writes: int) -> float:
