@@ -11,7 +11,8 @@ the queue and checks the directory and the workers' logs
 expire, so a few run side by side even on two cores.
 
 ``--broken VARIANT`` runs the daemons on one of the deliberately broken
-libraries of tests/broken.py, to watch the proof go red.
+libraries of tests/broken.py (or a broken daemon of
+tests/process/broken_hook.py), to watch the proof go red.
 
 Exit status: 0 when every seed held with zero violations, 1 otherwise. Every
 failed seed is printed with its schedule, its violations, the directory that
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=3, help="seeds run side by side")
     parser.add_argument("--quiet", action="store_true", help="no line per seed")
     parser.add_argument("--broken", default=None, metavar="VARIANT",
-                        help="run the daemons on a deliberately broken library (tests/broken.py); "
+                        help="run the daemons on a deliberately broken library (tests/broken.py) or daemon "
+                             "(DAEMON_VARIANTS in tests/process/broken_hook.py); "
                              "the run is then expected to FAIL")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:

@@ -26,7 +26,11 @@ one unarmed incarnation serves a little longer; then the workers are told to
 stop, the harness drains the queue (reserve + ack until nothing is ready or
 leased, bounded, and logged like a worker), stops the daemon with SIGTERM
 (it must exit 0), and ``tests.process.checker`` judges the directory and the
-logs.
+logs. Throughout, a thread reads the WAL segments every
+``WAL_SAMPLE_SECONDS`` (and once after every kill, while nothing writes):
+the daemons compact every few KiB, and the checker's claim 15 (each
+worker's frames follow its log) can judge only records read before a
+compaction deleted them; they are kept in ``wal-seen.records``.
 
 Bounds: every wait has a deadline; every child is waited for; whatever is
 still running when ``run_seed`` leaves — by success, a failure or an
@@ -50,6 +54,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -72,6 +77,7 @@ WORKER_MAX_SECONDS = 600.0
 DRAIN_SECONDS = 40.0
 STOP_SECONDS = 15.0
 REAP_SECONDS = 10.0
+WAL_SAMPLE_SECONDS = 0.02
 
 TIMER = "timer"
 FALLBACK = "fallback"
@@ -250,6 +256,9 @@ class Run:
         self.workers: list[subprocess.Popen] = []
         self.worker_logs: list[Path] = []
         self.kills: list[str] = []
+        self.wal_history = checker.WalHistory()  # every WAL record the harness managed to read
+        self._wal_lock = threading.Lock()
+        self._sampling = threading.Event()
         self._kill_lines_seen = 0
 
     def start_daemon(self, incarnation: Incarnation | None) -> DaemonRun:
@@ -279,6 +288,20 @@ class Run:
                      name, str(self.schedule.seed), str(self.stop_file), str(WORKER_MAX_SECONDS)],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
                     env=child_env({}), cwd=REPO))
+
+    def read_wal(self) -> None:
+        records = checker.read_wal(self.directory)
+        with self._wal_lock:
+            self.wal_history.add(records)
+
+    def sample_wal(self) -> None:
+        """Read the WAL every WAL_SAMPLE_SECONDS until told to stop (a thread of this process).
+
+        The daemons compact every few KiB, so the checker's claim 15 can judge
+        only what was read before a compaction deleted it.
+        """
+        while not self._sampling.wait(WAL_SAMPLE_SECONDS):
+            self.read_wal()
 
     def new_kill_lines(self) -> list[dict]:
         try:
@@ -330,12 +353,24 @@ class Run:
         """Kills, final serve, drain, stop. Returns whether the drain emptied the queue."""
         # The workers start first and wait for the daemon on their own.
         self.start_workers()
+        sampler = threading.Thread(target=self.sample_wal, name="wal-sampler", daemon=True)
+        sampler.start()
+        try:
+            return self._run()
+        finally:
+            self._sampling.set()
+            sampler.join(REAP_SECONDS)
+
+    def _run(self) -> bool:
         for incarnation in self.schedule.incarnations:
             if incarnation.phase == "recover.after_truncate" and self.kills[-1:] != ["wal.before_write"]:
                 # The tear before it never happened (its phase did not come in time):
                 # there is no torn tail, so this phase cannot come either.
                 incarnation = Incarnation(timer=0.0)
             self.kill_one(incarnation)
+            # Dead, so nothing writes: the records the next incarnation recovers from,
+            # ending with the frames of the requests the kill left unanswered.
+            self.read_wal()
         final = self.start_daemon(None)
         if not final.wait_ready(READY_SECONDS):
             raise self.unexpected_exit(final, "(the final one) before READY")
@@ -405,8 +440,9 @@ def count_operations(log_paths: list[Path]) -> tuple[int, Counter]:
 def run_seed(seed: int, *, keep: bool = False, broken: str | None = None) -> SeedResult:
     """Run one seed end to end; never leaves a process running. The workdir is kept on failure.
 
-    ``broken`` names a variant of tests/broken.py for the daemons to run
-    (default: $WALQUEUE_BROKEN, as for the rest of the suite); the checker
+    ``broken`` names a variant of tests/broken.py, or a daemon variant of
+    tests/process/broken_hook.py, for the daemons to run (default:
+    $WALQUEUE_BROKEN, as for the rest of the suite); the checker
     reads the directory with this process's library.
     """
     if broken is None:
@@ -428,10 +464,14 @@ def run_seed(seed: int, *, keep: bool = False, broken: str | None = None) -> See
         result.kills = list(run.kills)
         if not any(kill != FALLBACK for kill in run.kills):
             result.violations.append("harness: the daemon was never killed by a hook or a timer")
+        with open(workdir / "wal-seen.records", "w") as seen:  # the evidence for claim 15, kept with the logs
+            seen.writelines(json.dumps(run.wal_history.records[seq], sort_keys=True) + "\n"
+                            for seq in sorted(run.wal_history.records))
         existing_logs = [path for path in run.worker_logs if path.exists()]
         result.operations, result.outcomes = count_operations(existing_logs)
         if not result.violations:
-            result.violations.extend(checker.check(run.directory, existing_logs, drained=drained))
+            result.violations.extend(checker.check(run.directory, existing_logs, drained=drained,
+                                                   wal_history=run.wal_history))
             tasks = checker.read_directory(run.directory)
             result.tasks = len(tasks)
             result.in_doubt = checker.in_doubt(checker.read_logs(existing_logs), tasks)

@@ -1,8 +1,9 @@
 """A worker process for the crash harness: seeded operations through ``walqueue.client``.
 
 ``python -m tests.process.crash_worker SOCKET LOG WORKER SEED STOP_FILE MAX_SECONDS``
-puts, reserves, acks, releases, touches and sometimes compacts, with every
-choice drawn from ``random.Random(f"{SEED}:{WORKER}")``, until STOP_FILE
+puts, reserves, acks (alone and through ack_and_reserve), releases, touches
+and sometimes compacts, with every choice drawn from
+``random.Random(f"{SEED}:{WORKER}")``, until STOP_FILE
 exists (or MAX_SECONDS pass — a safety bound; the harness treats reaching it
 as a failure). The daemon is killed and restarted under it: the worker waits
 for the daemon to come back (polling with a deadline), retries its puts
@@ -13,7 +14,8 @@ Every operation is appended to LOG as one JSON line (``OpLog``), written
 with one ``os.write`` on an ``O_APPEND`` descriptor before the next
 operation starts, so the checker reads it even if this process dies::
 
-    {"worker": W, "index": I, "op": "put"|"put_many"|"reserve"|"ack"|"release"|"touch"|"compact",
+    {"worker": W, "index": I,
+     "op": "put"|"put_many"|"reserve"|"ack"|"ack_and_reserve"|"release"|"touch"|"compact",
      "outcome": "ok"|"error"|"unknown", "error": CLASS|null,
      "task_id": T|null, "generation": G|null, "started": MONOTONIC, "finished": MONOTONIC, ...}
 
@@ -26,6 +28,10 @@ operation starts, so the checker reads it even if this process dies::
   or one line without a task id (an empty answer, an error or unknown).
 * ``put`` lines carry the whole request (payload, key, available_at,
   max_attempts); ``put_many`` lines carry ``tasks``, a list of them.
+* an ``ack_and_reserve`` line names the acked lease (``task_id``,
+  ``generation``), its ``limit`` and ``lease_seconds``, and, answered ok,
+  ``leases``: the [task_id, generation] pairs it returned (handled from then
+  on like leases a reserve returned).
 * ``StaleLease`` lines carry the task's ``stale_status`` and
   ``stale_generation`` as the daemon reported them.
 
@@ -209,6 +215,20 @@ class CrashWorker:
             self.log.write("ack", "ok", value[0], task_id=lease.task_id, generation=lease.generation, **extra)
         return outcome
 
+    def ack_and_reserve(self, lease, *, limit: int, lease_seconds: int, wait: float) -> tuple[str, list]:
+        """Ack ``lease`` and reserve in one request: (outcome, the leases it returned)."""
+        outcome, value = self._call(
+            "ack_and_reserve",
+            lambda: self.client.ack_and_reserve(lease, lease_seconds=lease_seconds, limit=limit, wait=wait),
+            task_id=lease.task_id, generation=lease.generation, limit=limit, lease_seconds=lease_seconds)
+        if outcome != "ok":
+            return outcome, []
+        started, leases = value
+        self.log.write("ack_and_reserve", "ok", started, task_id=lease.task_id, generation=lease.generation,
+                       limit=limit, lease_seconds=lease_seconds,
+                       leases=[[next_lease.task_id, next_lease.generation] for next_lease in leases])
+        return outcome, leases
+
     def release(self, lease, delay: int) -> str:
         outcome, value = self._call("release", lambda: self.client.release(lease, delay=delay),
                                     task_id=lease.task_id, generation=lease.generation, delay=delay)
@@ -236,13 +256,20 @@ class CrashWorker:
 
     # -- the seeded loop -------------------------------------------------------
 
-    def handle(self, lease) -> None:
-        """Do something seeded with one lease."""
-        action = self.rng.choices(["ack", "release", "touch", "abandon", "late", "ack twice", "ack released"],
-                                  [55, 13, 15, 5, 2, 5, 5])[0]
+    def handle(self, lease) -> list:
+        """Do something seeded with one lease; returns the leases an ack_and_reserve handed back."""
+        action = self.rng.choices(
+            ["ack", "ack_and_reserve", "release", "touch", "abandon", "late", "ack twice", "ack released",
+             "ack_and_reserve twice", "ack_and_reserve released"],
+            [28, 25, 13, 15, 5, 2, 3, 3, 3, 3])[0]
         if action == "ack":
             if self.ack(lease) == "ok":
                 self.outstanding -= 1
+        elif action == "ack_and_reserve":
+            outcome, leases = self._ack_and_reserve(lease)
+            if outcome == "ok":
+                self.outstanding -= 1
+            return leases
         elif action == "release":
             self.release(lease, self.rng.choice([0, 0, 1]))
         elif action == "ack twice":
@@ -250,10 +277,18 @@ class CrashWorker:
             if self.ack(lease) == "ok":
                 self.outstanding -= 1
                 self.ack(lease)
+        elif action == "ack_and_reserve twice":
+            # Refused the same way, and reserving nothing.
+            if self.ack(lease) == "ok":
+                self.outstanding -= 1
+                return self._ack_and_reserve(lease)[1]
         elif action == "ack released":
             # An ack of a lease already given back must be refused.
             if self.release(lease, 0) == "ok":
                 self.ack(lease)
+        elif action == "ack_and_reserve released":
+            if self.release(lease, 0) == "ok":
+                return self._ack_and_reserve(lease)[1]
         elif action == "touch":
             touched = self.touch(lease, self.rng.randint(1, 3))
             if touched is not None and self.ack(touched) == "ok":
@@ -267,6 +302,11 @@ class CrashWorker:
             if time.monotonic() >= deadline:
                 self.ack(lease, late=True)
         # "abandon": keep nothing; the lease expires in the daemon.
+        return []
+
+    def _ack_and_reserve(self, lease) -> tuple[str, list]:
+        return self.ack_and_reserve(lease, limit=self.rng.randint(1, 2), lease_seconds=self.rng.randint(1, 3),
+                                    wait=self.rng.choice([0, 0, 0.2]))
 
     def drain(self, seconds: float) -> bool:
         """Reserve and ack until nothing is ready or leased; False if ``seconds`` ran out."""
@@ -299,8 +339,9 @@ class CrashWorker:
         else:
             leases = self.reserve(limit=self.rng.randint(1, 3), lease_seconds=self.rng.randint(1, 3),
                                   wait=self.rng.choice([0, 0, 0.2]))
-            for lease in leases:
-                self.handle(lease)
+            # Leases an ack_and_reserve returns join the queue of leases in hand.
+            while leases and not self.stopping():
+                leases.extend(self.handle(leases.pop(0)))
 
     def run(self, max_seconds: float) -> int:
         deadline = time.monotonic() + max_seconds

@@ -6,8 +6,9 @@ nine, that every seed killed its daemon at least once, and that the checker
 found nothing. ``scripts/crash_proof.py --seeds N`` runs hundreds.
 
 The checker is itself tested: each of its claims is shown to fail on a log
-or a directory doctored from a real run, so a green run cannot be a vacuous
-one.
+or a directory doctored from a real run, and its judgement of ack_and_reserve
+(the ack before the reserve, nothing reserved by a StaleLease) on hand-made
+logs and WAL records, so a green run cannot be a vacuous one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,9 +34,14 @@ CI_SEEDS = (311, 312, 313, 314, 315, 316)
 JOBS = 3
 # Variants of tests/broken.py that a daemon killed under load exposes (the
 # others need a power loss, a damaged file or a clock edge: the crash matrix
-# and the unit suites show those), each run on one seed.
+# and the unit suites show those), and daemon variants of
+# tests/process/broken_hook.py, each run on one seed. Left out:
+# ack_and_reserve_reserves_after_a_stale_ack, caught only when the WAL
+# sampler reads the stray reserve frame before a compaction deletes it
+# (about half the seeds), too often missed for three tries.
 CAUGHT_BY_KILLS = ("compaction_deletes_before_publishing", "snapshot_drops_lease_state",
-                   "snapshot_drops_tombstones", "stale_ack_appends_a_frame")
+                   "snapshot_drops_tombstones", "stale_ack_appends_a_frame",
+                   "ack_and_reserve_reserves_before_acking")
 BROKEN_SEED = 311
 
 
@@ -115,7 +122,7 @@ def real_run(ci_results):
     """(records, tasks) of one CI seed's kept directory and logs."""
     result = next(result for result in ci_results if result.ok)
     workdir = Path(result.workdir)
-    logs = sorted(workdir.glob("*.jsonl"))
+    logs = sorted(workdir.glob("*.jsonl"))  # wal-seen.records is not a log
     logs = [path for path in logs if path.name != "kills.jsonl"]
     return checker.read_logs(logs), checker.read_directory(workdir / "queue")
 
@@ -307,3 +314,110 @@ def test_the_checker_reads_what_the_worker_wrote(tmp_path):
     records = checker.read_logs([log])
     assert [record["op"] for record in records] == ["put"]  # a torn last line is a dead writer's
     assert records[0]["log"] == "w.jsonl:1"
+
+
+# -- ack_and_reserve, on hand-made logs and WAL records ------------------------------
+
+
+def _line(index, op, outcome="ok", worker="w0", **fields):
+    line = {"worker": worker, "index": index, "op": op, "outcome": outcome, "error": None, "task_id": None,
+            "generation": None, "started": float(index), "finished": index + 0.5, "log": f"{worker}.jsonl:{index}"}
+    line.update(fields)
+    return line
+
+
+def _puts(*task_ids):
+    return [_line(0, "put", task_id=task_id, request={"task_id": task_id, "payload": {}, "key": None,
+                                                       "available_at": 0, "max_attempts": 5})
+            for task_id in task_ids]
+
+
+def _aar(index, outcome, leases=(), **fields):
+    return _line(index, "ack_and_reserve", outcome, task_id="t1", generation=1, limit=1, lease_seconds=1,
+                 **({"leases": [list(lease) for lease in leases]} if outcome == "ok" else {}), **fields)
+
+
+STALE = {"error": "StaleLease", "stale_status": "ready", "stale_generation": 1}
+RESERVED_T1 = _line(1, "reserve", task_id="t1", generation=1, limit=1)
+RELEASED_T1 = _line(2, "release", task_id="t1", generation=1, delay=0)
+
+
+def _task(task_id, status, generation):
+    return SimpleNamespace(task_id=task_id, key=task_id, status=status, generation=generation,
+                           attempts=generation, max_attempts=5, payload={})
+
+
+# (the worker's log after the puts, t1 on disk) -> whether an unlogged generation of t2 is explained
+UNLOGGED_T2 = {
+    "answered ok, returning it": ([RESERVED_T1, _aar(2, "ok", [("t2", 1)])], ("completed", 1), True),
+    "unanswered, its ack on disk": ([RESERVED_T1, _aar(2, "unknown", error="DaemonUnavailable")],
+                                    ("completed", 1), True),
+    "unanswered, its ack not on disk": ([RESERVED_T1, _aar(2, "unknown", error="DaemonUnavailable")],
+                                        ("ready", 1), False),
+    "answered StaleLease": ([RESERVED_T1, RELEASED_T1, _aar(3, "error", **STALE)], ("ready", 1), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNLOGGED_T2))
+def test_an_ack_and_reserve_explains_a_generation_only_if_it_may_have_reserved(name):
+    lines, (status, generation), explained = UNLOGGED_T2[name]
+    tasks = {"t1": _task("t1", status, generation), "t2": _task("t2", "ready", 1)}
+    violations = checker.check_records(_puts("t1", "t2") + lines, tasks, drained=False)
+    assert (violations == []) == explained, violations
+    if not explained:
+        assert [violation.split(":", 1)[0] for violation in violations] == ["unexplained generation"]
+
+
+def test_an_ack_and_reserve_answered_ok_is_held_to_its_ack_and_its_leases():
+    lines = [RESERVED_T1, _line(2, "reserve", task_id="t2", generation=1), _aar(3, "ok", [("t2", 1)])]
+    tasks = {"t1": _task("t1", "leased", 1), "t2": _task("t2", "completed", 1)}
+    kinds = {violation.split(":", 1)[0] for violation in checker.check_records(_puts("t1", "t2") + lines, tasks,
+                                                                             drained=False)}
+    assert {"lost ack", "double lease"} <= kinds  # and the repeated generation "went back"
+
+
+def _frame(seq, op, task_id, generation=None):
+    if op == "reserve":
+        return {"seq": seq, "op": op, "worker": "w0", "task_ids": [task_id], "now": 1, "lease_seconds": 1}
+    return {"seq": seq, "op": op, "worker": "w0", "task_id": task_id, "generation": generation, "now": 1}
+
+
+RESERVE_T1, ACK_T1, RELEASE_T1, RESERVE_T2 = (_frame(1, "reserve", "t1"), _frame(2, "ack", "t1", 1),
+                                              _frame(2, "release", "t1", 1), _frame(3, "reserve", "t2"))
+
+# (the worker's log, its WAL records in order) -> the records claim 15 must refuse (their ops)
+WAL_ORDER = {
+    "answered ok: the ack, then the reserve": ([RESERVED_T1, _aar(2, "ok", [("t2", 1)])],
+                                               [RESERVE_T1, ACK_T1, RESERVE_T2], []),
+    "answered ok: the reserve before the ack": ([RESERVED_T1, _aar(2, "ok", [("t2", 1)])],
+                                                [RESERVE_T1, RESERVE_T2, ACK_T1], ["reserve"]),
+    "answered ok, read between its frames": ([RESERVED_T1, _aar(2, "ok", [("t2", 1)])], [RESERVE_T1, ACK_T1], []),
+    "unanswered: nothing": ([RESERVED_T1, _aar(2, "unknown", error="DaemonUnavailable")], [RESERVE_T1], []),
+    "unanswered: the ack alone": ([RESERVED_T1, _aar(2, "unknown", error="DaemonUnavailable")],
+                                  [RESERVE_T1, ACK_T1], []),
+    "unanswered: both": ([RESERVED_T1, _aar(2, "unknown", error="DaemonUnavailable")],
+                         [RESERVE_T1, ACK_T1, RESERVE_T2], []),
+    "unanswered: the reserve without the ack": ([RESERVED_T1, _aar(2, "unknown", error="DaemonUnavailable")],
+                                                [RESERVE_T1, RESERVE_T2], ["reserve"]),
+    "StaleLease: nothing": ([RESERVED_T1, RELEASED_T1, _aar(3, "error", **STALE)], [RESERVE_T1, RELEASE_T1], []),
+    "StaleLease yet reserved": ([RESERVED_T1, RELEASED_T1, _aar(3, "error", **STALE)],
+                                [RESERVE_T1, RELEASE_T1, RESERVE_T2], ["reserve"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WAL_ORDER))
+def test_the_wal_order_of_ack_and_reserve(name):
+    lines, frames, refused = WAL_ORDER[name]
+    wal = [dict(frame, seq=seq) for seq, frame in enumerate(frames, 1)]
+    problems = checker.wal_order_problems(_puts("t1", "t2") + lines, wal)
+    assert [problem.split(" ")[8] for problem in problems] == [f"('{op}'," for op in refused], problems
+
+
+def test_the_wal_history_splits_at_gaps_and_refuses_a_rewritten_record():
+    history = checker.WalHistory()
+    history.add([_frame(1, "reserve", "t1"), _frame(2, "ack", "t1", 1)])
+    history.add([_frame(2, "ack", "t1", 1), _frame(5, "reserve", "t2")])
+    assert [[record["seq"] for record in piece] for piece in history.pieces()] == [[1, 2], [5]]
+    assert history.conflicts == []
+    history.add([_frame(5, "reserve", "t1")])
+    assert [conflict.split(":")[0] for conflict in history.conflicts] == ["wal rewritten"]
