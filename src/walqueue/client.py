@@ -572,6 +572,7 @@ def backup_begin_call() -> Call:
 def backup_end_call() -> Call:
     return Call(p.BackupEnd(id=0), _nothing)
 
+
 def daemon_stats_call() -> Call:
     return Call(p.DaemonStatsReq(id=0), lambda answer: p.daemon_stats_from_wire(answer.stats))
 

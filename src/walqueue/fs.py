@@ -19,6 +19,17 @@ DIRECTORY_MODE = 0o750
 _CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 
 
+def read_descriptor(fd: int):
+    """The whole file open on `fd`, memory-mapped (b"" when empty); closes `fd`."""
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
 class OsFileSystem:
     """File operations on the real file system, with short writes handled."""
 
@@ -38,14 +49,7 @@ class OsFileSystem:
 
     def read(self, path: str):
         """The whole file as a bytes-like object (memory-mapped when non-empty)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                return b""
-            return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
+        return read_descriptor(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
 
     def open_append(self, path: str) -> int:
         """Open (creating if needed) a file for appending; returns a descriptor."""

@@ -43,7 +43,6 @@ import dataclasses
 import gc
 import hashlib
 import json
-import mmap
 import os
 import re
 import struct
@@ -52,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 
 from .codec import DIGEST_BYTES, LENGTH_BYTES, MAX_FRAME_BYTES, _complete_frame_after, decode_body
 from .errors import CorruptStore, WalQueueError
+from .fs import read_descriptor
 from .queue import Queue
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name, load_snapshot, read_current
 from .state import RECORD_FIELDS, State
@@ -189,14 +189,7 @@ class _ReadOnlyFiles:
         return os.listdir(path)
 
     def read(self, path: str):
-        fd = _open_read_only(path)
-        try:
-            size = os.fstat(fd).st_size
-            if size == 0:
-                return b""
-            return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
+        return read_descriptor(_open_read_only(path))
 
 
 def _open_read_only(path: str) -> int:
