@@ -1,7 +1,12 @@
 """WALQueue: a single-writer durable task queue on the Python standard library.
 
-See SPEC §1 for the API. Everything here is standard library only.
+See SPEC §1 for the API. Everything here is standard library only;
+`connect()` imports the client it returns only when called.
 """
+
+from __future__ import annotations
+
+import os
 
 from .codec import MAX_FRAME_BYTES
 from .errors import (
@@ -12,13 +17,38 @@ from .errors import (
     QueueClosed,
     QueueLocked,
     StaleLease,
+    Unavailable,
     WalQueueError,
 )
 from .queue import PHASES, Queue
 from .values import Lease, PutRequest, QueueStats, TaskView
 
+__version__ = "0.2.0"
+
 __all__ = [
-    "MAX_FRAME_BYTES", "PHASES", "CorruptStore", "InjectedCrash", "InvalidRequest", "KeyConflict",
+    "MAX_FRAME_BYTES", "Unavailable", "__version__", "connect", "PHASES", "CorruptStore", "InjectedCrash", "InvalidRequest", "KeyConflict",
     "Lease", "PutRequest", "Queue", "QueueClosed", "QueueLocked", "QueueStats", "StaleLease",
     "TaskView", "WalQueueError",
 ]
+
+
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def connect(target: str | os.PathLike, **options):
+    """A client for `target` (SPEC §9), picked by the URL scheme only.
+
+    "postgresql://..." or "postgres://..." gives `walqueue.pg.Client(target,
+    **options)` (needs the extra walqueue[postgres]); anything else is a
+    socket or directory path and gives `walqueue.client.Client(target,
+    **options)` (needs the daemon layer's msgspec). Neither is imported
+    until called, so `import walqueue` stays standard-library only.
+    """
+    text = os.fspath(target)
+    if isinstance(text, str) and text.startswith(_POSTGRES_SCHEMES):
+        from .pg import Client as PostgresClient
+
+        return PostgresClient(text, **options)
+    from .client import Client as DaemonClient
+
+    return DaemonClient(text, **options)

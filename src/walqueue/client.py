@@ -42,7 +42,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from walqueue import InvalidRequest, Lease, QueueClosed, QueueStats, TaskView, WalQueueError
+from walqueue import (
+    InvalidRequest,
+    Lease,
+    QueueClosed,
+    QueueStats,
+    TaskView,
+    Unavailable,
+    WalQueueError,
+)
 from walqueue import protocol as p
 from walqueue.metrics import DaemonStats
 from walqueue.values import BackupManifest
@@ -57,7 +65,7 @@ _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO/SO_SNDTIMEO
 IDLE_CHECK_SECONDS = 0.05
 
 
-class DaemonUnavailable(WalQueueError, ConnectionError):
+class DaemonUnavailable(Unavailable):
     """The daemon could not be reached, or the connection broke before the answer.
 
     The request may or may not have been applied (except for a failed

@@ -58,5 +58,14 @@ class QueueClosed(WalQueueError):
     """The Queue was closed (by `close()`, or by a failed write or hook)."""
 
 
+class Unavailable(WalQueueError, ConnectionError):
+    """The service behind a client (walqueued, PostgreSQL) could not be reached.
+
+    The base of `walqueue.client.DaemonUnavailable` and
+    `walqueue.pg.DatabaseUnavailable` (SPEC §9), so a worker handles either
+    through one class. A call that raises it may or may not have taken effect.
+    """
+
+
 class InjectedCrash(BaseException):  # noqa: N818 - the name is part of the contract
     """Raised by a test hook to model process death at a named phase."""

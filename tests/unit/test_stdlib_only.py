@@ -22,8 +22,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "walqueue"
 PACKAGE_NAME = "walqueue"
 
 # SPEC §8's daemon layer: the wire protocol, the daemon, its client library,
-# worker helpers, walqueue-ctl, and any asyncio front end.
-DAEMON_LAYER = {"protocol", "server", "client", "worker", "ctl", "aio"}
+# worker helpers, walqueue-ctl, and any asyncio front end; and SPEC §9's
+# PostgreSQL backend, which needs psycopg.
+DAEMON_LAYER = {"protocol", "server", "client", "worker", "ctl", "aio", "pg"}
+# SPEC §9: walqueue.connect() imports the client it returns only when called,
+# so these function bodies in these modules may import those clients.
+LAZY_IMPORTERS = {("walqueue", "connect"): {"walqueue.client", "walqueue.pg"}}
 
 
 def module_name(path: Path) -> str:
@@ -59,6 +63,15 @@ def imported_names(source: str, importer: str = "walqueue.example", is_package=F
     submodules)."""
     tree = ast.parse(source)
     found = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and (importer, node.name) in LAZY_IMPORTERS:
+            allowed = LAZY_IMPORTERS[importer, node.name]
+            lazy = imported_names(ast.unparse(ast.Module(body=node.body, type_ignores=[])),
+                                  importer, is_package)
+            found.extend((name, line + node.lineno) for name, line in lazy
+                         if not any(name == module or name.startswith(module + ".")
+                                    for module in allowed))
+            node.body = [ast.Pass()]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.extend((alias.name, node.lineno) for alias in node.names)
@@ -153,6 +166,15 @@ def test_the_checker_catches_a_third_party_or_daemon_layer_import(snippet):
 )
 def test_the_checker_accepts_standard_library_and_library_layer_imports(snippet):
     assert forbidden_imports(snippet) == []
+
+
+def test_only_connect_in_the_package_init_may_import_a_client_lazily():
+    lazy = "def connect(target):\n    from .client import Client\n    from .pg import Client\n"
+    assert forbidden_imports(lazy, "walqueue", is_package=True) == []
+    assert forbidden_imports(lazy.replace("connect", "other"), "walqueue", is_package=True) != []
+    assert forbidden_imports(lazy + "    import msgspec\n", "walqueue", is_package=True) != []
+    assert forbidden_imports("def connect(t):\n    from .ctl import main\n", "walqueue",
+                             is_package=True) != []
 
 
 def test_the_checker_resolves_relative_imports_from_the_package_init():
