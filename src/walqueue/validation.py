@@ -17,7 +17,10 @@ MAX_NAME_BYTES = 1024
 MAX_INT = 2**63 - 1          # every integer parameter is 0 <= n < 2**63
 MAX_RESERVE_LIMIT = 1000
 MAX_PAYLOAD_DEPTH = 512      # far beyond real payloads, well inside the recursion limit
-_SAFE_INT_BITS = 13_000      # below 4,000 decimal digits, so under Python's default limit
+# Payload integers must fit msgpack, the daemon's wire format (int64 or uint64):
+# a task the daemon could store but not hand out would burn its attempts unrun.
+MIN_PAYLOAD_INT = -(2**63)
+MAX_PAYLOAD_INT = 2**64 - 1
 
 
 def name(value: Any, field: str) -> str:
@@ -72,12 +75,10 @@ def _json_value(value: Any, path: str, depth: int) -> Any:
         _check_utf8(value, path)
         return str(value)
     if isinstance(value, int):
-        if abs(value).bit_length() > _SAFE_INT_BITS:
-            try:
-                str(value)
-            except ValueError:
-                raise InvalidRequest(f"{path} has more digits than JSON conversion allows "
-                                     f"(sys.get_int_max_str_digits())") from None
+        if not MIN_PAYLOAD_INT <= value <= MAX_PAYLOAD_INT:
+            raise InvalidRequest(
+                f"{path} is an integer of {value.bit_length()} bits, outside [-2**63, 2**64 - 1]: "
+                f"the daemon's wire format cannot carry it (send it as a string)")
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -85,8 +85,8 @@ def make_payload(index: int) -> dict[str, Any]:
         {"n": 1, "tags": ("x", "y")},  # a tuple is stored as a list
         {"deep": {"list": [1, 2.5, None, True, {"k": "v"}]}, "s": "ünïcode ✓"},
         {},
-        # Any mapping with str keys is a JSON object; JSON integers have no range limit.
-        {"proxy": MappingProxyType({"k": [-0.0, 1e300]}), "big": 2**70, "neg": -(2**70)},
+        # Any mapping with str keys is a JSON object; integers span the wire's 64 bits.
+        {"proxy": MappingProxyType({"k": [-0.0, 1e300]}), "big": 2**64 - 1, "neg": -(2**63)},
     ]
     return payloads[index % len(payloads)]
 
@@ -99,6 +99,7 @@ def invalid_payload(index: int) -> Any:
         {"x": "\ud800"},
         {"x": {"y": float("inf")}},
         {"x": object()},
+        {"x": [2**64]},  # beyond what the daemon's wire can carry
     ]
     return payloads[index % len(payloads)]
 
@@ -226,7 +227,7 @@ class ActionGenerator:
         if self.c.rare("invalid put?"):
             kind = self.c.integer(0, 6, "invalid put kind")
             if kind == 0:
-                fields["payload"] = ("invalid", self.c.integer(0, 5, "bad payload"))
+                fields["payload"] = ("invalid", self.c.integer(0, 6, "bad payload"))
             elif kind == 1:
                 fields["task_id"] = self.c.choice(("", "x" * 1025, "\udc80", 7), "bad id")
             elif kind == 2:

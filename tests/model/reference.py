@@ -223,7 +223,12 @@ def _check_sum(a: int, b: int, what: str) -> None:
 
 def _plain_json(value: Any, where: str) -> Any:
     """The JSON value as plain dict/list/scalars, or ModelInvalidRequest."""
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        # The daemon's wire (msgpack) carries int64 and uint64 only.
+        if not -(2**63) <= value < 2**64:
+            raise ModelInvalidRequest(f"{where}: integer {value} does not fit 64 bits")
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
