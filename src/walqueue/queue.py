@@ -22,6 +22,7 @@ import fcntl
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from . import validation
@@ -75,6 +76,7 @@ class Queue:
         self._active: ActiveSegment | None = None
         self._lock_fd: int | None = None
         self._batch_depth = 0
+        self._compaction: Compaction | None = None
         if self._fs.makedirs(self._directory):
             # A new directory's own name must survive a power cut too.
             self._fs.fsync_directory(os.path.dirname(os.path.abspath(self._directory)))
@@ -352,6 +354,7 @@ class Queue:
         appended since it).
         """
         self._check_open()
+        self._refuse_during_compaction()
         self._sync()
         seq = self._state.last_seq
         if seq == self._snapshot_seq:
@@ -379,7 +382,7 @@ class Queue:
         """
         self._check_open()
         if self._snapshot_file is None and self._state.last_seq > 0:
-            self.compact()
+            self.compact()  # refused while a compaction in steps is in progress
         else:
             self._sync()
         fs, directory = self._fs, self._directory
@@ -389,6 +392,107 @@ class Queue:
             for name in (self._snapshot_file, CURRENT):
                 files.append((name, fs.size(os.path.join(directory, name))))
         return BackupManifest(os.path.abspath(directory), self._state.last_seq, tuple(files))
+
+    # -- compaction in steps (not part of SPEC's API) ---------------------
+    # walqueued writes the snapshot from a forked child while it goes on
+    # serving (SPEC §8a). The steps and their order are compact()'s; only the
+    # snapshot's writing is moved out of this process.
+
+    def begin_compaction(self) -> Compaction | None:
+        """Rotate the WAL and fix what the next snapshot holds: the state as of now.
+
+        Returns None when nothing was appended since the last snapshot. The
+        caller then writes the snapshot with `write_compaction_snapshot` from
+        a copy of this process taken before anything else is appended (the
+        daemon forks at once), and calls `finish_compaction` once that copy
+        has written and fsynced it, or `abandon_compaction` if it failed.
+        Appends may go on meanwhile: they go to the new segment, which the
+        snapshot does not cover. One compaction at a time; `compact()` is
+        refused while one is in progress. Runs the hook at wal.after_rotate;
+        a failing rotation closes the Queue, as any failed write does.
+        """
+        self._check_open()
+        self._refuse_during_compaction()
+        self._sync()
+        seq = self._state.last_seq
+        if seq == self._snapshot_seq:
+            return None
+        try:
+            self._rotate(seq)
+        except BaseException:
+            self._die()
+            raise
+        self._compaction = Compaction(seq, tuple(self._sealed), self._sealed_bytes,
+                                      snapshot_name(seq))
+        return self._compaction
+
+    def write_compaction_snapshot(self, compaction: Compaction) -> None:
+        """Write and fsync the snapshot of `compaction`: meant for the forked copy.
+
+        The state must still be at the compaction's seq: a snapshot named S
+        holding a later state would make recovery apply frames twice. Changes
+        nothing in memory and calls no hook (the parent reports
+        snapshot.after_write when it finishes). Raises OSError as the file
+        system does (ENOSPC, EIO) and RuntimeError if the state moved on.
+        """
+        if self._state.last_seq != compaction.seq:
+            raise RuntimeError(f"the state is at seq {self._state.last_seq}, not {compaction.seq}: "
+                               f"the snapshot must be written from a copy taken at begin_compaction")
+        write_snapshot(self._fs, self._directory, self._state)
+
+    def finish_compaction(self, compaction: Compaction) -> int:
+        """Publish the written snapshot and delete what it covers; returns its seq.
+
+        Call only after `write_compaction_snapshot` returned in the copy (its
+        fsync is done). Runs the hook at snapshot.after_write,
+        current.after_write, current.after_publish and compact.after_delete,
+        as compact() does. A failure closes the Queue (a crash anywhere here
+        recovers to the same state). Deletes the segments sealed at
+        begin_compaction and the previous snapshot: keep it from running
+        while a backup copies them.
+        """
+        self._check_open()
+        self._check_in_progress(compaction)
+        self._compaction = None
+        assert tuple(self._sealed) == compaction.covered_segments
+        try:
+            self._call_hook("snapshot.after_write")
+            self._publish(compaction.seq)
+            self._delete_covered(compaction.seq)
+        except BaseException:
+            self._die()
+            raise
+        return compaction.seq
+
+    def abandon_compaction(self, compaction: Compaction) -> None:
+        """Give up on a compaction whose snapshot could not be written (disk full, EIO).
+
+        Removes the partial snapshot file if there is one (an orphan, which
+        recovery would ignore anyway) and keeps everything else: the WAL
+        still covers every record, so nothing is lost and the Queue stays
+        open. The next `begin_compaction` covers the sealed segments too.
+        """
+        self._check_open()
+        self._check_in_progress(compaction)
+        self._compaction = None
+        try:
+            self._fs.unlink(os.path.join(self._directory, compaction.snapshot_file))
+        except FileNotFoundError:
+            pass
+
+    @property
+    def compaction_in_progress(self) -> Compaction | None:
+        return self._compaction
+
+    def _refuse_during_compaction(self) -> None:
+        if self._compaction is not None:
+            raise validation.InvalidRequest(
+                f"a compaction through seq {self._compaction.seq} is in progress; wait for it")
+
+    def _check_in_progress(self, compaction: Compaction) -> None:
+        if compaction is not self._compaction:
+            raise validation.InvalidRequest(f"no compaction through seq {compaction.seq} is "
+                                            f"in progress on this Queue")
 
     def _compaction_steps(self):
         """The steps of compact(), in the only safe order (SPEC §5).
@@ -526,6 +630,16 @@ class Queue:
         lock_fd, self._lock_fd = self._lock_fd, None
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """A compaction begun by `Queue.begin_compaction`: a snapshot through `seq`."""
+
+    seq: int
+    covered_segments: tuple[str, ...]   # sealed segments the snapshot makes redundant
+    covered_bytes: int                  # their size: the WAL bytes this compaction drops
+    snapshot_file: str
 
 
 class _Batch:
