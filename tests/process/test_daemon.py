@@ -730,7 +730,7 @@ def test_a_client_that_reads_late_gets_every_answer_in_order(daemon):
 
 
 def test_one_connection_cannot_park_unbounded_reserves(daemon):
-    from walqueue.server import MAX_PARKED_PER_CONNECTION
+    from walqueue.daemon.service import MAX_PARKED_PER_CONNECTION
 
     sock = raw_connect(daemon.socket_path)
     hello(sock)

@@ -164,7 +164,7 @@ def test_metrics_listen_on_port_0_logs_the_port_it_got(make_daemon):
 
 
 def serve_command(directory, *args) -> list[str]:
-    return [sys.executable, "-m", "walqueue.server", "serve", str(directory), *args]
+    return [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(directory), *args]
 
 
 @pytest.mark.parametrize("args, named", [
