@@ -49,6 +49,13 @@ def _reserving_after_a_stale_ack(real: Callable) -> Callable:
     return _ack_and_reserve
 
 
+def _stats_with_a_bug(real: Callable) -> Callable:
+    def _stats(self, peer, request):
+        """A handler with a bug in it (not a broken library: the daemon must stop, loudly)."""
+        raise TypeError("stats() takes a bug, got a request")
+    return _stats
+
+
 def _patch_service(method: str, wrap: Callable[[Callable], Callable]) -> contextlib.AbstractContextManager:
     """Patch ``Service.method`` of walqueued's sans-IO service (before the daemon builds it)."""
     return mock.patch.object(Service, method, wrap(getattr(Service, method)))
@@ -59,6 +66,8 @@ DAEMON_VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: _patch_service("_ack_and_reserve", _reserving_before_acking),
     "ack_and_reserve_reserves_after_a_stale_ack":
         lambda: _patch_service("_ack_and_reserve", _reserving_after_a_stale_ack),
+    "stats_handler_has_a_bug":
+        lambda: _patch_service("_stats", _stats_with_a_bug),
 }
 
 
