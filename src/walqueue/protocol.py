@@ -26,8 +26,14 @@ message=...)``; a ``StaleLease`` also carries the task's current ``task_id``,
 ``status`` and ``generation``. ``fatal=True`` means the server closes the
 connection after sending it (bad framing, undecodable or out-of-order message).
 
-Compatibility rule: a new field gets a default and goes at the end of its
-Struct; anything else bumps ``PROTOCOL_VERSION``.
+Compatibility rule: both sides reject unknown fields, so a peer must never be
+sent a field its version does not know. A new field gets a default, goes at
+the end of its Struct, and comes with a new protocol version; the daemon
+speaks every version in ``DAEMON_PROTOCOL_VERSIONS`` and answers each
+connection in the version its hello announced, omitting the fields that
+version lacks (``omit_defaults``), so a version-1 client gets exactly
+version 1's bytes. Version 2 adds the daemon's walqueue version to
+``HelloOk`` and ``DaemonStats``.
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
@@ -59,7 +65,9 @@ from walqueue import (
 )
 from walqueue.values import BackupManifest
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # what this package's clients announce
+DAEMON_PROTOCOL_VERSIONS = (1, 2)  # what walqueued speaks
+VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -267,10 +275,10 @@ class DaemonStats:
     start_time_seconds: float
     last_recovery_seconds: float
     directory: str
-    version: str = ""  # walqueue.__version__ of the daemon; "" from a daemon before 0.2.0
+    version: str = ""  # the daemon's walqueue.__version__ (protocol version 2; "" for version 1)
 
 
-def _wire_twin(value_type: type, **types: Any) -> type[msgspec.Struct]:
+def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
     """The wire Struct of a frozen dataclass: the same fields, in the same order.
 
     A dataclass encodes as the map of its fields in order, exactly as this
@@ -288,25 +296,27 @@ def _wire_twin(value_type: type, **types: Any) -> type[msgspec.Struct]:
         else:
             fields.append((field.name, kind, field.default))
     return msgspec.defstruct(f"Wire{value_type.__name__}", fields, forbid_unknown_fields=True,
-                             module=__name__)
+                             omit_defaults=omit_defaults, module=__name__)
 
 
 Payload = dict[str, Any]
 WireLease = _wire_twin(Lease, payload=Payload)
 WireTask = _wire_twin(TaskView, payload=Payload | None)
 WireStats = _wire_twin(QueueStats)
-WireDaemonStats = _wire_twin(DaemonStats, queue=WireStats)
+# Unlike the other values, DaemonStats is sent through its twin: only a Struct
+# can leave out a field (``version``) that a version-1 peer does not know.
+WireDaemonStats = _wire_twin(DaemonStats, omit_defaults=True, queue=WireStats)
 
 
 # -- answers ------------------------------------------------------------------
 
 
-class HelloOk(_Message, tag="hello_ok"):
+class HelloOk(_Message, tag="hello_ok", omit_defaults=True):
     id: int
     version: int
     server: str
     max_body_bytes: int
-    walqueue_version: str = ""  # the daemon's walqueue.__version__ ("" before 0.2.0)
+    walqueue_version: str = ""  # version 2: the daemon's walqueue.__version__ (omitted for version 1)
 
 
 class PutOk(_Message, tag="put_ok"):
@@ -564,6 +574,14 @@ def manifest_to_wire(request_id: int, manifest: BackupManifest) -> Manifest:
 def manifest_from_wire(wire: Manifest) -> BackupManifest:
     files = tuple((item.name, item.length) for item in wire.files)
     return BackupManifest(directory=wire.directory, seq=wire.seq, files=files)
+
+
+def daemon_stats_to_wire(stats: DaemonStats, protocol_version: int) -> WireDaemonStats:
+    """The report as a peer speaking ``protocol_version`` may read it (version 1 lacks ``version``)."""
+    fields = {name: getattr(stats, name) for name in WireDaemonStats.__struct_fields__}
+    if protocol_version < VERSION_REPORTING_VERSION:
+        fields["version"] = ""  # equal to the default: omitted
+    return WireDaemonStats(**fields)
 
 
 def daemon_stats_from_wire(wire: WireDaemonStats) -> DaemonStats:

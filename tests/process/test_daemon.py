@@ -7,15 +7,18 @@ import signal
 import socket
 import stat
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
 
+import walqueue
 from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease
 from walqueue import protocol as p
 from walqueue.client import Client, Connection, DaemonUnavailable
 
-from .daemon import read_message, wait_until
+from .daemon import child_env, read_message, wait_until
 
 HOOK = ("--test-hook", "tests.process.hooks:hook")
 
@@ -75,6 +78,20 @@ def test_every_request_type_round_trips_through_the_daemon(daemon):
         # Errors never cost the connection: the same client keeps working.
         assert client.put("e", {}, delay=5) == "e"
         assert client.get("e").available_at >= int(time.time()) + 4
+
+
+def test_walqueued_reports_its_version_to_a_version_2_hello_and_on_its_command_line(daemon):
+    sock = raw_connect(daemon.socket_path)
+    sock.sendall(p.encode(p.Hello(id=1, version=2)) + p.encode(p.DaemonStatsReq(id=2)))
+    answer = read_message(sock)
+    assert (answer.version, answer.walqueue_version) == (2, walqueue.__version__)
+    assert read_message(sock).stats.version == walqueue.__version__
+    sock.close()
+    with Client(daemon.socket_path) as client:  # a version-1 client is sent version 1's fields
+        assert client.daemon_stats().version == ""
+    printed = subprocess.run([sys.executable, "-m", "walqueue.daemon.cli", "--version"], env=child_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0 and printed.stdout == f"walqueued {walqueue.__version__}\n"
 
 
 def test_pipelined_requests_are_answered_by_id(daemon):

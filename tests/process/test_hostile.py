@@ -193,7 +193,7 @@ class Abuse:
             expect_fatal(sock, request_id=request_id)
 
     def wrong_protocol_version(self) -> None:
-        for version in (0, p.PROTOCOL_VERSION + 1, 2**63):
+        for version in (0, max(p.DAEMON_PROTOCOL_VERSIONS) + 1, 2**63):
             sock = raw_connect(self.path)
             sock.sendall(p.encode(p.Hello(id=7, version=version)))
             expect_fatal(sock, request_id=7, text=f"protocol version {version}")

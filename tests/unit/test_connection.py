@@ -40,22 +40,24 @@ def test_large_frames_are_admitted_only_while_they_fit_in_the_input_budget():
     assert budget.admitted_total == 0
 
 
-def test_the_hello_is_answered_with_the_version_and_raises_the_body_bound():
+@pytest.mark.parametrize("version, reported", [(1, ""), (2, walqueue.__version__)])
+def test_the_hello_is_answered_in_its_version_and_raises_the_body_bound(version, reported):
     conn = a_connection()
-    conn.reader.feed(protocol.encode(protocol.Hello(id=7, version=protocol.PROTOCOL_VERSION, client="me"))
+    conn.reader.feed(protocol.encode(protocol.Hello(id=7, version=version, client="me"))
                      + protocol.encode(protocol.Stats(id=8)))
     requests = []
     conn.decode(requests, InputBudget())
     assert requests == [(conn, protocol.Stats(id=8))]
     answer = protocol.decode_response(bytes(conn.out[4:]))
-    assert answer.id == 7 and answer.walqueue_version == walqueue.__version__
+    assert (answer.id, answer.version, answer.walqueue_version) == (7, version, reported)
+    assert conn.protocol_version == version
     assert conn.greeted and conn.reader.max_body_bytes == protocol.MAX_BODY_BYTES
     assert "client='me'" in conn.name
 
 
 @pytest.mark.parametrize("stream, complaint", [
     (protocol.encode(protocol.Stats(id=1)), "expected hello first"),
-    (protocol.encode(protocol.Hello(id=1, version=protocol.PROTOCOL_VERSION + 1)), "version"),
+    (protocol.encode(protocol.Hello(id=1, version=max(protocol.DAEMON_PROTOCOL_VERSIONS) + 1)), "version"),
     (protocol.encode(protocol.Hello(id=1, version=protocol.PROTOCOL_VERSION)) * 2, "hello sent twice"),
     (protocol.frame(b"\xc1"), "undecodable"),
 ])

@@ -369,11 +369,11 @@ def test_missing_figures_are_nan_and_the_label_is_escaped():
 def test_the_daemon_report_crosses_the_wire_field_by_field():
     assert tuple(field.name for field in dataclasses.fields(DaemonStats)) == p.WireDaemonStats.__struct_fields__
     stats = sample_stats(fsync_p50_seconds=None)
-    answer = p.DaemonStatsOk(id=9, stats=stats)
     reader = p.FrameReader()
-    reader.feed(p.encode(answer))
-    decoded = p.decode_response(reader.next_body())
-    assert p.daemon_stats_from_wire(decoded.stats) == stats
+    for protocol_version, expected in ((2, stats), (1, dataclasses.replace(stats, version=""))):
+        reader.feed(p.encode(p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats, protocol_version))))
+        decoded = p.decode_response(reader.next_body())
+        assert p.daemon_stats_from_wire(decoded.stats) == expected
     request = p.DaemonStatsReq(id=3)
     reader.feed(p.encode(request))
     assert p.decode_request(reader.next_body()) == request

@@ -180,12 +180,23 @@ def test_the_wire_twins_have_the_dataclass_fields_and_stay_strict():
         p.decode_response(non_string_keys)
 
 
-def test_the_hello_answer_carries_the_daemon_version_and_an_old_one_still_decodes():
-    answer = p.HelloOk(id=1, version=p.PROTOCOL_VERSION, server="walqueued/1", max_body_bytes=5,
-                       walqueue_version="9.9.9")
+def test_version_2_answers_carry_the_daemon_version_and_version_1_gets_the_old_bytes():
+    hello = {"type": "hello_ok", "id": 1, "version": 1, "server": "walqueued/1", "max_body_bytes": 5}
+    answer = p.HelloOk(id=1, version=1, server="walqueued/1", max_body_bytes=5)
+    assert p.encode(answer)[4:] == msgspec.msgpack.encode(hello)  # what version 1 always sent
+    answer = p.HelloOk(id=1, version=2, server="walqueued/1", max_body_bytes=5, walqueue_version="9.9.9")
     assert p.decode_response(p.encode(answer)[4:]).walqueue_version == "9.9.9"
-    old = msgspec.msgpack.encode({"type": "hello_ok", "id": 1, "version": 1, "server": "s", "max_body_bytes": 5})
-    assert p.decode_response(old).walqueue_version == ""
+    stats = sample_daemon_stats()
+    old_layout = {name: getattr(stats, name) for name in p.WireDaemonStats.__struct_fields__[:-1]}
+    old_layout["queue"] = msgspec.structs.asdict(p.WireStats(*[getattr(stats.queue, name) for name in
+                                                              p.WireStats.__struct_fields__]))
+    assert msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 1)) == msgspec.msgpack.encode(old_layout)
+    assert p.daemon_stats_to_wire(stats, 2).version == "9.9.9"
+
+
+def sample_daemon_stats() -> p.DaemonStats:
+    return p.DaemonStats(STATS, 1, 2, 3, 4, 5, 1.5, None, 0.25, 3, 4, None, 5, 6, None, 7, 8, True, 1.0, 2.0,
+                         3.0, "/d", "9.9.9")
 
 
 @pytest.mark.parametrize("error", [

@@ -31,6 +31,7 @@ class FakePeer:
         self.parked = 0
         self.closing = False
         self.answer_bytes = 0
+        self.protocol_version = p.PROTOCOL_VERSION
         self.has_gone = False
 
     def gone(self) -> bool:

@@ -80,7 +80,7 @@ def put_items():
 
 
 requests = st.one_of(
-    st.builds(p.Hello, id=integers, version=st.sampled_from([p.PROTOCOL_VERSION, 0, 2, 99]), client=texts),
+    st.builds(p.Hello, id=integers, version=st.sampled_from([p.PROTOCOL_VERSION, 0, 2, 3, 99]), client=texts),
     st.builds(p.Put, id=integers, task_id=texts, payload=payloads, key=st.none() | texts,
               available_at=integers, max_attempts=integers),
     st.builds(p.PutMany, id=integers, requests=st.lists(put_items(), max_size=3)),
@@ -374,7 +374,7 @@ def expected_request_ids(stream: bytes) -> tuple[list[int], bool]:
         while (body := reader.next_body()) is not None:
             request = p.decode_request(body)
             if isinstance(request, p.Hello):
-                if greeted or request.version != p.PROTOCOL_VERSION:
+                if greeted or request.version not in p.DAEMON_PROTOCOL_VERSIONS:
                     return ids, True
                 greeted = True
             elif not greeted:
@@ -394,7 +394,7 @@ def test_the_daemon_answers_hostile_bytes_only_with_documented_answers(harness, 
     if greet == "hello":
         prefix = p.encode(p.Hello(id=0, version=p.PROTOCOL_VERSION))
     elif greet == "wrong-version":
-        prefix = p.encode(p.Hello(id=0, version=p.PROTOCOL_VERSION + 1))
+        prefix = p.encode(p.Hello(id=0, version=max(p.DAEMON_PROTOCOL_VERSIONS) + 1))
     if data.draw(st.booleans()):
         # Well-formed frames of well-typed requests (any values): the answers
         # must match the requests one for one.

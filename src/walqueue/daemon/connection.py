@@ -93,6 +93,7 @@ class Connection:
     reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(protocol.MAX_HELLO_BYTES))
     out: bytearray = field(default_factory=bytearray)
     greeted: bool = False
+    protocol_version: int = protocol.PROTOCOL_VERSION  # the one its hello announced (service.Peer)
     eof: bool = False
     closing: bool = False  # a fatal error was queued: close once it is sent
     fatal: protocol.Error | None = None  # that error, sent after the answers to earlier requests
@@ -158,14 +159,18 @@ class Connection:
     def _greet(self, request: protocol.Request) -> None:
         if not isinstance(request, protocol.Hello):
             raise ConnectionFault(request.id, f"expected hello first, got {type(request).__name__.lower()}")
-        if request.version != protocol.PROTOCOL_VERSION:
+        if request.version not in protocol.DAEMON_PROTOCOL_VERSIONS:
+            spoken = ", ".join(map(str, protocol.DAEMON_PROTOCOL_VERSIONS))
             raise ConnectionFault(request.id, f"protocol version {request.version} is not supported; "
-                                              f"this daemon speaks version {protocol.PROTOCOL_VERSION}")
+                                              f"this daemon speaks versions {spoken}")
         self.greeted = True
+        self.protocol_version = request.version
         self.reader.max_body_bytes = protocol.MAX_BODY_BYTES
+        reports_versions = request.version >= protocol.VERSION_REPORTING_VERSION
         self.out += protocol.encode(protocol.HelloOk(
-            id=request.id, version=protocol.PROTOCOL_VERSION, server=SERVER_NAME,
-            max_body_bytes=protocol.MAX_BODY_BYTES, walqueue_version=walqueue.__version__))
+            id=request.id, version=request.version, server=SERVER_NAME,
+            max_body_bytes=protocol.MAX_BODY_BYTES,
+            walqueue_version=walqueue.__version__ if reports_versions else ""))
         if request.client:
             self.name += f" client={request.client[:64]!r}"
 

@@ -77,6 +77,7 @@ class Peer(Protocol):
     parked: int  # its waiting reserves: kept by the service
     closing: bool  # it is being closed: its reserves never wait
     answer_bytes: int  # bytes of encoded answers produced for it: counted by the service
+    protocol_version: int  # the wire version its hello announced
 
     def gone(self) -> bool:
         """True once the peer has closed its end (a lease handed to it would sit unused)."""
@@ -536,7 +537,8 @@ class Service:
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
 
     def _daemon_stats(self, peer: Peer, request: protocol.DaemonStatsReq) -> None:
-        self._answer(peer, request.id, [protocol.DaemonStatsOk(id=request.id, stats=self._report(self.now))])
+        stats = protocol.daemon_stats_to_wire(self._report(self.now), peer.protocol_version)
+        self._answer(peer, request.id, [protocol.DaemonStatsOk(id=request.id, stats=stats)])
 
     def _listing(self, request_id: int, status: str | None) -> Iterator:
         """The ``tasks`` answer, produced lazily as the client reads it.
