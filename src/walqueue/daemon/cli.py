@@ -63,7 +63,8 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
   1  failure: cannot open the directory, bind the socket or listen on the
-     --metrics-listen address, or reopening the queue after a failed write failed
+     --metrics-listen address, or reopening the queue after a failed write
+     failed; or an unexpected error (a bug: its traceback is logged)
   2  usage error (a bad --metrics-listen, or a non-loopback one without
      --metrics-allow-remote, included); the socket path is not a socket;
      a descriptor passed by systemd is not a Unix stream socket
