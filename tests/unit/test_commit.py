@@ -52,7 +52,7 @@ def problems_with_a_bug_in_the_batch(directory) -> list[str]:
     original = service.queue
     peer = FakePeer("w")
 
-    def apply() -> int:
+    def apply() -> None:
         service.handle(peer, p.Put(id=1, task_id="a", payload={}))
         raise TypeError("a bug in request handling")
 
@@ -78,9 +78,8 @@ def problems_with_a_failed_fsync(directory) -> list[str]:
     original = service.queue
     peer = FakePeer("w")
 
-    def apply() -> int:
+    def apply() -> None:
         service.handle(peer, p.Put(id=1, task_id="a", payload={}))
-        return 1
 
     service.begin_turn(100, 0.0)
     problems = []

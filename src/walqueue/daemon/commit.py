@@ -59,8 +59,8 @@ class GroupCommit:
         self._clock = clock
         self._before_long_stall = before_long_stall
 
-    def turn(self, apply: Callable[[], int]) -> bool:
-        """Run ``apply()`` (which returns how many requests it applied) inside one batch.
+    def turn(self, apply: Callable[[], None]) -> bool:
+        """Run ``apply()`` (the service's work for this turn) inside one batch.
 
         Returns True if the batch exited without error: the turn's answers may
         be sent. On a failed write the turn's requests are answered with an
@@ -68,15 +68,14 @@ class GroupCommit:
         reopen fails, and whatever else ``apply`` raises.
         """
         queue = self.service.queue
-        requests = 0
         fsyncing = False
-        started = 0.0
         try:
             with queue.batch():
                 try:
-                    requests = apply()
+                    apply()
                 finally:
                     fsyncing = queue.unsynced()
+                    requests = self.service.requests_this_turn
                     started = self._clock.monotonic_seconds()
         except WRITE_FAILURES as exc:
             # A failed fsync is a write failure to count, not an fsync.

@@ -472,12 +472,11 @@ class Loop:
         self.recorder.turn_started(now, service.queue)
         turn = self.turn
 
-        def apply() -> int:
+        def apply() -> None:
             if reap:
                 service.reap()
             if service.parked:
                 service.serve_parked()
-            applied = 0
             for conn, request in requests:
                 if conn.closed:
                     continue
@@ -491,9 +490,7 @@ class Loop:
                 if listing:
                     self._listings_started += 1
                 conn.turn_requests += 1
-                applied += 1
                 service.handle(conn, request)
-            return applied
 
         return self.commit.turn(apply) and writing
 

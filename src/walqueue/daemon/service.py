@@ -281,6 +281,11 @@ class Service:
         self._turn_requests = []
         return len(affected)
 
+    @property
+    def requests_this_turn(self) -> int:
+        """How many requests `handle` took since `begin_turn`."""
+        return len(self._turn_requests)
+
     def replace_queue(self, queue: Queue | None) -> Queue:
         """Swap in the Queue reopened after a failure (None while there is none); returns the old one.
 
@@ -411,28 +416,24 @@ class Service:
             else:
                 encoded = b"".join([protocol.encode(message) for message in messages])
         except ENCODING_ERRORS as exc:
-            encoded = self._unencodable(peer, request_id, exc)
+            encoded = protocol.encode(self._unencodable(peer, request_id, exc))
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
 
     def _answer_leases(self, peer: Peer, request_id: int, leases: list[Lease]) -> None:
         if len(leases) <= 1:  # one lease always fits one message: no need to measure it
-            self._answer(peer, request_id, [protocol.Leases(request_id, leases)])
-            return
-        try:
-            messages = chunked(request_id, leases, protocol.Leases)
-        except ENCODING_ERRORS as exc:
-            encoded = self._unencodable(peer, request_id, exc)
-            peer.answer_bytes += len(encoded)
-            self.outbox.append(Answer(peer, request_id, encoded))
-            return
+            messages = [protocol.Leases(request_id, leases)]
+        else:
+            try:
+                messages = chunked(request_id, leases, protocol.Leases)
+            except ENCODING_ERRORS as exc:
+                messages = [self._unencodable(peer, request_id, exc)]
         self._answer(peer, request_id, messages)
 
     @staticmethod
-    def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> bytes:
+    def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> protocol.Error:
         log.error("answer to request %s from %s not encodable: %s", request_id, peer.name, one_line(str(exc)))
-        return protocol.encode(protocol.Error(id=request_id, error="InvalidRequest",
-                                              message=f"the answer cannot be sent: {exc}"))
+        return protocol.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
 
     # -- the requests --------------------------------------------------------------------
 
