@@ -89,7 +89,7 @@ def cli() -> None:
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="Socket path [default: DIRECTORY/walqueued.sock]. Ignored when systemd passes "
                    "a listening socket (LISTEN_FDS).")
-@click.option("--socket-mode", default="0660", show_default=True, metavar="MODE",
+@click.option("--socket-mode", default=f"{DEFAULT_SOCKET_MODE:04o}", show_default=True, metavar="MODE",
               help="Permissions of the socket file, in octal. Ignored under socket activation "
                    "(the .socket unit's SocketMode applies).")
 @click.option("--compact-wal-bytes", type=click.IntRange(min=1), default=DEFAULT_COMPACT_WAL_BYTES,
