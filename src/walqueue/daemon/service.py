@@ -99,7 +99,7 @@ class Answer:
 class Parked:
     peer: Peer
     request: protocol.Reserve | protocol.AckReserve
-    deadline: float  # monotonic seconds at which the wait ends
+    deadline_seconds: float  # the monotonic reading at which the wait ends
     turn: int  # the service turn that parked it
     done: bool = False
 
@@ -124,7 +124,7 @@ class ParkedReserves:
     def add(self, entry: Parked) -> None:
         self._arrivals.append(entry)
         self._counter += 1
-        heapq.heappush(self._deadlines, (entry.deadline, self._counter, entry))
+        heapq.heappush(self._deadlines, (entry.deadline_seconds, self._counter, entry))
         entry.peer.parked += 1
         self.live += 1
 
