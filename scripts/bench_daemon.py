@@ -143,7 +143,7 @@ class DaemonRun:
                    PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
         self.log = open(self.workdir / "daemon.log", "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "walqueue.server", "serve", str(self.directory), "--socket",
+            [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(self.directory), "--socket",
              self.socket_path, "--log-level", "warning", *SERVE_OPTIONS],
             stdout=self.log, stderr=self.log, env=env, cwd=REPO)
         notify.settimeout(READY_SECONDS)

@@ -6,7 +6,7 @@
    ack_and_reserve cycles for S seconds.
 2. Under cProfile: the same load, the daemon's own time grouped by where it is
    spent (the fsync, socket syscalls, the library, the wire protocol, the
-   server loop), as a share of all the time the daemon's thread was not idle
+   daemon's service and its loop), as a share of all the time the daemon's thread was not idle
    in epoll, plus the top functions.
 
 cProfile slows pure-Python code more than C and syscalls, so read (2) for the
@@ -43,7 +43,9 @@ GROUPS = (
     ("library: state machine", lambda f, n: f.endswith("state.py")),
     ("library: queue, codec, wal", lambda f, n: f.endswith(("queue.py", "codec.py", "wal.py", "fs.py"))),
     ("wire protocol (msgspec, framing)", lambda f, n: f.endswith("protocol.py") or "msgspec" in n),
-    ("server loop", lambda f, n: f.endswith("server.py") or "selectors" in f),
+    ("daemon: service (sans-IO)", lambda f, n: f.endswith(os.path.join("daemon", "service.py"))),
+    ("daemon: loop, connections, commit",
+     lambda f, n: os.path.join("walqueue", "daemon", "") in f or "selectors" in f),
     # "other": builtins called from everywhere (isinstance, len, getattr, dataclass
     # __init__, dict and list methods), the metrics recorder, logging.
 )
@@ -111,13 +113,13 @@ def main() -> None:
     args = parser.parse_args()
     (REPO / "var").mkdir(exist_ok=True)
 
-    plain = load(["-m", "walqueue.server"], args.clients, args.seconds)
+    plain = load(["-m", "walqueue.daemon.cli"], args.clients, args.seconds)
     print(f"{args.clients} clients, put + ack_and_reserve cycles, {args.seconds:g} s, no profiler:")
     print(f"  {plain['cycles_per_second']:,.0f} cycles/s; daemon CPU {plain['daemon_us']:.0f} us per request; "
           f"client CPU {plain['client_us']:.0f} us per request (each client its own process)")
 
     profile = Path(tempfile.mkdtemp(prefix="profile-", dir=REPO / "var")) / "daemon.prof"
-    profiled = load(["-m", "cProfile", "-o", str(profile), "-m", "walqueue.server"], args.clients, args.seconds)
+    profiled = load(["-m", "cProfile", "-o", str(profile), "-m", "walqueue.daemon.cli"], args.clients, args.seconds)
     stats = pstats.Stats(str(profile))
     shares: dict[str, float] = {label: 0.0 for label, _ in GROUPS}
     shares["other"] = 0.0

@@ -31,7 +31,6 @@ whole wait. Give each thread that blocks in ``reserve`` its own ``Client``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import socket
@@ -53,6 +52,7 @@ from walqueue import (
 )
 from walqueue import protocol as p
 from walqueue.metrics import DaemonStats
+from walqueue.unix_socket import MAX_SOCKET_PATH_BYTES, unix_address  # noqa: F401 (re-exported)
 from walqueue.values import BackupManifest
 
 SOCKET_NAME = "walqueued.sock"
@@ -79,28 +79,6 @@ def socket_path(socket_or_directory: str | os.PathLike) -> str:
     if os.path.isdir(path):
         return os.path.join(path, SOCKET_NAME)
     return path
-
-
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH_BYTES = 107
-
-
-@contextlib.contextmanager
-def unix_address(path: str):
-    """An address for ``path`` that fits in sun_path.
-
-    A longer path is reached through the parent directory's descriptor
-    (``/proc/self/fd/N/NAME``, Linux), which works for bind and connect alike.
-    """
-    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
-        yield path
-        return
-    parent, name = os.path.split(os.path.abspath(path))
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{name}"
-    finally:
-        os.close(fd)
 
 
 class Connection:

@@ -26,8 +26,14 @@ message=...)``; a ``StaleLease`` also carries the task's current ``task_id``,
 ``status`` and ``generation``. ``fatal=True`` means the server closes the
 connection after sending it (bad framing, undecodable or out-of-order message).
 
-Compatibility rule: a new field gets a default and goes at the end of its
-Struct; anything else bumps ``PROTOCOL_VERSION``.
+Compatibility rule: both sides reject unknown fields, so a peer must never be
+sent a field its version does not know. A new field gets a default, goes at
+the end of its Struct, and comes with a new protocol version; the daemon
+speaks every version in ``DAEMON_PROTOCOL_VERSIONS`` and answers each
+connection in the version its hello announced, omitting the fields that
+version lacks (``omit_defaults``), so a version-1 client gets exactly
+version 1's bytes. Version 2 adds the daemon's walqueue version to
+``HelloOk`` and ``DaemonStats``.
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
@@ -35,10 +41,12 @@ encoder and decoders built once at import.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, get_type_hints
 
 import msgspec
 
@@ -55,10 +63,11 @@ from walqueue import (
     TaskView,
     WalQueueError,
 )
-from walqueue.metrics import DaemonStats
 from walqueue.values import BackupManifest
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # what this package's clients announce
+DAEMON_PROTOCOL_VERSIONS = (1, 2)  # what walqueued speaks
+VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -71,6 +80,8 @@ MAX_HELLO_BYTES = 4096
 CHUNK_BUDGET_BYTES = 1024 * 1024
 
 _LENGTH = struct.Struct(">I")
+# An already encoded value placed inside a message (the items of a chunked list answer).
+Raw = msgspec.Raw
 
 
 class ProtocolError(Exception):
@@ -234,42 +245,15 @@ WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact,
 # -- values carried by answers ------------------------------------------------
 
 
-class WireLease(msgspec.Struct, forbid_unknown_fields=True):
-    task_id: str
-    worker: str
-    generation: int
-    deadline: int
-    attempts: int
-    payload: dict[str, Any]
+@dataclass(frozen=True)
+class DaemonStats:
+    """The daemon's full report: the queue's QueueStats and the daemon's own figures.
 
+    The one definition: walqueued builds it (walqueue.daemon.recorder), it
+    crosses the wire as ``WireDaemonStats`` and walqueue.metrics prints it.
+    """
 
-class WireTask(msgspec.Struct, forbid_unknown_fields=True):
-    task_id: str
-    key: str
-    status: str
-    attempts: int
-    max_attempts: int
-    generation: int
-    available_at: int
-    deadline: int | None
-    worker: str | None
-    payload: dict[str, Any] | None
-
-
-class WireStats(msgspec.Struct, forbid_unknown_fields=True):
-    ready: int
-    leased: int
-    completed: int
-    dead: int
-    last_seq: int
-    snapshot_seq: int
-    wal_bytes: int
-
-
-class WireDaemonStats(msgspec.Struct, forbid_unknown_fields=True):
-    """``walqueue.metrics.DaemonStats`` on the wire (``queue`` is the QueueStats)."""
-
-    queue: WireStats
+    queue: QueueStats
     oldest_ready_age_seconds: int
     leases_past_half: int
     wal_segments: int
@@ -291,16 +275,48 @@ class WireDaemonStats(msgspec.Struct, forbid_unknown_fields=True):
     start_time_seconds: float
     last_recovery_seconds: float
     directory: str
+    version: str = ""  # the daemon's walqueue.__version__ (protocol version 2; "" for version 1)
+
+
+def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
+    """The wire Struct of a frozen dataclass: the same fields, in the same order.
+
+    A dataclass encodes as the map of its fields in order, exactly as this
+    Struct does, so the daemon sends the library's values as they are and
+    only the reader needs the Struct (which forbids unknown fields and checks
+    every type). ``types`` overrides a field's type where the wire is stricter
+    than the dataclass annotation (payloads are maps with string keys).
+    """
+    hints = get_type_hints(value_type)
+    fields = []
+    for field in dataclasses.fields(value_type):
+        kind = types.get(field.name, hints[field.name])
+        if field.default is dataclasses.MISSING:
+            fields.append((field.name, kind))
+        else:
+            fields.append((field.name, kind, field.default))
+    return msgspec.defstruct(f"Wire{value_type.__name__}", fields, forbid_unknown_fields=True,
+                             omit_defaults=omit_defaults, module=__name__)
+
+
+Payload = dict[str, Any]
+WireLease = _wire_twin(Lease, payload=Payload)
+WireTask = _wire_twin(TaskView, payload=Payload | None)
+WireStats = _wire_twin(QueueStats)
+# Unlike the other values, DaemonStats is sent through its twin: only a Struct
+# can leave out a field (``version``) that a version-1 peer does not know.
+WireDaemonStats = _wire_twin(DaemonStats, omit_defaults=True, queue=WireStats)
 
 
 # -- answers ------------------------------------------------------------------
 
 
-class HelloOk(_Message, tag="hello_ok"):
+class HelloOk(_Message, tag="hello_ok", omit_defaults=True):
     id: int
     version: int
     server: str
     max_body_bytes: int
+    walqueue_version: str = ""  # version 2: the daemon's walqueue.__version__ (omitted for version 1)
 
 
 class PutOk(_Message, tag="put_ok"):
@@ -533,35 +549,21 @@ def check_wait(wait: float) -> None:
 # -- conversions to and from the library's dataclasses ------------------------
 
 
-def _same_fields(value: Any, target: type, fields: tuple[str, ...]) -> Any:
-    """`target` built from the equally named fields of `value` (wire <-> library types)."""
-    return target(**{name: getattr(value, name) for name in fields})
-
-
-def lease_to_wire(lease: Lease) -> WireLease:
-    # Spelled out: this runs once per lease handed out, on the daemon's hot path.
-    return WireLease(lease.task_id, lease.worker, lease.generation, lease.deadline, lease.attempts,
-                     lease.payload)
+def _from_wire(wire: msgspec.Struct, value_type: type) -> Any:
+    """The library value a wire twin stands for (the daemon sends the values themselves)."""
+    return value_type(*[getattr(wire, name) for name in wire.__struct_fields__])
 
 
 def lease_from_wire(wire: WireLease) -> Lease:
-    return _same_fields(wire, Lease, WireLease.__struct_fields__)
-
-
-def task_to_wire(task: TaskView) -> WireTask:
-    return _same_fields(task, WireTask, WireTask.__struct_fields__)
+    return _from_wire(wire, Lease)
 
 
 def task_from_wire(wire: WireTask) -> TaskView:
-    return _same_fields(wire, TaskView, WireTask.__struct_fields__)
-
-
-def stats_to_wire(stats: QueueStats) -> WireStats:
-    return _same_fields(stats, WireStats, WireStats.__struct_fields__)
+    return _from_wire(wire, TaskView)
 
 
 def stats_from_wire(wire: WireStats) -> QueueStats:
-    return _same_fields(wire, QueueStats, WireStats.__struct_fields__)
+    return _from_wire(wire, QueueStats)
 
 
 def manifest_to_wire(request_id: int, manifest: BackupManifest) -> Manifest:
@@ -574,17 +576,16 @@ def manifest_from_wire(wire: Manifest) -> BackupManifest:
     return BackupManifest(directory=wire.directory, seq=wire.seq, files=files)
 
 
-_DAEMON_FIELDS = tuple(name for name in WireDaemonStats.__struct_fields__ if name != "queue")
-
-
-def daemon_stats_to_wire(stats: DaemonStats) -> WireDaemonStats:
-    return WireDaemonStats(queue=stats_to_wire(stats.queue),
-                           **{name: getattr(stats, name) for name in _DAEMON_FIELDS})
+def daemon_stats_to_wire(stats: DaemonStats, protocol_version: int) -> WireDaemonStats:
+    """The report as a peer speaking ``protocol_version`` may read it (version 1 lacks ``version``)."""
+    fields = {name: getattr(stats, name) for name in WireDaemonStats.__struct_fields__}
+    if protocol_version < VERSION_REPORTING_VERSION:
+        fields["version"] = ""  # equal to the default: omitted
+    return WireDaemonStats(**fields)
 
 
 def daemon_stats_from_wire(wire: WireDaemonStats) -> DaemonStats:
-    return DaemonStats(queue=stats_from_wire(wire.queue),
-                       **{name: getattr(wire, name) for name in _DAEMON_FIELDS})
+    return dataclasses.replace(_from_wire(wire, DaemonStats), queue=stats_from_wire(wire.queue))
 
 
 def put_item(request: Any) -> PutItem:

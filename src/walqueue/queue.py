@@ -216,14 +216,33 @@ class Queue:
         validation.time_plus(now, lease_seconds, "lease_seconds")
         state = self._state
         with self.batch():
-            while expired := state.expired(now, MAX_EXPIRE_IDS):
-                self._append({"now": now, "op": "expire", "seq": self._next_seq(),
-                              "task_ids": expired})
+            self._reap(now)
             task_ids = state.due_ready(now, limit)
             if task_ids:
                 self._append({"lease_seconds": lease_seconds, "now": now, "op": "reserve",
                               "seq": self._next_seq(), "task_ids": task_ids, "worker": worker})
         return [_lease_of(state.tasks[task_id]) for task_id in task_ids]
+
+    def expire_due(self, *, now: int) -> int:
+        """Reap alone: expire every lease with deadline <= `now`, as reserve does first.
+
+        Writes the same `expire` frames reserve's reap would (none if no lease
+        is due) and leases nothing. Returns how many leases expired. Not part
+        of SPEC §1: walqueued calls it when a lease's deadline passes (§8a).
+        """
+        self._check_open()
+        validation.integer(now, "now")
+        with self.batch():
+            return self._reap(now)
+
+    def _reap(self, now: int) -> int:
+        """Expire the leases due at `now`, at most MAX_EXPIRE_IDS a frame. Inside a batch."""
+        state, count = self._state, 0
+        while expired := state.expired(now, MAX_EXPIRE_IDS):
+            self._append({"now": now, "op": "expire", "seq": self._next_seq(),
+                          "task_ids": expired})
+            count += len(expired)
+        return count
 
     def ack(self, lease: Lease, *, now: int) -> None:
         """Complete the task held by `lease`. Raises StaleLease if it is not current."""
@@ -313,6 +332,12 @@ class Queue:
         """
         self._check_open()
         return self._state.next_due_time()
+
+    def next_lease_deadline(self) -> int | None:
+        """The earliest deadline of a lease, or None. Not part of SPEC's API: the
+        daemon's timer for `expire_due`."""
+        self._check_open()
+        return self._state.next_lease_deadline()
 
     # -- monitoring (not part of SPEC's API; the daemon's metrics) -------
 

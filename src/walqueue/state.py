@@ -148,10 +148,13 @@ class State:
 
     def next_due_time(self) -> int | None:
         """The earliest available_at of a ready task or deadline of a lease."""
-        times = [self._peek_time(self._ready, READY, "available_at"),
-                 self._peek_time(self._leases, LEASED, "deadline")]
+        times = [self._peek_time(self._ready, READY, "available_at"), self.next_lease_deadline()]
         times = [time for time in times if time is not None]
         return min(times) if times else None
+
+    def next_lease_deadline(self) -> int | None:
+        """The earliest deadline of a lease."""
+        return self._peek_time(self._leases, LEASED, "deadline")
 
     def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
         """The earliest time since which a ready task has been due, or None if none is due at `now`.

@@ -16,76 +16,58 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from unittest import mock
 
 from tests import broken
-from walqueue import protocol as p
-from walqueue.errors import InvalidRequest, KeyConflict, StaleLease
+from walqueue.daemon.service import Service, lease_of
+from walqueue.errors import StaleLease
 
 from .kill_hook import hook
 
 
-def _reserving_before_acking(real_handle: Callable) -> Callable:
-    def _handle(self, conn, request, now):
+def _reserving_before_acking(real: Callable) -> Callable:
+    def _ack_and_reserve(self, peer, request):
         """ack_and_reserve that leases first "so the ack cannot hold up the next task": the
         reserve frame precedes the ack frame, and a stale ack leaves its leases granted."""
-        if not isinstance(request, p.AckReserve):
-            return real_handle(self, conn, request, now)
-        try:
-            leases = self._lease_due(request.worker, now, request.lease_seconds, request.limit)
-            self.queue.ack(self._lease(request), now=now)
-        except (InvalidRequest, KeyConflict, StaleLease) as exc:
-            self._answer(conn, request.id, [p.error_to_wire(request.id, exc)])
-            return None
-        self._answer(conn, request.id, self._lease_messages(request.id, leases))
-        return None
-    return _handle
+        leases = self._lease_due(request.worker, request.lease_seconds, request.limit)
+        self.queue.ack(lease_of(request), now=self.now)
+        self._answer_leases(peer, request.id, leases)
+    return _ack_and_reserve
 
 
-def _reserving_after_a_stale_ack(real_handle: Callable) -> Callable:
-    def _handle(self, conn, request, now):
+def _reserving_after_a_stale_ack(real: Callable) -> Callable:
+    def _ack_and_reserve(self, peer, request):
         """ack_and_reserve that leases even when the ack is refused ("the worker is free either way"),
         then answers StaleLease: the leases are granted to a worker that never hears of them."""
-        if not isinstance(request, p.AckReserve):
-            return real_handle(self, conn, request, now)
         try:
-            self.queue.ack(self._lease(request), now=now)
-        except StaleLease as exc:
-            self._lease_due(request.worker, now, request.lease_seconds, request.limit)
-            self._answer(conn, request.id, [p.error_to_wire(request.id, exc)])
-            return None
-        except (InvalidRequest, KeyConflict) as exc:
-            self._answer(conn, request.id, [p.error_to_wire(request.id, exc)])
-            return None
-        self._reserve(conn, request, now)
-        return None
-    return _handle
+            self.queue.ack(lease_of(request), now=self.now)
+        except StaleLease:
+            self._lease_due(request.worker, request.lease_seconds, request.limit)
+            raise
+        self._reserve_or_park(peer, request)
+    return _ack_and_reserve
 
 
-@contextlib.contextmanager
-def _patch_running_server(method: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
-    """Patch ``Server.method`` of the walqueued module this process runs.
+def _stats_with_a_bug(real: Callable) -> Callable:
+    def _stats(self, peer, request):
+        """A handler with a bug in it (not a broken library: the daemon must stop, loudly)."""
+        raise TypeError("stats() takes a bug, got a request")
+    return _stats
 
-    ``python -m walqueue.server`` runs it as ``__main__``, a module object other
-    than an imported ``walqueue.server``: both are patched when present.
-    """
-    with contextlib.ExitStack() as stack:
-        for name in ("__main__", "walqueue.server"):
-            module = sys.modules.get(name)
-            server = getattr(module, "Server", None)
-            if server is not None and hasattr(server, method) \
-                    and getattr(module, "__file__", "").endswith(os.path.join("walqueue", "server.py")):
-                stack.enter_context(mock.patch.object(server, method, wrap(getattr(server, method))))
-        yield
+
+def _patch_service(method: str, wrap: Callable[[Callable], Callable]) -> contextlib.AbstractContextManager:
+    """Patch ``Service.method`` of walqueued's sans-IO service (before the daemon builds it)."""
+    return mock.patch.object(Service, method, wrap(getattr(Service, method)))
 
 
 DAEMON_VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "ack_and_reserve_reserves_before_acking":
-        lambda: _patch_running_server("_handle", _reserving_before_acking),
+        lambda: _patch_service("_ack_and_reserve", _reserving_before_acking),
     "ack_and_reserve_reserves_after_a_stale_ack":
-        lambda: _patch_running_server("_handle", _reserving_after_a_stale_ack),
+        lambda: _patch_service("_ack_and_reserve", _reserving_after_a_stale_ack),
+    "stats_handler_has_a_bug":
+        lambda: _patch_service("_stats", _stats_with_a_bug),
 }
 
 

@@ -194,7 +194,7 @@ class DaemonRun:
         self.notify_path = workdir / f"n{number}.sock"
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._notify.bind(str(self.notify_path))
-        command = [sys.executable, "-m", "walqueue.server", "serve", str(directory),
+        command = [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(directory),
                    "--socket", str(socket_path), "--compact-wal-bytes", str(compact_wal_bytes),
                    "--log-level", "info", "--test-hook", BROKEN_HOOK if broken else HOOK]
         if preallocate_wal_bytes is not None:

@@ -65,7 +65,7 @@ class Daemon:
         self._notify.bind(self.notify_path)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "walqueue.server", "serve", str(self.directory),
+        return [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(self.directory),
                 "--socket", self.socket_path, "--log-level", "debug", *self.args]
 
     def start(self, *, wait_ready: bool = True, popen_kwargs: dict | None = None,

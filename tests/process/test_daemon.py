@@ -7,15 +7,18 @@ import signal
 import socket
 import stat
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
 
+import walqueue
 from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease
 from walqueue import protocol as p
 from walqueue.client import Client, Connection, DaemonUnavailable
 
-from .daemon import read_message, wait_until
+from .daemon import child_env, read_message, wait_until
 
 HOOK = ("--test-hook", "tests.process.hooks:hook")
 
@@ -77,6 +80,20 @@ def test_every_request_type_round_trips_through_the_daemon(daemon):
         assert client.get("e").available_at >= int(time.time()) + 4
 
 
+def test_walqueued_reports_its_version_to_a_version_2_hello_and_on_its_command_line(daemon):
+    sock = raw_connect(daemon.socket_path)
+    sock.sendall(p.encode(p.Hello(id=1, version=2)) + p.encode(p.DaemonStatsReq(id=2)))
+    answer = read_message(sock)
+    assert (answer.version, answer.walqueue_version) == (2, walqueue.__version__)
+    assert read_message(sock).stats.version == walqueue.__version__
+    sock.close()
+    with Client(daemon.socket_path) as client:  # a version-1 client is sent version 1's fields
+        assert client.daemon_stats().version == ""
+    printed = subprocess.run([sys.executable, "-m", "walqueue.daemon.cli", "--version"], env=child_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0 and printed.stdout == f"walqueued {walqueue.__version__}\n"
+
+
 def test_pipelined_requests_are_answered_by_id(daemon):
     connection = Connection(daemon.socket_path)
     requests = [p.Put(id=0, task_id=f"t{index:03d}", payload={"i": index}) for index in range(200)]
@@ -107,28 +124,41 @@ def test_group_commit_answers_many_clients_with_fewer_fsyncs_than_requests(make_
     assert 0 < syncs < requests / 2, f"{syncs} fsyncs for {requests} durable puts"
 
 
+def send_waiting_reserve(connection: Connection, worker: str, wait: float) -> int:
+    """Send a reserve that will wait, and return once the daemon has parked it.
+
+    A connection's requests are applied in order, so once the stats sent
+    right behind the reserve is answered, the reserve has been handled: it
+    is waiting (an event to await, not a log to poll).
+    """
+    reserve_id, stats_id = connection.send(p.Reserve(id=0, worker=worker, wait=wait), p.Stats(id=0))
+    connection.receive(stats_id)
+    return reserve_id
+
+
 def test_a_parked_reserve_is_woken_by_another_process_put(daemon, client_process):
-    reserver = client_process("reserve", daemon.socket_path, "w", 30)
-    daemon.wait_for_log("parked reserve")
-    with Client(daemon.socket_path) as client:
-        client.put("job", {})
-    code, out, err = reserver.result(timeout=20)
+    connection = Connection(daemon.socket_path)
+    reserve_id = send_waiting_reserve(connection, "w", 30)
+    started = time.monotonic()
+    code, out, err = client_process("puts", daemon.socket_path, "job", 1).result(timeout=20)
     assert code == 0, err
-    answer = json.loads(out)
-    assert answer["task_ids"] == ["job"]
-    assert answer["elapsed"] < 10  # far below its 30 s wait
+    (answer,) = connection.receive(reserve_id)
+    assert [lease.task_id for lease in answer.leases] == ["job-00000"]
+    assert time.monotonic() - started < 10  # far below its 30 s wait
+    connection.close()
 
 
-def test_parked_reserves_are_served_in_arrival_order(daemon, client_process):
-    first = client_process("reserve", daemon.socket_path, "first", 30)
-    daemon.wait_for_log("parked reserve")
-    second = client_process("reserve", daemon.socket_path, "second", 30)
-    daemon.wait_for_log("parked reserve", count=2)
+def test_parked_reserves_are_served_in_arrival_order(daemon):
+    first, second = Connection(daemon.socket_path), Connection(daemon.socket_path)
+    first_id = send_waiting_reserve(first, "first", 30)
+    second_id = send_waiting_reserve(second, "second", 30)
     with Client(daemon.socket_path) as client:
         client.put("one", {})
-        assert json.loads(first.result(timeout=20)[1])["task_ids"] == ["one"]
+        assert [lease.task_id for lease in first.receive(first_id)[0].leases] == ["one"]
         client.put("two", {})
-        assert json.loads(second.result(timeout=20)[1])["task_ids"] == ["two"]
+        assert [lease.task_id for lease in second.receive(second_id)[0].leases] == ["two"]
+    first.close()
+    second.close()
 
 
 def test_a_delay_elapsing_wakes_a_parked_reserve_without_a_request(daemon):
@@ -153,6 +183,21 @@ def test_a_lease_expires_on_the_real_clock_and_wakes_a_waiting_worker(daemon):
         with pytest.raises(StaleLease) as stale:
             client.ack(lease)
         assert stale.value.status == "leased" and stale.value.generation == again.generation
+
+
+def test_an_expired_lease_shows_in_dead_within_two_seconds_without_any_reserve(daemon):
+    with Client(daemon.socket_path) as client:
+        client.put("once", {}, max_attempts=1)
+        (lease,) = client.reserve("w", lease_seconds=1)
+        started = time.monotonic()
+        # Nothing but reads from here on: the daemon reaps on its own (SPEC 8a).
+        wait_until(lambda: client.get("once").status == "dead", 5, "the expired lease reaped")
+        assert time.monotonic() - started <= 2.5  # a 1 s lease, reaped within a second of it
+        assert [task.task_id for task in client.tasks("dead")] == ["once"]
+        assert client.stats().leased == 0
+        with pytest.raises(StaleLease) as stale:
+            client.ack(lease)
+        assert stale.value.status == "dead"
 
 
 def test_a_reserve_wait_ends_with_no_leases(daemon):
@@ -311,6 +356,23 @@ def test_a_failed_write_is_answered_with_an_error_and_service_continues(make_dae
         assert [task.task_id for task in client.tasks()] == ["a", "b"]
         connection.close()
     assert "reopened" in daemon.log()
+
+
+def test_a_bug_in_request_handling_stops_the_daemon_loudly_instead_of_reopening(make_daemon):
+    # The stats handler of this daemon raises a TypeError (tests/process/broken_hook.py).
+    daemon = make_daemon("--test-hook", "tests.process.broken_hook:hook",
+                         env={"WALQUEUE_BROKEN": "stats_handler_has_a_bug"})
+    with Client(daemon.socket_path, retry_seconds=0) as client:
+        client.put("a", {})
+        with pytest.raises(DaemonUnavailable):
+            client.stats()
+    assert daemon.proc.wait(10) == 1
+    log = daemon.log()
+    assert "Traceback" in log and "TypeError: stats() takes a bug" in log
+    assert "reopened" not in log and "write failed" not in log
+    restarted = make_daemon()  # what was answered before the bug is kept
+    with Client(restarted.socket_path) as client:
+        assert client.get("a").status == "ready"
 
 
 def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon):
@@ -730,7 +792,7 @@ def test_a_client_that_reads_late_gets_every_answer_in_order(daemon):
 
 
 def test_one_connection_cannot_park_unbounded_reserves(daemon):
-    from walqueue.server import MAX_PARKED_PER_CONNECTION
+    from walqueue.daemon.service import MAX_PARKED_PER_CONNECTION
 
     sock = raw_connect(daemon.socket_path)
     hello(sock)

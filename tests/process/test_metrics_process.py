@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import walqueue
 from walqueue import QueueClosed, aio
 from walqueue.client import Client
 
@@ -138,6 +139,7 @@ def test_metrics_listen_serves_get_metrics_and_nothing_else(make_daemon):
     status, headers, text = http("GET", url)
     assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
     assert sample(families_of(text), "walqueue_tasks", status="ready") == 0
+    assert sample(families_of(text), "walqueue_build_info", version=walqueue.__version__) == 1
     with Client(daemon.socket_path) as client:
         client.put("a", {})
 
@@ -164,7 +166,7 @@ def test_metrics_listen_on_port_0_logs_the_port_it_got(make_daemon):
 
 
 def serve_command(directory, *args) -> list[str]:
-    return [sys.executable, "-m", "walqueue.server", "serve", str(directory), *args]
+    return [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(directory), *args]
 
 
 @pytest.mark.parametrize("args, named", [

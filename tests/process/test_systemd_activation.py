@@ -28,7 +28,7 @@ def test_the_first_connection_starts_walqueued_on_the_socket_systemd_holds(workd
     socket_path = workdir / "activated.sock"
     log_path = workdir / "activate.log"
     command = [ACTIVATE, "--listen", str(socket_path), "--setenv", "PYTHONPATH",
-               sys.executable, "-m", "walqueue.server", "serve", str(workdir / "queue"),
+               sys.executable, "-m", "walqueue.daemon.cli", "serve", str(workdir / "queue"),
                "--socket", str(socket_path)]
     env = child_env()
     with open(log_path, "wb") as log:
@@ -82,7 +82,7 @@ def test_the_units_exec_start_runs_and_serves_on_the_socket_units_path(make_daem
     os.makedirs(os.path.dirname(socket_path), mode=0o750)  # systemd's RuntimeDirectory=
     directory = arguments[1]
     daemon = make_daemon(directory=directory, socket_path=socket_path, start=False)
-    daemon.start(command=[sys.executable, "-m", "walqueue.server", *arguments])
+    daemon.start(command=[sys.executable, "-m", "walqueue.daemon.cli", *arguments])
     with Client(socket_path, timeout=20) as client:
         assert client.put("a", {}) == "a"
     assert os.stat(socket_path).st_mode & 0o777 == 0o660

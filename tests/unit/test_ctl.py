@@ -27,7 +27,7 @@ from walqueue.ctl import (
     EXIT_USAGE,
     cli,
 )
-from walqueue.metrics import Recorder
+from walqueue.daemon.recorder import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
               EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE}

@@ -3,9 +3,10 @@
 import click
 import pytest
 
-from walqueue import ctl, server
+from walqueue import ctl
+from walqueue.daemon import cli as daemon_cli
 
-GROUPS = (("walqueued", server.cli), ("walqueue-ctl", ctl.cli))
+GROUPS = (("walqueued", daemon_cli.cli), ("walqueue-ctl", ctl.cli))
 
 
 def commands(*, groups=True):

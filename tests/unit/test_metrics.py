@@ -9,19 +9,12 @@ import random
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import walqueue
 from walqueue import Queue, QueueStats
 from walqueue import protocol as p
-from walqueue.metrics import (
-    FSYNC_WINDOW,
-    FSYNC_WINDOW_SECONDS,
-    MAX_SEQ_SAMPLES,
-    DaemonStats,
-    Recorder,
-    SeqClock,
-    quantile,
-    render_prometheus,
-)
-from walqueue.metrics_http import ListenError, parse_listen
+from walqueue.daemon.metrics_http import ListenError, parse_listen
+from walqueue.daemon.recorder import MAX_SEQ_SAMPLES, Recorder, SeqClock, quantile
+from walqueue.metrics import FSYNC_WINDOW, FSYNC_WINDOW_SECONDS, DaemonStats, render_prometheus
 from walqueue.state import READY
 
 # -- oldest due ready task ----------------------------------------------------------
@@ -248,6 +241,7 @@ def test_the_recorder_reports_quantiles_and_requests_per_fsync_over_a_recent_win
         assert (report.compactions_total, report.last_compaction_seconds, report.write_failures_total) == (1, 0.25, 1)
         assert (report.uptime_seconds, report.start_time_seconds, report.last_recovery_seconds) == (10, 1.7e9, 1.5)
         assert (report.connections, report.parked_reserves, report.paused, report.wal_segments) == (2, 3, True, 1)
+        assert report.version == walqueue.__version__
         clock[0] += FSYNC_WINDOW_SECONDS + 1  # the window empties; the totals stay
         report = recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
                                  compact_wal_bytes=99, directory="/d")
@@ -271,6 +265,7 @@ def test_quantile_is_nearest_rank():
 EXPECTED_FAMILIES = {
     # family name as prometheus_client reports it -> type
     "walqueue_info": "gauge",
+    "walqueue_build_info": "gauge",
     "walqueue_tasks": "gauge",
     "walqueue_oldest_ready_age_seconds": "gauge",
     "walqueue_leases_past_half": "gauge",
@@ -303,7 +298,7 @@ def sample_stats(**changes) -> DaemonStats:
         fsync_window=60, requests_total=500, requests_per_fsync=8.25, write_failures_total=3,
         compactions_total=4, last_compaction_seconds=0.5, connections=6, parked_reserves=7,
         paused=True, uptime_seconds=3600.5, start_time_seconds=1.8e9, last_recovery_seconds=0.125,
-        directory="/var/lib/walqueue",
+        directory="/var/lib/walqueue", version="1.2.3",
     )
     fields.update(changes)
     return DaemonStats(**fields)
@@ -340,6 +335,7 @@ def test_every_metric_family_is_present_with_its_type_and_value():
     assert value(families, "walqueue_wal_bytes") == 12345
     assert value(families, "walqueue_compaction_threshold_bytes") == 64 << 20
     assert value(families, "walqueue_info", directory="/var/lib/walqueue") == 1
+    assert value(families, "walqueue_build_info", version="1.2.3") == 1
     # One HELP and one TYPE line per family, HELP first, each naming the family.
     lines = text.splitlines()
     helps = [line.split()[2] for line in lines if line.startswith("# HELP ")]
@@ -373,11 +369,11 @@ def test_missing_figures_are_nan_and_the_label_is_escaped():
 def test_the_daemon_report_crosses_the_wire_field_by_field():
     assert tuple(field.name for field in dataclasses.fields(DaemonStats)) == p.WireDaemonStats.__struct_fields__
     stats = sample_stats(fsync_p50_seconds=None)
-    answer = p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats))
     reader = p.FrameReader()
-    reader.feed(p.encode(answer))
-    decoded = p.decode_response(reader.next_body())
-    assert p.daemon_stats_from_wire(decoded.stats) == stats
+    for protocol_version, expected in ((2, stats), (1, dataclasses.replace(stats, version=""))):
+        reader.feed(p.encode(p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats, protocol_version))))
+        decoded = p.decode_response(reader.next_body())
+        assert p.daemon_stats_from_wire(decoded.stats) == expected
     request = p.DaemonStatsReq(id=3)
     reader.feed(p.encode(request))
     assert p.decode_request(reader.next_body()) == request
@@ -423,7 +419,7 @@ def test_a_remote_listen_address_needs_the_explicit_flag():
 def test_a_scrape_wakes_the_loop_and_gets_what_it_publishes(monkeypatch):
     import threading
 
-    from walqueue import metrics_http
+    from walqueue.daemon import metrics_http
 
     endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)
     try:
@@ -447,7 +443,7 @@ def test_a_scrape_wakes_the_loop_and_gets_what_it_publishes(monkeypatch):
 
 
 def test_before_any_render_a_busy_loop_means_no_text(monkeypatch):
-    from walqueue import metrics_http
+    from walqueue.daemon import metrics_http
 
     monkeypatch.setattr(metrics_http, "RENDER_WAIT_SECONDS", 0.05)
     endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)

@@ -114,13 +114,89 @@ def test_garbage_can_only_raise_protocol_error(garbage):
         pass
 
 
-def test_library_values_convert_both_ways():
-    lease = Lease("t", "w", 2, 100, 1, {"a": 1})
-    task = TaskView("t", "k", "leased", 1, 3, 2, 0, 100, "w", {"a": 1})
-    stats = QueueStats(1, 2, 3, 4, 5, 6, 7)
-    assert p.lease_from_wire(p.lease_to_wire(lease)) == lease
-    assert p.task_from_wire(p.task_to_wire(task)) == task
-    assert p.stats_from_wire(p.stats_to_wire(stats)) == stats
+# The wire layout of the values as it was written by hand before the wire
+# twins were generated from the dataclasses: the bytes must not change.
+class HandWrittenLease(msgspec.Struct):
+    task_id: str
+    worker: str
+    generation: int
+    deadline: int
+    attempts: int
+    payload: dict
+
+
+class HandWrittenTask(msgspec.Struct):
+    task_id: str
+    key: str
+    status: str
+    attempts: int
+    max_attempts: int
+    generation: int
+    available_at: int
+    deadline: int | None
+    worker: str | None
+    payload: dict | None
+
+
+class HandWrittenStats(msgspec.Struct):
+    ready: int
+    leased: int
+    completed: int
+    dead: int
+    last_seq: int
+    snapshot_seq: int
+    wal_bytes: int
+
+
+LEASE = Lease("t", "w", 2, 100, 1, {"a": 1})
+TASK = TaskView("t", "k", "leased", 1, 3, 2, 0, 100, "w", {"a": 1})
+STATS = QueueStats(1, 2, 3, 4, 5, 6, 7)
+
+
+@pytest.mark.parametrize("value, hand_written", [
+    (LEASE, HandWrittenLease), (TASK, HandWrittenTask), (STATS, HandWrittenStats),
+], ids=["lease", "task", "stats"])
+def test_a_library_value_is_sent_as_itself_in_the_bytes_of_the_old_layout(value, hand_written):
+    old = hand_written(*[getattr(value, name) for name in hand_written.__struct_fields__])
+    assert msgspec.msgpack.encode(value) == msgspec.msgpack.encode(old)
+
+
+def test_library_values_come_back_from_the_wire_equal():
+    assert p.lease_from_wire(p.decode_response(p.encode(p.LeaseOk(id=1, lease=LEASE))[4:]).lease) == LEASE
+    assert p.task_from_wire(p.decode_response(p.encode(p.TaskOk(id=1, task=TASK))[4:]).task) == TASK
+    assert p.stats_from_wire(p.decode_response(p.encode(p.StatsOk(id=1, stats=STATS))[4:]).stats) == STATS
+
+
+def test_the_wire_twins_have_the_dataclass_fields_and_stay_strict():
+    for value_type, twin in ((Lease, p.WireLease), (TaskView, p.WireTask), (QueueStats, p.WireStats)):
+        assert twin.__struct_fields__ == tuple(value_type.__dataclass_fields__)
+    body = msgspec.msgpack.encode({"type": "lease_ok", "id": 1, "lease": {**msgspec.structs.asdict(
+        HandWrittenLease("t", "w", 1, 1, 1, {})), "extra": 1}})
+    with pytest.raises(p.ProtocolError, match="extra"):
+        p.decode_response(body)
+    non_string_keys = msgspec.msgpack.encode({"type": "lease_ok", "id": 1, "lease": {
+        **msgspec.structs.asdict(HandWrittenLease("t", "w", 1, 1, 1, {})), "payload": {1: 2}}})
+    with pytest.raises(p.ProtocolError):
+        p.decode_response(non_string_keys)
+
+
+def test_version_2_answers_carry_the_daemon_version_and_version_1_gets_the_old_bytes():
+    hello = {"type": "hello_ok", "id": 1, "version": 1, "server": "walqueued/1", "max_body_bytes": 5}
+    answer = p.HelloOk(id=1, version=1, server="walqueued/1", max_body_bytes=5)
+    assert p.encode(answer)[4:] == msgspec.msgpack.encode(hello)  # what version 1 always sent
+    answer = p.HelloOk(id=1, version=2, server="walqueued/1", max_body_bytes=5, walqueue_version="9.9.9")
+    assert p.decode_response(p.encode(answer)[4:]).walqueue_version == "9.9.9"
+    stats = sample_daemon_stats()
+    old_layout = {name: getattr(stats, name) for name in p.WireDaemonStats.__struct_fields__[:-1]}
+    old_layout["queue"] = msgspec.structs.asdict(p.WireStats(*[getattr(stats.queue, name) for name in
+                                                              p.WireStats.__struct_fields__]))
+    assert msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 1)) == msgspec.msgpack.encode(old_layout)
+    assert p.daemon_stats_to_wire(stats, 2).version == "9.9.9"
+
+
+def sample_daemon_stats() -> p.DaemonStats:
+    return p.DaemonStats(STATS, 1, 2, 3, 4, 5, 1.5, None, 0.25, 3, 4, None, 5, 6, None, 7, 8, True, 1.0, 2.0,
+                         3.0, "/d", "9.9.9")
 
 
 @pytest.mark.parametrize("error", [

@@ -560,9 +560,21 @@ def test_a_lease_is_stale_from_its_deadline_on(q, directory, phases, leased, met
     )
 
 
+# What each call leaves at now=9 with the lease of `leased` (deadline 10).
+CURRENT_AT_9 = {
+    "ack": ("completed", None, None),
+    "release": ("ready", None, None),
+    "touch": ("leased", "w1", 14),
+}
+
+
 @pytest.mark.parametrize("method", LEASE_CALLS)
 def test_a_lease_is_current_one_second_before_its_deadline(q, leased, method):
+    last_seq = q.stats().last_seq
     LEASE_CALLS[method](q, leased, 9)
+    view = q.get("t1")
+    assert (view.status, view.worker, view.deadline) == CURRENT_AT_9[method]
+    assert view.generation == leased.generation and q.stats().last_seq == last_seq + 1
 
 
 @pytest.mark.parametrize("method", LEASE_CALLS)

@@ -6,7 +6,7 @@ Three claims, each checked with seeded (derandomized), bounded hypothesis runs:
    valid messages with bytes flipped, cut, inserted or spliced, and split
    into arbitrary reads, only ever return a declared message or raise
    ``ProtocolError`` (whose id, when present, is a msgpack uint).
-2. The daemon's own event loop (``Server._one_turn`` on a real Queue and a
+2. The daemon's own event loop (``Loop.one_turn`` on a real Queue and a
    real listening socket, in-process, turn by turn, no threads) answers such
    bytes only with decodable answers whose errors are the documented ones
    (``InvalidRequest``, ``KeyConflict``, ``StaleLease``); every request the
@@ -20,7 +20,6 @@ Three claims, each checked with seeded (derandomized), bounded hypothesis runs:
 from __future__ import annotations
 
 import contextlib
-import selectors
 import signal
 import socket
 import struct
@@ -33,8 +32,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from walqueue import Queue, server
+from walqueue import Queue
 from walqueue import protocol as p
+from walqueue.daemon.loop import Loop, bind_listener
+from walqueue.daemon.systemd import Notifier
 
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -79,7 +80,7 @@ def put_items():
 
 
 requests = st.one_of(
-    st.builds(p.Hello, id=integers, version=st.sampled_from([p.PROTOCOL_VERSION, 0, 2, 99]), client=texts),
+    st.builds(p.Hello, id=integers, version=st.sampled_from([p.PROTOCOL_VERSION, 0, 2, 3, 99]), client=texts),
     st.builds(p.Put, id=integers, task_id=texts, payload=payloads, key=st.none() | texts,
               available_at=integers, max_attempts=integers),
     st.builds(p.PutMany, id=integers, requests=st.lists(put_items(), max_size=3)),
@@ -270,10 +271,10 @@ def test_every_request_type_is_covered_by_the_strategy():
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    """One Server on a real Queue and a real listening socket; its loop runs turn by turn.
+    """One Loop on a real Queue and a real listening socket; its loop runs turn by turn.
 
-    ``Server.run()`` would install signal handlers and loop forever, so the test
-    registers the listener as ``run()`` does and calls ``_one_turn()`` itself.
+    ``Loop.run()`` would install signal handlers and loop forever, so the test
+    registers the listener as ``run()`` does and calls ``one_turn()`` itself.
     """
     workdir = Path(tmp_path_factory.mktemp("wire-fuzz"))
     directory = workdir / "queue"
@@ -282,20 +283,17 @@ def harness(tmp_path_factory):
     queue.put("t2", {"n": 2}, max_attempts=1)
     queue.reserve("w", now=1, lease_seconds=10**9)
     path = str(workdir / "s.sock")
-    listener = server.bind_listener(path, 0o600)
-    instance = server.Server(str(directory), queue, listener, socket_path=path, compact_wal_bytes=10**12,
-                             max_connections=10, hook=None, notifier=server.Notifier({}),
-                             hello_timeout=3600.0)
-    instance.selector.register(listener, selectors.EVENT_READ, server._LISTENER)
+    listener = bind_listener(path, 0o600)
+    instance = Loop(str(directory), queue, listener, socket_path=path, compact_wal_bytes=10**12,
+                    max_connections=10, hook=None, notifier=Notifier({}), hello_timeout_seconds=3600.0)
+    instance.register_listener()
     real_timeout = instance._timeout
     # Never block in select: the test drives the turns and reads the answers.
     instance._timeout = lambda: min(real_timeout() or 0.0, 0.005)
     instance.path = path
     yield instance
     instance.queue.close()
-    instance.selector.close()
-    instance._wake_read.close()
-    instance._wake_write.close()
+    instance.close_without_serving()
     listener.close()
 
 
@@ -313,11 +311,11 @@ def _read_available(sock: socket.socket, out: bytearray) -> bool:
         out += chunk
 
 
-def _turns_until_quiet(instance: server.Server, sock: socket.socket, out: bytearray, max_turns: int = 400) -> bool:
+def _turns_until_quiet(instance: Loop, sock: socket.socket, out: bytearray, max_turns: int = 400) -> bool:
     """Run turns until the daemon has nothing left for this client; True if it closed the stream."""
     quiet = 0
     for _ in range(max_turns):
-        instance._one_turn()
+        instance.one_turn()
         before = len(out)
         if _read_available(sock, out):
             return True
@@ -329,9 +327,9 @@ def _turns_until_quiet(instance: server.Server, sock: socket.socket, out: bytear
     raise AssertionError(f"the daemon was still busy with one client after {max_turns} turns: a hang")
 
 
-def run_through_server(instance: server.Server, pieces: list[bytes]) -> tuple[list, int, bool]:
+def run_through_server(instance: Loop, pieces: list[bytes]) -> tuple[list, int, bool]:
     """Deliver ``pieces`` as separate writes; return (answers, reopens, whether the daemon closed first)."""
-    epoch = instance.queue_epoch
+    epoch = instance.service.queue_epoch
     connections_before = len(instance.connections)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     out = bytearray()
@@ -355,7 +353,7 @@ def run_through_server(instance: server.Server, pieces: list[bytes]) -> tuple[li
     for _ in range(50):
         if len(instance.connections) <= connections_before:
             break
-        instance._one_turn()
+        instance.one_turn()
     assert len(instance.connections) <= connections_before, "a closed client left its connection behind"
     reader = p.FrameReader()
     reader.feed(bytes(out))
@@ -363,7 +361,7 @@ def run_through_server(instance: server.Server, pieces: list[bytes]) -> tuple[li
     while (body := reader.next_body()) is not None:
         answers.append(p.decode_response(body))
     assert reader.buffered_bytes == 0, "the daemon wrote a partial frame"
-    return answers, instance.queue_epoch - epoch, closed_by_daemon
+    return answers, instance.service.queue_epoch - epoch, closed_by_daemon
 
 
 def expected_request_ids(stream: bytes) -> tuple[list[int], bool]:
@@ -376,7 +374,7 @@ def expected_request_ids(stream: bytes) -> tuple[list[int], bool]:
         while (body := reader.next_body()) is not None:
             request = p.decode_request(body)
             if isinstance(request, p.Hello):
-                if greeted or request.version != p.PROTOCOL_VERSION:
+                if greeted or request.version not in p.DAEMON_PROTOCOL_VERSIONS:
                     return ids, True
                 greeted = True
             elif not greeted:
@@ -396,7 +394,7 @@ def test_the_daemon_answers_hostile_bytes_only_with_documented_answers(harness, 
     if greet == "hello":
         prefix = p.encode(p.Hello(id=0, version=p.PROTOCOL_VERSION))
     elif greet == "wrong-version":
-        prefix = p.encode(p.Hello(id=0, version=p.PROTOCOL_VERSION + 1))
+        prefix = p.encode(p.Hello(id=0, version=max(p.DAEMON_PROTOCOL_VERSIONS) + 1))
     if data.draw(st.booleans()):
         # Well-formed frames of well-typed requests (any values): the answers
         # must match the requests one for one.

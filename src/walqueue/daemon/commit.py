@@ -1,0 +1,149 @@
+"""Group commit: one ``queue.batch()`` per loop turn, its fsync, and the reopen after a failed write.
+
+The durability boundary of walqueued is here and only here. `GroupCommit.turn`
+runs the turn's work (the service applying its requests) inside ONE
+``Queue.batch()``, so every write of the turn shares one fsync (SPEC §6), and
+reports whether the batch exited without error: only then may the turn's
+answers be sent, so no answer ever reports success for a write that is not
+on disk yet.
+
+A failed write is what the file system raises (OSError: ENOSPC, EIO, ...,
+also from a fault-injection hook) or what the Queue raises once it has
+closed itself after one (QueueClosed). Then every request of the turn is
+answered QueueClosed (it may or may not have taken effect), the Queue is
+dropped and opened again from disk; if that fails the daemon exits non-zero
+for its supervisor (DaemonExit). Nothing else is caught: a bug in request
+handling (a TypeError, say) propagates out of the loop, which logs its
+traceback and exits non-zero, instead of being answered as a "write
+failure" and reopening a queue that may be fine while the bug remains.
+
+Compaction is driven from here too (`compact`, for a request and for the
+automatic threshold alike), so that one place decides how a compaction runs:
+where a forked child could later write the snapshot while the loop serves.
+The recorder only observes: it is told how long each batch's end (the
+fsync) took, how many requests it held, and what failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from walqueue import CorruptStore, Queue, QueueClosed, WalQueueError
+
+from .clock import Clock
+from .exits import EXIT_CORRUPT, EXIT_FAILURE, DaemonExit
+from .log import log
+from .recorder import Recorder
+from .service import Service
+
+# What a failed write raises (see the module docstring); anything else is a bug.
+WRITE_FAILURES = (OSError, QueueClosed)
+
+
+class GroupCommit:
+    """The batch around each turn, its failure handling, and compaction.
+
+    ``open_queue()`` opens the directory's Queue again after a failure
+    (raising what ``Queue()`` raises); ``before_long_stall()`` runs before an
+    automatic compaction (the loop pings the systemd watchdog).
+    """
+
+    def __init__(self, service: Service, *, directory: str, open_queue: Callable[[], Queue],
+                 recorder: Recorder, clock: Clock, compact_wal_bytes: int,
+                 before_long_stall: Callable[[], None] = lambda: None) -> None:
+        self.service = service
+        self.directory = directory
+        self.compact_wal_bytes = compact_wal_bytes
+        self._open_queue = open_queue
+        self._recorder = recorder
+        self._clock = clock
+        self._before_long_stall = before_long_stall
+
+    def turn(self, apply: Callable[[], None]) -> bool:
+        """Run ``apply()`` (the service's work for this turn) inside one batch.
+
+        Returns True if the batch exited without error: the turn's answers may
+        be sent. On a failed write the turn's requests are answered with an
+        error and the Queue is reopened (False). Raises DaemonExit if the
+        reopen fails, and whatever else ``apply`` raises.
+        """
+        queue = self.service.queue
+        fsyncing = False
+        try:
+            with queue.batch():
+                try:
+                    apply()
+                finally:
+                    fsyncing = queue.unsynced()
+                    requests = self.service.requests_this_turn
+                    started = self._clock.monotonic_seconds()
+        except WRITE_FAILURES as exc:
+            # A failed fsync is a write failure to count, not an fsync.
+            self._recorder.batch_ended(self._clock.monotonic_seconds() - started, requests, False)
+            self._write_failed(exc)
+            return False
+        self._recorder.batch_ended(self._clock.monotonic_seconds() - started, requests, fsyncing)
+        return True
+
+    def _write_failed(self, exc: BaseException) -> None:
+        """Answer every request of the failed batch with an error, then reopen the queue."""
+        message = (
+            f"write failed ({type(exc).__name__}: {exc}); the daemon reopened the queue; "
+            "the request may or may not have taken effect (a retried put is safe)"
+        )
+        answered = self.service.fail_turn(message)
+        log.error("write failed, answered %d request(s) with an error: %r", answered, exc)
+        self._recorder.write_failed()
+        self.reopen()
+
+    def reopen(self) -> None:
+        """Drop the Queue and open it again from disk. Raises DaemonExit if that fails."""
+        old = self.service.replace_queue(None)
+        try:
+            old.close()
+        except WRITE_FAILURES as exc:  # the queue is being discarded either way
+            log.warning("closing the failed queue raised %r", exc)
+        started = self._clock.monotonic_seconds()
+        try:
+            queue = self._open_queue()
+        except CorruptStore as exc:
+            raise DaemonExit(EXIT_CORRUPT, f"reopening {self.directory} failed: CorruptStore: {exc}") from exc
+        except (OSError, WalQueueError) as exc:
+            raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
+        self.service.queue = queue
+        self._recorder.recovered(self._clock.monotonic_seconds() - started)
+        log.info("reopened %s", self.directory)
+
+    # -- compaction -------------------------------------------------------------------
+
+    def compact(self, reason: str) -> int:
+        """Compact the queue now (SPEC §5's steps, inside the caller's batch if any); its seq.
+
+        Raises what ``Queue.compact()`` raises.
+        """
+        started = self._clock.monotonic_seconds()
+        wal_bytes = self.service.queue.stats().wal_bytes
+        seq = self.service.queue.compact()
+        seconds = self._clock.monotonic_seconds() - started
+        self._recorder.compacted(seconds)
+        log.info("compacted %d WAL bytes %s through seq %d in %.3f s", wal_bytes, reason, seq, seconds)
+        return seq
+
+    def maybe_compact(self) -> None:
+        """Compact if the WAL since the last snapshot grew past the threshold (after a turn wrote).
+
+        Postponed while a backup pins the files: the first write after it
+        ends compacts. A failed compaction reopens the queue, as a failed
+        write does; anything else propagates.
+        """
+        if self.service.backup_holder is not None:
+            return
+        try:
+            if self.service.queue.stats().wal_bytes <= self.compact_wal_bytes:
+                return
+            # The loop stalls for the compaction: let the watchdog know first.
+            self._before_long_stall()
+            self.compact("automatically")
+        except WRITE_FAILURES as exc:
+            log.error("automatic compaction failed: %r", exc)
+            self.reopen()

@@ -1,0 +1,337 @@
+"""One client connection of walqueued: framing, hello, admission, output buffers, deferral.
+
+A `Connection` turns received bytes into requests (through
+``protocol.FrameReader``, whose length bound is checked before any body is
+buffered), answers the hello itself, and holds what is owed to the client:
+``out`` (encoded bytes, sent as the socket takes them) and ``backlog``
+(answers not encoded yet, e.g. a long listing, moved into ``out`` only while
+``out`` is below OUTPUT_HIGH_WATER_BYTES, so a listing is produced as fast
+as its client reads it).
+
+Bounds, and why:
+
+* Before its hello a connection may make the daemon buffer at most
+  ``protocol.MAX_HELLO_BYTES``; after it, one body of ``MAX_BODY_BYTES``.
+* Large frames being received share one `InputBudget`: a frame of at least
+  LARGE_FRAME_BYTES is read only once its whole body fits in what is left of
+  MAX_ADMITTED_INPUT_BYTES (or nothing else is admitted), so half-sent
+  frames cannot add up to max-connections x 17 MiB; admitted frames always
+  complete.
+* Deferral: a connection whose unsent answers reach the high-water mark, or
+  that had MAX_REQUESTS_PER_TURN_PER_CONNECTION requests applied in this
+  turn, has its further requests kept in ``deferred``, in order, for a later
+  turn, and is not read from meanwhile: one pipelining client can neither
+  pin memory nor hold up the rest.
+
+A protocol violation raises `ConnectionFault`; the loop answers it with one
+fatal ``InvalidRequest`` after the answers already due, and closes.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+import walqueue
+from walqueue import protocol
+
+from .log import log, one_line
+from .service import ListingInterrupted
+
+SERVER_NAME = "walqueued/1"
+RECV_BYTES = 256 * 1024
+MAX_RECV_BYTES = 4 * 1024 * 1024
+OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
+MAX_REQUESTS_PER_TURN_PER_CONNECTION = 1024
+LARGE_FRAME_BYTES = 1024 * 1024
+MAX_ADMITTED_INPUT_BYTES = 256 * 1024 * 1024
+# Listings cost the loop real time (sorting every id, encoding views), so a
+# turn starts at most this many and encodes at most this many listing bytes
+# across all connections; the rest continue in the next turns, which come
+# right away, so many open listings slow each other, not everyone.
+MAX_LISTINGS_STARTED_PER_TURN = 1
+LISTING_BYTES_PER_TURN = 2 * 1024 * 1024
+
+_ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
+
+
+class ConnectionFault(Exception):
+    """The peer broke the protocol: answer ``message`` fatally (for ``request_id``) and close."""
+
+    def __init__(self, request_id: int | None, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.message = message
+
+
+class ListingBudget:
+    """The listing bytes all connections may still encode in this turn."""
+
+    def __init__(self) -> None:
+        self.remaining_bytes = LISTING_BYTES_PER_TURN
+
+    def renew(self) -> None:
+        self.remaining_bytes = LISTING_BYTES_PER_TURN
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the connected peer via SO_PEERCRED, or None if unsupported."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", raw)
+
+
+@dataclass(eq=False)
+class Connection:
+    sock: socket.socket
+    name: str
+    reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(protocol.MAX_HELLO_BYTES))
+    out: bytearray = field(default_factory=bytearray)
+    greeted: bool = False
+    protocol_version: int = protocol.PROTOCOL_VERSION  # the one its hello announced (service.Peer)
+    eof: bool = False
+    closing: bool = False  # a fatal error was queued: close once it is sent
+    fatal: protocol.Error | None = None  # that error, sent after the answers to earlier requests
+    # Answers not encoded yet, in order: (request id, iterator of messages, lazy).
+    backlog: deque = field(default_factory=deque)
+    # Requests decoded but not applied yet (see the module docstring).
+    deferred: deque = field(default_factory=deque)
+    turn: int = -1  # the loop turn turn_requests belongs to
+    turn_requests: int = 0  # requests of it applied in that turn
+    answer_bytes: int = 0  # encoded answer bytes the service produced for it (service.Peer)
+    delivered_bytes: int = 0  # of those, the ones moved into out or backlog
+    admitted: int = 0  # body bytes of its large frame in progress, counted in the InputBudget
+    input_waiting: bool = False  # its large frame waits for room in the input budget
+    closed: bool = False
+    parked: int = 0  # its waiting reserves (service.Peer)
+    events: int = 0  # the selector events it is registered for
+
+    # -- input ------------------------------------------------------------------
+
+    def receive(self, buffer: bytearray, view: memoryview) -> bool:
+        """Read what the socket has into the frame reader; False if it had nothing yet.
+
+        Sets ``eof`` at the end of the stream. Raises OSError if the read failed.
+        """
+        size = max(RECV_BYTES, min(self.reader.wanted_bytes(), MAX_RECV_BYTES))
+        try:
+            # Into one reused buffer: a fresh 256 KiB bytes per recv would cost
+            # an mmap/mremap/munmap per request.
+            received = self.sock.recv_into(buffer, size)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not received:
+            self.eof = True
+            return True
+        self.reader.feed(view[:received])
+        return True
+
+    def decode(self, requests: list, budget: InputBudget) -> None:
+        """Append ``(self, request)`` for every complete request received; answer the hello.
+
+        Stops at a large frame that does not fit in ``budget`` (``input_waiting``).
+        Raises ConnectionFault at the first protocol violation.
+        """
+        while not self.closing:
+            try:
+                body = self.reader.next_body()
+                if body is None:
+                    if not budget.admit(self):
+                        self.input_waiting = True
+                        budget.waiting.add(self)
+                    return
+                request = protocol.decode_request(body)
+            except protocol.ProtocolError as exc:
+                request_id = exc.args[1] if len(exc.args) > 1 else None
+                raise ConnectionFault(request_id, str(exc.args[0])) from exc
+            if not self.greeted:
+                self._greet(request)
+                continue
+            if isinstance(request, protocol.Hello):
+                raise ConnectionFault(request.id, "hello sent twice on one connection")
+            requests.append((self, request))
+
+    def _greet(self, request: protocol.Request) -> None:
+        if not isinstance(request, protocol.Hello):
+            raise ConnectionFault(request.id, f"expected hello first, got {type(request).__name__.lower()}")
+        if request.version not in protocol.DAEMON_PROTOCOL_VERSIONS:
+            spoken = ", ".join(map(str, protocol.DAEMON_PROTOCOL_VERSIONS))
+            raise ConnectionFault(request.id, f"protocol version {request.version} is not supported; "
+                                              f"this daemon speaks versions {spoken}")
+        self.greeted = True
+        self.protocol_version = request.version
+        self.reader.max_body_bytes = protocol.MAX_BODY_BYTES
+        reports_versions = request.version >= protocol.VERSION_REPORTING_VERSION
+        self.out += protocol.encode(protocol.HelloOk(
+            id=request.id, version=request.version, server=SERVER_NAME,
+            max_body_bytes=protocol.MAX_BODY_BYTES,
+            walqueue_version=walqueue.__version__ if reports_versions else ""))
+        if request.client:
+            self.name += f" client={request.client[:64]!r}"
+
+    def fail(self, request_id: int | None, message: str) -> None:
+        """Queue the fatal answer to a protocol violation; nothing more is read or applied."""
+        log.warning("protocol error from %s: %s", self.name, one_line(message))
+        self.fatal = protocol.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
+        self.closing = True
+        # Requests deferred behind unread answers are dropped with the connection.
+        self.deferred.clear()
+
+    def gone(self) -> bool:
+        """True if the peer has closed (checked without consuming anything).
+
+        Its reading side may be off (answers piling up), so end of stream is
+        looked for here too before a lease is handed to it.
+        """
+        if self.eof or self.closed:
+            return True
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    # -- deferral -------------------------------------------------------------------
+
+    def saturated(self, turn: int) -> bool:
+        """True if this connection must not have more requests applied in ``turn``."""
+        if self.turn != turn:
+            self.turn, self.turn_requests = turn, 0
+        return bool(
+            self.backlog
+            or len(self.out) + self.answer_bytes - self.delivered_bytes >= OUTPUT_HIGH_WATER_BYTES
+            or self.turn_requests >= MAX_REQUESTS_PER_TURN_PER_CONNECTION
+        )
+
+    def can_resume(self) -> bool:
+        """True once a connection with deferred requests has read enough of its answers."""
+        return not self.backlog and len(self.out) < OUTPUT_HIGH_WATER_BYTES
+
+    # -- output ------------------------------------------------------------------------
+
+    def deliver(self, request_id: int | None, messages: bytes | object) -> None:
+        """Take an answer from the service: encoded bytes, or a lazy listing."""
+        if type(messages) is bytes:
+            self.delivered_bytes += len(messages)
+            if not self.backlog and len(self.out) < OUTPUT_HIGH_WATER_BYTES:
+                self.out += messages  # the common case: straight out
+            else:
+                self.backlog.append((request_id, iter((messages,)), False))
+        else:
+            self.backlog.append((request_id, messages, True))
+
+    def queue_fatal(self) -> None:
+        """Put the fatal answer behind everything owed before it."""
+        if self.fatal is not None:
+            self.backlog.append((self.fatal.id, iter([self.fatal]), False))
+            self.fatal = None
+
+    def fill(self, budget: ListingBudget) -> None:
+        """Move backlog answers into ``out`` until it reaches the high-water mark.
+
+        Encoded answers move freely; a lazy listing is encoded only while the
+        turn's listing budget lasts.
+        """
+        while self.backlog and len(self.out) < OUTPUT_HIGH_WATER_BYTES:
+            request_id, messages, lazy = self.backlog[0]
+            if lazy and budget.remaining_bytes <= 0:
+                return
+            try:
+                message = next(messages, None)
+                if message is None:
+                    self.backlog.popleft()
+                    continue
+                if isinstance(message, bytes):
+                    self.out += message
+                else:
+                    encoded = protocol.encode(message)
+                    self.out += encoded
+                    if lazy:
+                        budget.remaining_bytes -= len(encoded)
+            except ListingInterrupted as exc:
+                self.backlog.popleft()
+                self.out += protocol.encode(protocol.Error(id=request_id, error="QueueClosed", message=str(exc)))
+            except _ENCODING_ERRORS as exc:
+                self.backlog.popleft()
+                error = protocol.Error(id=request_id, error="InvalidRequest",
+                                       message=f"the answer cannot be sent: {exc}")
+                self.out += protocol.encode(error)
+                log.error("answer to request %s from %s not encodable: %s", request_id, self.name,
+                          one_line(str(exc)))
+
+    def send(self, budget: ListingBudget) -> OSError | None:
+        """Send what the socket takes; returns the error if sending failed (then close it)."""
+        self.fill(budget)
+        while self.out and not self.closed:
+            try:
+                sent = self.sock.send(self.out)
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError as exc:
+                self.out.clear()
+                self.backlog.clear()
+                return exc
+            del self.out[:sent]
+            self.fill(budget)
+        return None
+
+    # -- what it needs from the loop --------------------------------------------------
+
+    def close_reason(self) -> str | None:
+        """Why it should close now (nothing left to send or wait for), or None."""
+        if not self.out and not self.backlog and not self.parked:
+            if self.closing:
+                return "protocol error"
+            if self.eof and not self.deferred:
+                return "closed by peer"
+        return None
+
+    def wanted_events(self) -> int:
+        """The selector events it needs now."""
+        wanted = 0
+        if (not self.eof and not self.closing and not self.backlog and not self.deferred
+                and not self.input_waiting and len(self.out) < OUTPUT_HIGH_WATER_BYTES):
+            wanted |= selectors.EVENT_READ
+        if self.out or self.backlog:
+            wanted |= selectors.EVENT_WRITE
+        return wanted
+
+
+class InputBudget:
+    """The body bytes of large frames in progress, across all connections (module docstring)."""
+
+    def __init__(self, max_bytes: int = MAX_ADMITTED_INPUT_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.admitted_total = 0  # sum of Connection.admitted
+        self.waiting: set[Connection] = set()  # connections with input_waiting
+
+    def admit(self, connection: Connection) -> bool:
+        """Count the connection's large frame in progress, if it fits.
+
+        Returns False if it does not fit: read nothing more from it for now.
+        """
+        length = connection.reader.pending_length()
+        wanted = length if length is not None and length >= LARGE_FRAME_BYTES else 0
+        if wanted != connection.admitted:
+            # The frame counted before has completed (or none was counted).
+            self.admitted_total -= connection.admitted
+            connection.admitted = 0
+            if wanted and self.admitted_total and self.admitted_total + wanted > self.max_bytes:
+                return False
+            connection.admitted = wanted
+            self.admitted_total += wanted
+        connection.input_waiting = False
+        self.waiting.discard(connection)
+        return True
+
+    def release(self, connection: Connection) -> None:
+        """Forget a closed connection's frame in progress."""
+        self.admitted_total -= connection.admitted
+        connection.admitted = 0
+        self.waiting.discard(connection)

@@ -1,0 +1,566 @@
+"""walqueued's event loop: the selector, timers, signals, accept, and the shutdown drain.
+
+One loop turn = one ``select()`` call, on one thread:
+
+1. accept new connections; send what sockets will take; read what arrived
+   and decode it into requests (walqueue.daemon.connection);
+2. close connections that did not say hello in time;
+3. apply the turn's requests through the service (walqueue.daemon.service)
+   inside ONE batch (walqueue.daemon.commit), so they share one fsync — also
+   the daemon's own work that is due: the expiry of leases whose deadline
+   passed, and serving parked reserves. Requests of a saturated connection
+   are deferred to a later turn instead;
+4. end waits that timed out; hand the turn's answers to their connections
+   only now, after the batch exited without error; send; set each touched
+   connection's selector interest;
+5. ping the watchdog, compact if the WAL grew past the threshold, and
+   publish the metrics text if a scrape asked for it.
+
+While one batch is fsyncing, the next requests accumulate in the kernel's
+socket buffers and become the next turn's batch, so the batch size adapts
+to the load. The Queue is synchronous and the fsync blocks the whole process
+anyway, so asyncio would add scheduling we cannot use and hide where a turn
+ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
+
+Timers, without polling: the select timeout is the earliest of the next
+hello deadline, accept resumption, watchdog ping, end of a wait, and the
+service's next due time (a lease deadline, or a task due while reserves
+wait). Time comes from an injected `Clock`: ``now`` (whole wall seconds,
+never backwards) for leases, monotonic seconds for waits and timers.
+Only connections a turn touched are looked at, so idle ones cost nothing.
+
+A bug (any exception but the ones the service and the commit handle) stops
+the loop: its traceback is logged, the answers of the turn it broke are
+dropped, and the daemon exits non-zero for its supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import stat
+from collections import deque
+from collections.abc import Callable
+
+from walqueue import Queue, protocol
+from walqueue.metrics import render_prometheus
+from walqueue.unix_socket import unix_address
+
+from .clock import Clock, DaemonNow, SystemClock
+from .commit import GroupCommit
+from .connection import (
+    MAX_LISTINGS_STARTED_PER_TURN,
+    MAX_RECV_BYTES,
+    Connection,
+    ConnectionFault,
+    InputBudget,
+    ListingBudget,
+    peer_credentials,
+)
+from .exits import EXIT_FAILURE, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, DaemonExit
+from .log import log
+from .metrics_http import MetricsEndpoint
+from .recorder import Recorder
+from .service import Service
+from .systemd import Notifier
+
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
+DRAIN_SECONDS = 5.0
+ACCEPT_PAUSE_SECONDS = 0.5
+# A timer never sleeps longer than this, so a wall clock set backwards far
+# cannot postpone due work indefinitely (the clock rule still decides).
+MAX_TIMER_SECONDS = 60.0
+
+_LISTENER = object()
+_WAKEUP = object()
+
+
+def bind_listener(path: str, mode: int) -> socket.socket:
+    """Create the listening socket at ``path`` with permissions ``mode``.
+
+    A socket file nobody answers on (left by a dead owner) is replaced.
+    Raises DaemonExit if the path is not a socket or a live server answers on it.
+    """
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise DaemonExit(EXIT_USAGE, f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(1.0)
+            with unix_address(path) as address:
+                probe.connect(address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            log.info("replacing stale socket %s", path)
+            os.unlink(path)
+        except OSError as exc:
+            raise DaemonExit(EXIT_FAILURE, f"cannot probe existing socket {path}: {exc}") from exc
+        else:
+            raise DaemonExit(EXIT_LOCKED, f"another server is listening on {path}")
+        finally:
+            probe.close()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    # Bind with every permission bit masked so no one can connect before the
+    # chmod below sets exactly the requested mode.
+    old_umask = os.umask(0o777)
+    try:
+        with unix_address(path) as address:
+            listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        raise DaemonExit(EXIT_FAILURE, f"cannot bind {path}: {exc}") from exc
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    listener.listen(socket.SOMAXCONN)
+    listener.setblocking(False)
+    return listener
+
+
+class Loop:
+    """The event loop over one Queue. ``run()`` serves until SIGTERM/SIGINT and returns an exit code.
+
+    ``queue`` is the opened Queue (the service owns it from here on);
+    ``listener`` the listening socket; ``socket_path`` is unlinked at exit
+    (None when systemd owns the socket); ``hook`` and
+    ``preallocate_wal_bytes`` are passed to the Queue reopened after a
+    failed write.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        queue: Queue,
+        listener: socket.socket,
+        *,
+        socket_path: str | None,
+        compact_wal_bytes: int,
+        max_connections: int,
+        hook: Callable[[str], None] | None,
+        notifier: Notifier,
+        clock: Clock | None = None,
+        hello_timeout_seconds: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
+        preallocate_wal_bytes: int = 0,
+        recovery_seconds: float = 0.0,
+        metrics_endpoint: MetricsEndpoint | None = None,
+    ) -> None:
+        self.directory = directory
+        self.listener = listener
+        self.socket_path = socket_path
+        self.max_connections = max_connections
+        self.notifier = notifier
+        self.clock = clock or SystemClock()
+        self.now = DaemonNow(self.clock)
+        self.hello_timeout_seconds = hello_timeout_seconds
+        self.compact_wal_bytes = compact_wal_bytes
+        self.metrics_endpoint = metrics_endpoint  # GET /metrics; rendered by this loop only
+        self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
+                                 recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
+                                 wall_clock=self.clock.wall_seconds)
+        self.service = Service(queue, compact=lambda reason: self.commit.compact(reason),
+                               report=self.report)
+        self.commit = GroupCommit(
+            self.service, directory=directory, recorder=self.recorder, clock=self.clock,
+            compact_wal_bytes=compact_wal_bytes,
+            open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes),
+            before_long_stall=lambda: self._watchdog(force=True))
+        self.selector = selectors.DefaultSelector()
+        self.connections: dict[int, Connection] = {}
+        self.turn = 0
+        self.stopping = False
+        self.input_budget = InputBudget()
+        self.listing_budget = ListingBudget()
+        self._listings_started = 0
+        self._next_watchdog = self.clock.monotonic_seconds()
+        self._accept_paused_until: float | None = None
+        self._touched: set[Connection] = set()  # connections with news this turn
+        self._deferring: set[Connection] = set()  # connections with deferred requests
+        self._receive_buffer = bytearray(MAX_RECV_BYTES)  # one buffer all connections share
+        self._receive_view = memoryview(self._receive_buffer)
+        # (monotonic deadline, connection) in accept order, so deadlines are ascending.
+        self._awaiting_hello: deque[tuple[float, Connection]] = deque()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+
+    @property
+    def queue(self) -> Queue:
+        return self.service.queue
+
+    def report(self, now: int) -> protocol.DaemonStats:
+        """The daemon's full report at ``now``."""
+        return self.recorder.report(
+            self.service.queue, now=now, connections=len(self.connections),
+            parked_reserves=self.service.parked.live, paused=self.service.paused,
+            compact_wal_bytes=self.compact_wal_bytes, directory=self.directory)
+
+    # -- main loop -------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous_wakeup = signal.set_wakeup_fd(self._wake_write.fileno(), warn_on_full_buffer=False)
+        self.register_listener()
+        code = EXIT_OK
+        try:
+            self.notifier.notify("READY=1\nSTATUS=serving " + self.directory)
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.start(self._wake_loop)
+            log.info("ready: serving %s", self.directory)
+            while not self.stopping:
+                self.one_turn()
+        except DaemonExit as exc:
+            log.critical("%s", exc)
+            code = exc.code
+        except Exception:
+            # A bug: the state it leaves cannot be trusted, so nothing more is
+            # applied and nothing of the turn it broke is answered.
+            log.critical("walqueued stops on an unexpected error (a bug; please report it):",
+                         exc_info=True)
+            self.service.outbox.clear()
+            code = EXIT_FAILURE
+        finally:
+            self._shutdown()
+            signal.set_wakeup_fd(previous_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return code
+
+    def register_listener(self) -> None:
+        """Watch the listening socket and the wakeup socket (``run`` does; so do turn-driving tests)."""
+        self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
+        self.selector.register(self._wake_read, selectors.EVENT_READ, _WAKEUP)
+
+    def one_turn(self) -> None:
+        clock = self.clock
+        if self._accept_paused_until is not None and clock.monotonic_seconds() >= self._accept_paused_until:
+            self._accept_paused_until = None
+            self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
+        events = self.selector.select(self._timeout())
+        self.listing_budget.renew()
+        self._listings_started = 0
+        requests: list[tuple[Connection, protocol.Request]] = []
+        for key, mask in events:
+            if key.data is _LISTENER:
+                self._accept()
+            elif key.data is _WAKEUP:
+                self._drain_wakeup()
+            else:
+                conn: Connection = key.data
+                self._touched.add(conn)
+                if mask & selectors.EVENT_WRITE:
+                    self._send(conn)
+                if mask & selectors.EVENT_READ and not conn.closed:
+                    self._receive(conn, requests)
+        self.turn += 1
+        self._expire_hellos()
+        wrote = self._apply(requests)
+        self.service.expire_waits(clock.monotonic_seconds())
+        self._queue_answers()
+        for conn in list(self.input_budget.waiting):
+            if self.input_budget.admit(conn):
+                self._touched.add(conn)
+        touched, self._touched = self._touched, set()
+        for conn in touched:
+            if conn.closed:
+                continue
+            if conn.out:
+                self._send(conn)
+            self._settle(conn)
+        self._watchdog()
+        if wrote:
+            self.commit.maybe_compact()
+        if self.metrics_endpoint is not None and self.metrics_endpoint.wanted:
+            self.metrics_endpoint.publish(render_prometheus(self.report(self.now())))
+
+    def _expire_hellos(self) -> None:
+        """Close connections that did not say hello in time: they hold a slot for nothing."""
+        monotonic_seconds = self.clock.monotonic_seconds()
+        while self._awaiting_hello:
+            deadline, conn = self._awaiting_hello[0]
+            if conn.greeted or conn.closed:
+                self._awaiting_hello.popleft()
+            elif deadline <= monotonic_seconds:
+                self._awaiting_hello.popleft()
+                if not conn.closing:
+                    self._fatal(conn, None, f"no hello within {self.hello_timeout_seconds:g} s")
+            else:
+                return
+
+    def _timeout(self) -> float | None:
+        if any(conn.can_resume() for conn in self._deferring):
+            return 0.0  # deferred requests can go now: no event will announce it
+        monotonic_seconds = self.clock.monotonic_seconds()
+        deadlines: list[float] = []
+        if self._awaiting_hello:
+            deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
+        if self._accept_paused_until is not None:
+            deadlines.append(self._accept_paused_until - monotonic_seconds)
+        if self.notifier.watchdog_seconds is not None:
+            deadlines.append(self._next_watchdog - monotonic_seconds)
+        wait_deadline = self.service.next_wait_deadline()
+        if wait_deadline is not None:
+            deadlines.append(wait_deadline - monotonic_seconds)
+        due = self.service.next_due_time()
+        if due is not None:
+            if due <= self.now.last_now:
+                # Should not happen (due work is done in the turn it is due);
+                # never spin on it.
+                deadlines.append(1.0)
+            else:
+                # +1 ms so int(wall seconds) has reached `due` on waking.
+                deadlines.append(due - self.clock.wall_seconds() + 0.001)
+        if not deadlines:
+            return None
+        return min(MAX_TIMER_SECONDS, max(0.0, min(deadlines)))
+
+    def _watchdog(self, *, force: bool = False) -> None:
+        if self.notifier.watchdog_seconds is None:
+            return
+        if force or self.clock.monotonic_seconds() >= self._next_watchdog:
+            self.notifier.notify("WATCHDOG=1")
+            self._next_watchdog = self.clock.monotonic_seconds() + self.notifier.watchdog_seconds
+
+    def _wake_loop(self) -> None:
+        """Called from another thread (the metrics endpoint): end the current select."""
+        try:
+            self._wake_write.send(b"\0")
+        except OSError:
+            pass  # buffer full (a wakeup is pending anyway) or shutting down
+
+    def _drain_wakeup(self) -> None:
+        try:
+            while self._wake_read.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    # -- connections -------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                # EMFILE and friends: the listener stays readable, so stop
+                # watching it for a moment instead of spinning on it.
+                log.error("accept failed, pausing accepts for %.1f s: %s", ACCEPT_PAUSE_SECONDS, exc)
+                self.selector.unregister(self.listener)
+                self._accept_paused_until = self.clock.monotonic_seconds() + ACCEPT_PAUSE_SECONDS
+                return
+            sock.setblocking(False)
+            credentials = peer_credentials(sock)
+            name = f"fd={sock.fileno()}"
+            if credentials is not None:
+                name += f" pid={credentials[0]} uid={credentials[1]}"
+            if len(self.connections) >= self.max_connections:
+                log.warning("refused connection %s: %d connections open", name, len(self.connections))
+                error = protocol.Error(
+                    id=None,
+                    error="WalQueueError",
+                    message=f"too many connections ({self.max_connections}); try again later",
+                    fatal=True,
+                )
+                try:
+                    sock.send(protocol.encode(error))
+                except OSError:
+                    pass
+                sock.close()
+                continue
+            conn = Connection(sock=sock, name=name)
+            self.connections[sock.fileno()] = conn
+            self._awaiting_hello.append((self.clock.monotonic_seconds() + self.hello_timeout_seconds, conn))
+            self._settle(conn)
+            log.info("connect %s", name)
+
+    def _close(self, conn: Connection, reason: str) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        conn.deferred.clear()
+        self._deferring.discard(conn)
+        self.input_budget.release(conn)
+        if conn.events:
+            self.selector.unregister(conn.sock)
+            conn.events = 0
+        self.connections.pop(conn.sock.fileno(), None)
+        conn.sock.close()
+        self.service.forget(conn)
+        log.info("disconnect %s (%s)", conn.name, reason)
+
+    def _settle(self, conn: Connection) -> None:
+        """Register exactly the events the connection needs now, or close it."""
+        if conn.closed:
+            return
+        reason = conn.close_reason()
+        if reason is not None:
+            self._close(conn, reason)
+            return
+        wanted = conn.wanted_events()
+        if wanted == conn.events:
+            return
+        if conn.events == 0:
+            self.selector.register(conn.sock, wanted, conn)
+        elif wanted == 0:
+            self.selector.unregister(conn.sock)
+        else:
+            self.selector.modify(conn.sock, wanted, conn)
+        conn.events = wanted
+
+    def _send(self, conn: Connection) -> None:
+        error = conn.send(self.listing_budget)
+        if error is not None:
+            self._close(conn, f"send failed: {error}")
+
+    def _receive(self, conn: Connection, requests: list) -> None:
+        try:
+            if not conn.receive(self._receive_buffer, self._receive_view):
+                return
+        except OSError as exc:
+            self._close(conn, f"receive failed: {exc}")
+            return
+        if conn.eof:
+            # A peer that closed (a killed worker looks the same) must never be
+            # handed a lease: its waits end now, with no leases.
+            self.service.end_waits(conn)
+            return
+        try:
+            conn.decode(requests, self.input_budget)
+        except ConnectionFault as fault:
+            self._fatal(conn, fault.request_id, fault.message)
+
+    def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
+        """Answer a protocol violation (after the answers already due) and close."""
+        conn.fail(request_id, message)
+        self._touched.add(conn)
+        self._deferring.discard(conn)
+        self.service.drop_waits(conn)  # the connection is closing: its waits end with it
+
+    # -- applying a turn ---------------------------------------------------------------
+
+    def _apply(self, requests: list[tuple[Connection, protocol.Request]]) -> bool:
+        """Apply a turn's requests and due work in one batch; True if the batch may have written.
+
+        Requests of a saturated connection (Connection.saturated) are
+        deferred, in order, to a later turn instead.
+        """
+        resumed: list[tuple[Connection, protocol.Request]] = []
+        for conn in list(self._deferring):
+            if conn.closed:
+                self._deferring.discard(conn)
+            elif conn.can_resume():
+                resumed.extend((conn, request) for request in conn.deferred)
+                conn.deferred.clear()
+                self._deferring.discard(conn)
+                self._touched.add(conn)
+        requests = resumed + requests
+        service = self.service
+        now = self.now()
+        reap = service.reap_due(now)
+        if not requests and not service.parked and not reap:
+            return False
+        service.begin_turn(now, self.clock.monotonic_seconds())
+        # Expiry and serving parked reserves may write too (expire and reserve frames).
+        writing = reap or bool(service.parked) or any(
+            isinstance(request, protocol.WRITING_REQUESTS) for _, request in requests)
+        self.recorder.turn_started(now, service.queue)
+        turn = self.turn
+
+        def apply() -> None:
+            if reap:
+                service.reap()
+            if service.parked:
+                service.serve_parked()
+            for conn, request in requests:
+                if conn.closed:
+                    continue
+                listing = type(request) is protocol.Tasks
+                if (conn.deferred or conn.saturated(turn)
+                        or (listing and self._listings_started >= MAX_LISTINGS_STARTED_PER_TURN)):
+                    if not conn.closing:  # a closing connection's are dropped
+                        conn.deferred.append(request)
+                        self._deferring.add(conn)
+                    continue
+                if listing:
+                    self._listings_started += 1
+                conn.turn_requests += 1
+                service.handle(conn, request)
+
+        return self.commit.turn(apply) and writing
+
+    def _queue_answers(self) -> None:
+        outbox = self.service.outbox
+        for answer in outbox:
+            conn = answer.peer
+            if conn.closed:
+                continue
+            conn.deliver(answer.request_id, answer.messages)
+            self._touched.add(conn)
+        outbox.clear()
+        for conn in self._touched:
+            conn.queue_fatal()
+            if conn.backlog:
+                conn.fill(self.listing_budget)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        self.notifier.notify("STOPPING=1")
+        log.info("stopping: %d connection(s), %d parked reserve(s)", len(self.connections),
+                 self.service.parked.live)
+        try:
+            self.selector.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()
+        # Parked reserves end early with no leases; their clients retry later.
+        self.service.end_all_waits()
+        self._queue_answers()
+        clock = self.clock
+        deadline = clock.monotonic_seconds() + DRAIN_SECONDS
+        for conn in list(self.connections.values()):
+            conn.eof = True  # read nothing more
+            self._send(conn)
+            self._settle(conn)
+        while self.connections and clock.monotonic_seconds() < deadline:
+            self.listing_budget.renew()
+            pending = [c for c in self.connections.values() if c.out or c.backlog]
+            if not pending:
+                break
+            for key, _ in self.selector.select(max(0.0, deadline - clock.monotonic_seconds())):
+                if key.data is _WAKEUP:
+                    self._drain_wakeup()  # another signal: keep draining answers
+                elif isinstance(key.data, Connection):
+                    self._send(key.data)
+                    self._settle(key.data)
+        for conn in list(self.connections.values()):
+            self._close(conn, "daemon stopping")
+        queue = self.service.queue
+        if queue is not None:
+            try:
+                queue.close()
+            except OSError as exc:
+                log.error("closing the queue failed: %r", exc)
+        if self.socket_path is not None:
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
+        self.selector.close()
+        self._wake_read.close()
+        self._wake_write.close()
+        log.info("stopped")
+
+    def close_without_serving(self) -> None:
+        """Release what __init__ made, for a Loop whose run() never ran (tests); the queue stays open."""
+        self.selector.close()
+        self._wake_read.close()
+        self._wake_write.close()

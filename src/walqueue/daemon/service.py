@@ -1,0 +1,574 @@
+"""The sans-IO service: walqueued's requests applied to its Queue, with no I/O of its own.
+
+The service owns the (injected) Queue. The loop hands it the decoded
+requests of one turn, after `begin_turn(now, monotonic_seconds)`; it applies
+them and leaves their answers, already encoded (or, for a listing, as a
+lazy iterator of messages), in `outbox`, in the order they were produced.
+It never reads a clock, a socket or a signal: `now` (the daemon's whole
+wall seconds) and the monotonic reading that times waits are given, and a
+client is an opaque `Peer` that only says its name and whether it has gone.
+So it is tested by feeding it requests and times (tests/unit/test_service.py),
+as h11 is tested without sockets.
+
+What it decides:
+
+* Dispatch: one handler per request type (`Service._handlers`, a table).
+  InvalidRequest, KeyConflict and StaleLease — errors raised before the
+  Queue writes anything — become that request's error answer; anything else
+  propagates to the group commit (walqueue.daemon.commit), which tells a
+  failed write from a bug.
+* Parking: a ``reserve`` (or the reserve half of ``ack_reserve``) with
+  ``wait > 0`` that leased nothing waits in arrival order. Waits are served
+  at the start of every turn and right after every request that can make a
+  task due (put, put_many, release, revive, resume); the loop's timer wakes
+  the service at the next due time and at the end of the next wait, so no
+  one polls. A peer that has gone is never handed a lease.
+* Lease expiry on time (SPEC §8a): when the earliest lease deadline has
+  passed (`reap_due`), `reap` writes exactly the expire frames a reserve
+  would, nothing else. It runs while paused too: pausing stops leasing, not
+  time, so ``get``/``stats``/``dead`` show expired leases as they happen.
+* Pause: while paused every reserve leases nothing (a waiting one parks);
+  resuming serves the parked ones in arrival order.
+* Backup pin: one connection at a time pins the files of a consistent copy;
+  while pinned, compaction is refused (on request) or postponed (automatic).
+* Chunking: list answers are split so that no message carries more than
+  ``protocol.CHUNK_BUDGET_BYTES`` of items; a ``tasks`` listing is produced
+  lazily, as fast as the client reads it, and ends with QueueClosed if the
+  Queue is replaced meanwhile (`queue_epoch`).
+
+Invariant: an answer in `outbox` may be sent only after the batch of its
+turn has exited without error; `fail_turn` replaces the answers of a turn
+whose batch failed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from walqueue import (
+    InvalidRequest,
+    KeyConflict,
+    Lease,
+    PutRequest,
+    Queue,
+    StaleLease,
+    protocol,
+    validation,
+)
+
+from .log import log, one_line
+
+# Errors a request can cause without the Queue writing anything; the batch
+# goes on. Anything else raised inside a batch propagates to the commit.
+REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
+# What encoding an answer can raise for a value msgpack cannot carry.
+ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
+MAX_PARKED_PER_CONNECTION = 64
+
+
+class Peer(Protocol):
+    """What the service knows of a client connection (walqueue.daemon.connection.Connection)."""
+
+    name: str  # for log lines
+    parked: int  # its waiting reserves: kept by the service
+    closing: bool  # it is being closed: its reserves never wait
+    answer_bytes: int  # bytes of encoded answers produced for it: counted by the service
+    protocol_version: int  # the wire version its hello announced
+
+    def gone(self) -> bool:
+        """True once the peer has closed its end (a lease handed to it would sit unused)."""
+        ...
+
+
+class ListingInterrupted(Exception):
+    """A lazily produced ``tasks`` answer outlived the Queue it was reading."""
+
+
+@dataclass(eq=False, slots=True)
+class Answer:
+    peer: Peer
+    request_id: int | None
+    messages: bytes | Iterator  # the encoded frames, or a lazy iterator of messages (a listing)
+
+
+@dataclass(eq=False)
+class Parked:
+    peer: Peer
+    request: protocol.Reserve | protocol.AckReserve
+    deadline_seconds: float  # the monotonic reading at which the wait ends
+    turn: int  # the service turn that parked it
+    done: bool = False
+
+
+class ParkedReserves:
+    """Waiting reserves: arrival order for serving, a heap of deadlines for the timer.
+
+    Entries leave by being marked done (served, expired, dropped); done
+    entries are skipped lazily, so serving the head, finding the next deadline
+    and expiring waits cost O(log n), not O(n), per loop turn.
+    """
+
+    def __init__(self) -> None:
+        self._arrivals: deque[Parked] = deque()
+        self._deadlines: list[tuple[float, int, Parked]] = []
+        self._counter = 0
+        self.live = 0
+
+    def __bool__(self) -> bool:
+        return self.live > 0
+
+    def add(self, entry: Parked) -> None:
+        self._arrivals.append(entry)
+        self._counter += 1
+        heapq.heappush(self._deadlines, (entry.deadline_seconds, self._counter, entry))
+        entry.peer.parked += 1
+        self.live += 1
+
+    def _finish(self, entry: Parked) -> None:
+        entry.done = True
+        entry.peer.parked -= 1
+        self.live -= 1
+        if len(self._arrivals) > 2 * self.live + 64:
+            self._arrivals = deque(e for e in self._arrivals if not e.done)
+            self._deadlines = [item for item in self._deadlines if not item[2].done]
+            heapq.heapify(self._deadlines)
+
+    def head(self) -> Parked | None:
+        """The longest-waiting live entry."""
+        while self._arrivals and self._arrivals[0].done:
+            self._arrivals.popleft()
+        return self._arrivals[0] if self._arrivals else None
+
+    def finish_head(self) -> Parked:
+        entry = self._arrivals.popleft()
+        self._finish(entry)
+        return entry
+
+    def next_deadline(self) -> float | None:
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def expire(self, monotonic_seconds: float) -> list[Parked]:
+        """Finish and return the live entries whose wait ended by ``monotonic_seconds``."""
+        ended = []
+        while (deadline := self.next_deadline()) is not None and deadline <= monotonic_seconds:
+            entry = heapq.heappop(self._deadlines)[2]
+            self._finish(entry)
+            ended.append(entry)
+        return ended
+
+    def drop(self, predicate: Callable[[Parked], bool]) -> list[Parked]:
+        """Finish and return the live entries matching ``predicate`` (O(n); rare events)."""
+        dropped = [entry for entry in self._arrivals if not entry.done and predicate(entry)]
+        for entry in dropped:
+            self._finish(entry)
+        return dropped
+
+
+def chunked(request_id: int, items: list, message_type: type) -> list:
+    """Split a list answer into messages of at most CHUNK_BUDGET_BYTES of items each.
+
+    Raises what encoding raises (ENCODING_ERRORS) for an item msgpack cannot carry.
+    """
+    if not items:
+        return [message_type(request_id, [])]
+    chunks: list[list[protocol.Raw]] = [[]]
+    size = 0
+    for item in items:
+        encoded = protocol.encode_value(item)
+        if chunks[-1] and size + len(encoded) > protocol.CHUNK_BUDGET_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(protocol.Raw(encoded))
+        size += len(encoded)
+    last = len(chunks) - 1
+    return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
+
+
+def lease_of(request: protocol.Ack | protocol.AckReserve | protocol.Release | protocol.Touch) -> Lease:
+    """The lease a request presents. Only task_id, worker and generation identify a
+    lease; the other fields are informational and not consulted by ack/release/touch."""
+    return Lease(task_id=request.task_id, worker=request.worker, generation=request.generation,
+                 deadline=0, attempts=0, payload={})
+
+
+class Service:
+    """One Queue served to many peers; see the module docstring.
+
+    ``compact(reason)`` runs a compaction and returns its seq (the group
+    commit's, so every compaction is driven from one place); ``report(now)``
+    builds the daemon's full report (DaemonStats) for ``daemon_stats``.
+    """
+
+    def __init__(self, queue: Queue, *, compact: Callable[[str], int],
+                 report: Callable[[int], protocol.DaemonStats]) -> None:
+        self.queue = queue
+        self.queue_epoch = 0  # bumped whenever the Queue is replaced after a failure
+        self.parked = ParkedReserves()
+        self.paused = False  # walqueue-ctl pause: every reserve leases nothing
+        self.backup_holder: Peer | None = None  # the peer pinning a backup's files
+        self.outbox: list[Answer] = []
+        self.turn = 0
+        self.now = 0
+        self.monotonic_seconds = 0.0
+        self._compact = compact
+        self._report = report
+        self._turn_requests: list[tuple[Peer, int]] = []
+        self._turn_outbox_start = 0
+        self._handlers: dict[type, Callable] = {
+            protocol.Put: self._put,
+            protocol.PutMany: self._put_many,
+            protocol.Reserve: self._reserve,
+            protocol.AckReserve: self._ack_and_reserve,
+            protocol.Ack: self._ack,
+            protocol.Release: self._release,
+            protocol.Touch: self._touch,
+            protocol.Revive: self._revive,
+            protocol.Get: self._get,
+            protocol.Tasks: self._tasks,
+            protocol.Stats: self._stats,
+            protocol.Compact: self._compact_on_request,
+            protocol.Pause: self._pause_or_resume,
+            protocol.Resume: self._pause_or_resume,
+            protocol.BackupBegin: self._backup_begin,
+            protocol.BackupEnd: self._backup_end,
+            protocol.DaemonStatsReq: self._daemon_stats,
+        }
+
+    # -- a turn --------------------------------------------------------------------
+
+    def begin_turn(self, now: int, monotonic_seconds: float) -> None:
+        """Start a turn at ``now`` (whole wall seconds); waits are timed by ``monotonic_seconds``."""
+        self.turn += 1
+        self.now = now
+        self.monotonic_seconds = monotonic_seconds
+        self._turn_requests = []
+        self._turn_outbox_start = len(self.outbox)
+
+    def handle(self, peer: Peer, request: protocol.Request) -> None:
+        """Apply one request (inside the turn's batch) and queue its answer.
+
+        Raises only what is not the request's own fault: a failed write, or a bug.
+        """
+        self._turn_requests.append((peer, request.id))
+        try:
+            self._handlers[type(request)](peer, request)
+        except REQUEST_ERRORS as exc:
+            log.debug("request %d from %s: %s: %s", request.id, peer.name, type(exc).__name__,
+                      one_line(str(exc)))
+            self._answer(peer, request.id, [protocol.error_to_wire(request.id, exc)])
+
+    def fail_turn(self, message: str) -> int:
+        """Answer every request of this turn's failed batch with QueueClosed ``message``.
+
+        The answers the turn produced are dropped (none may report success),
+        and so are the waits it parked. Returns how many requests were answered.
+        """
+        start = self._turn_outbox_start
+        affected = {(id(answer.peer), answer.request_id): answer.peer for answer in self.outbox[start:]}
+        for peer, request_id in self._turn_requests:
+            affected[(id(peer), request_id)] = peer
+        for entry in self.parked.drop(lambda entry: entry.turn == self.turn):
+            affected[(id(entry.peer), entry.request.id)] = entry.peer
+        del self.outbox[start:]
+        for (_, request_id), peer in affected.items():
+            self._answer(peer, request_id, [protocol.Error(id=request_id, error="QueueClosed", message=message)])
+        self._turn_requests = []
+        return len(affected)
+
+    @property
+    def requests_this_turn(self) -> int:
+        """How many requests `handle` took since `begin_turn`."""
+        return len(self._turn_requests)
+
+    def replace_queue(self, queue: Queue | None) -> Queue:
+        """Swap in the Queue reopened after a failure (None while there is none); returns the old one.
+
+        Listings in progress read the old state, which may hold the failed
+        batch's undurable changes: they end, whether or not a new Queue comes.
+        """
+        old, self.queue = self.queue, queue
+        self.queue_epoch += 1
+        return old
+
+    # -- timers ----------------------------------------------------------------------
+
+    def reap_due(self, now: int) -> bool:
+        """True if a lease's deadline has passed by ``now`` (then `reap` belongs in this turn)."""
+        deadline = self.queue.next_lease_deadline()
+        return deadline is not None and deadline <= now
+
+    def reap(self) -> None:
+        """Expire the leases due at this turn's ``now`` (SPEC §8a), inside the turn's batch."""
+        expired = self.queue.expire_due(now=self.now)
+        if expired:
+            log.debug("expired %d lease(s) at %d", expired, self.now)
+
+    def next_due_time(self) -> int | None:
+        """The wall second at which the service has work: a lease to expire, or a
+        task due while reserves wait (and leasing is not paused)."""
+        if self.parked and not self.paused:
+            return self.queue.next_due_time()  # ready due times and lease deadlines
+        return self.queue.next_lease_deadline()
+
+    def next_wait_deadline(self) -> float | None:
+        """The monotonic second at which the earliest wait ends."""
+        return self.parked.next_deadline() if self.parked else None
+
+    def expire_waits(self, monotonic_seconds: float) -> None:
+        """Answer the waits that ended by ``monotonic_seconds`` with no leases."""
+        for entry in self.parked.expire(monotonic_seconds):
+            self._answer(entry.peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
+
+    # -- parking -----------------------------------------------------------------------
+
+    def serve_parked(self) -> None:
+        """Lease due tasks to parked reserves, in arrival order."""
+        while (entry := self.parked.head()) is not None:
+            request = entry.request
+            if entry.peer.gone():
+                self.end_waits(entry.peer)
+                continue
+            try:
+                leases = self._lease_due(request.worker, request.lease_seconds, request.limit)
+            except REQUEST_ERRORS as exc:
+                leases = exc
+            if not leases:
+                return
+            self.parked.finish_head()
+            if isinstance(leases, Exception):
+                self._answer(entry.peer, request.id, [protocol.error_to_wire(request.id, leases)])
+            else:
+                self._answer_leases(entry.peer, request.id, leases)
+
+    def end_waits(self, peer: Peer) -> None:
+        """Answer a peer's parked reserves with no leases (it closed, or the daemon stops)."""
+        if peer.parked:
+            for entry in self.parked.drop(lambda entry: entry.peer is peer):
+                self._answer(peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
+
+    def end_all_waits(self) -> None:
+        """Answer every parked reserve with no leases: the daemon is stopping."""
+        for entry in self.parked.drop(lambda entry: True):
+            self._answer(entry.peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
+
+    def drop_waits(self, peer: Peer) -> None:
+        """Drop a peer's parked reserves unanswered: it is being closed."""
+        if peer.parked:
+            self.parked.drop(lambda entry: entry.peer is peer)
+
+    def forget(self, peer: Peer) -> None:
+        """Drop everything the service holds for a closed peer: its waits, its backup pin."""
+        self.drop_waits(peer)
+        if self.backup_holder is peer:
+            self.backup_holder = None
+            log.warning("backup pin released: %s closed before ending its backup", peer.name)
+
+    def _reserve_or_park(self, peer: Peer, request: protocol.Reserve | protocol.AckReserve) -> None:
+        """Lease due tasks to ``request``'s worker now, or park it if it may wait."""
+        if peer.gone():
+            # It sent this and closed (or died): a lease could only sit
+            # unused until it expired.
+            self._answer(peer, request.id, [protocol.Leases(id=request.id, leases=[])])
+            return
+        # Parked reserves were served at the start of the turn and after
+        # every request that made a task due, so if any are still parked
+        # this returns nothing: arrival order holds.
+        leases = self._lease_due(request.worker, request.lease_seconds, request.limit)
+        if leases or request.wait == 0 or peer.closing:
+            self._answer_leases(peer, request.id, leases)
+        else:
+            self._check_may_park(peer, request)
+            self.parked.add(Parked(peer, request, self.monotonic_seconds + request.wait, self.turn))
+            log.debug("parked reserve %d of %s for %.3f s", request.id, peer.name, request.wait)
+
+    @staticmethod
+    def _check_may_park(peer: Peer, request: protocol.Reserve | protocol.AckReserve) -> None:
+        if request.wait > 0 and peer.parked >= MAX_PARKED_PER_CONNECTION:
+            raise InvalidRequest(
+                f"too many waiting reserves on this connection ({MAX_PARKED_PER_CONNECTION}); "
+                "wait for one to be answered or use another connection"
+            )
+
+    def _lease_due(self, worker: str, lease_seconds: int, limit: int) -> list[Lease]:
+        """Lease up to ``limit`` due tasks, or nothing while paused.
+
+        Every reserve (new, parked, or the reserve half of a combined request)
+        goes through here, so pausing is this one check. Paused, a reserve
+        writes nothing either; expired leases are still reaped on time (`reap`).
+        """
+        if self.paused:
+            return []
+        return self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds, limit=limit)
+
+    # -- answers -------------------------------------------------------------------------
+
+    def _answer(self, peer: Peer, request_id: int | None, messages: list) -> None:
+        """Queue an answer, encoded now into one bytes value."""
+        try:
+            if len(messages) == 1:
+                encoded = protocol.encode(messages[0])
+            else:
+                encoded = b"".join([protocol.encode(message) for message in messages])
+        except ENCODING_ERRORS as exc:
+            encoded = protocol.encode(self._unencodable(peer, request_id, exc))
+        peer.answer_bytes += len(encoded)
+        self.outbox.append(Answer(peer, request_id, encoded))
+
+    def _answer_leases(self, peer: Peer, request_id: int, leases: list[Lease]) -> None:
+        if len(leases) <= 1:  # one lease always fits one message: no need to measure it
+            messages = [protocol.Leases(request_id, leases)]
+        else:
+            try:
+                messages = chunked(request_id, leases, protocol.Leases)
+            except ENCODING_ERRORS as exc:
+                messages = [self._unencodable(peer, request_id, exc)]
+        self._answer(peer, request_id, messages)
+
+    @staticmethod
+    def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> protocol.Error:
+        log.error("answer to request %s from %s not encodable: %s", request_id, peer.name, one_line(str(exc)))
+        return protocol.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
+
+    # -- the requests --------------------------------------------------------------------
+
+    def _put(self, peer: Peer, request: protocol.Put) -> None:
+        task_id = self.queue.put(request.task_id, request.payload, key=request.key,
+                                 available_at=request.available_at, max_attempts=request.max_attempts)
+        self._answer(peer, request.id, [protocol.PutOk(id=request.id, task_id=task_id)])
+        if self.parked:
+            self.serve_parked()
+
+    def _put_many(self, peer: Peer, request: protocol.PutMany) -> None:
+        task_ids = self.queue.put_many([
+            PutRequest(item.task_id, item.payload, key=item.key, available_at=item.available_at,
+                       max_attempts=item.max_attempts)
+            for item in request.requests
+        ])
+        self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
+        if self.parked:
+            self.serve_parked()
+
+    def _reserve(self, peer: Peer, request: protocol.Reserve) -> None:
+        protocol.check_wait(request.wait)
+        self._reserve_or_park(peer, request)
+
+    def _ack_and_reserve(self, peer: Peer, request: protocol.AckReserve) -> None:
+        # Everything that could reject the reserve half is checked before the
+        # ack is written: a rejected request writes nothing.
+        protocol.check_wait(request.wait)
+        validation.integer(request.lease_seconds, "lease_seconds", minimum=1)
+        validation.integer(request.limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
+        validation.time_plus(self.now, request.lease_seconds, "lease_seconds")
+        self._check_may_park(peer, request)
+        self.queue.ack(lease_of(request), now=self.now)
+        self._reserve_or_park(peer, request)
+
+    def _ack(self, peer: Peer, request: protocol.Ack) -> None:
+        self.queue.ack(lease_of(request), now=self.now)
+        self._answer(peer, request.id, [protocol.Done(id=request.id)])
+
+    def _release(self, peer: Peer, request: protocol.Release) -> None:
+        self.queue.release(lease_of(request), now=self.now, delay=request.delay)
+        self._answer(peer, request.id, [protocol.Done(id=request.id)])
+        if self.parked:
+            self.serve_parked()
+
+    def _touch(self, peer: Peer, request: protocol.Touch) -> None:
+        lease = self.queue.touch(lease_of(request), now=self.now, lease_seconds=request.lease_seconds)
+        self._answer(peer, request.id, [protocol.LeaseOk(id=request.id, lease=lease)])
+
+    def _revive(self, peer: Peer, request: protocol.Revive) -> None:
+        task_ids = self.queue.revive(request.task_ids, now=self.now)
+        self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
+        if self.parked:
+            self.serve_parked()
+
+    def _get(self, peer: Peer, request: protocol.Get) -> None:
+        self._answer(peer, request.id, [protocol.TaskOk(id=request.id, task=self.queue.get(request.task_id))])
+
+    def _tasks(self, peer: Peer, request: protocol.Tasks) -> None:
+        self.outbox.append(Answer(peer, request.id, self._listing(request.id, request.status)))
+
+    def _stats(self, peer: Peer, request: protocol.Stats) -> None:
+        self._answer(peer, request.id, [protocol.StatsOk(id=request.id, stats=self.queue.stats())])
+
+    def _compact_on_request(self, peer: Peer, request: protocol.Compact) -> None:
+        if self.backup_holder is not None:
+            raise InvalidRequest(f"a backup is in progress ({self.backup_holder.name}); compaction "
+                                 "would delete the files it copies: compact after it ends")
+        seq = self._compact("on request")
+        self._answer(peer, request.id, [protocol.Compacted(id=request.id, seq=seq)])
+
+    def _pause_or_resume(self, peer: Peer, request: protocol.Pause | protocol.Resume) -> None:
+        """Pause or resume leasing (idempotent); resuming serves parked reserves in arrival order."""
+        paused = type(request) is protocol.Pause
+        if paused != self.paused:
+            self.paused = paused
+            log.info("%s by %s (%d reserve(s) waiting)", "paused" if paused else "resumed",
+                     peer.name, self.parked.live)
+        if not paused:
+            self.serve_parked()
+        self._answer(peer, request.id, [protocol.PauseState(id=request.id, paused=self.paused)])
+
+    def _backup_begin(self, peer: Peer, request: protocol.BackupBegin) -> None:
+        """Pin the files of a consistent copy for ``peer`` and describe them.
+
+        Raises InvalidRequest while another backup holds the pin.
+        """
+        if self.backup_holder is not None:
+            raise InvalidRequest(f"a backup is already in progress ({self.backup_holder.name}); "
+                                 "wait for it to finish")
+        manifest = self.queue.backup_manifest()  # may compact a queue never compacted
+        self.backup_holder = peer
+        log.info("backup pin taken by %s: seq %d, %d file(s)", peer.name, manifest.seq, len(manifest.files))
+        self._answer(peer, request.id, [protocol.manifest_to_wire(request.id, manifest)])
+
+    def _backup_end(self, peer: Peer, request: protocol.BackupEnd) -> None:
+        if self.backup_holder is not peer:
+            raise InvalidRequest("this connection holds no backup pin (it ends when the connection "
+                                 "that began the backup closes)")
+        self.backup_holder = None
+        log.info("backup pin released by %s", peer.name)
+        self._answer(peer, request.id, [protocol.Done(id=request.id)])
+
+    def _daemon_stats(self, peer: Peer, request: protocol.DaemonStatsReq) -> None:
+        stats = protocol.daemon_stats_to_wire(self._report(self.now), peer.protocol_version)
+        self._answer(peer, request.id, [protocol.DaemonStatsOk(id=request.id, stats=stats)])
+
+    def _listing(self, request_id: int, status: str | None) -> Iterator:
+        """The ``tasks`` answer, produced lazily as the client reads it.
+
+        Views are taken outside any batch (as the connection encodes them),
+        so each shows durable state; a task whose status changed since the
+        listing began is left out of a filtered listing. A reopen in between
+        ends it with an error (ListingInterrupted).
+        """
+        epoch = self.queue_epoch
+        views = self.queue.tasks(status)  # raises InvalidRequest now, inside the batch
+
+        def chunks():
+            batch: list[protocol.Raw] = []
+            size = 0
+            while True:
+                if self.queue_epoch != epoch:
+                    raise ListingInterrupted("the queue was reopened after a write failure; list again")
+                view = next(views, None)
+                if view is None:
+                    break
+                if status is not None and view.status != status:
+                    continue
+                encoded = protocol.encode_value(view)
+                if batch and size + len(encoded) > protocol.CHUNK_BUDGET_BYTES:
+                    yield protocol.TaskList(request_id, batch, True)
+                    batch, size = [], 0
+                batch.append(protocol.Raw(encoded))
+                size += len(encoded)
+            yield protocol.TaskList(request_id, batch, False)
+
+        return chunks()

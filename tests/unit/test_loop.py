@@ -1,0 +1,181 @@
+"""walqueued's loop in-process on a fake clock: turns driven one by one, real sockets, no sleeps.
+
+The loop takes its time from an injected clock, so a test sets the wall and
+monotonic seconds itself: a wait, a delay or a lease deadline "passes" when
+the test moves the clock, and the loop's select timeout (its timer) can be
+read before it does.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from walqueue import Queue
+from walqueue import protocol as p
+from walqueue.daemon.clock import DaemonNow
+from walqueue.daemon.loop import Loop, bind_listener
+from walqueue.daemon.systemd import Notifier
+
+MAX_TURNS = 200
+
+
+class FakeClock:
+    def __init__(self, wall_seconds: float = 1_000_000.0) -> None:
+        self.wall = wall_seconds
+        self.monotonic = 0.0
+
+    def wall_seconds(self) -> float:
+        return self.wall
+
+    def monotonic_seconds(self) -> float:
+        return self.monotonic
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.monotonic += seconds
+
+
+class Client:
+    """A raw client socket speaking the wire protocol to the loop under test."""
+
+    def __init__(self, path: str, loop: Loop) -> None:
+        self.loop = loop
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.sock.setblocking(False)
+        self.reader = p.FrameReader()
+        self.answers: list = []
+        self.send(p.Hello(id=0, version=p.PROTOCOL_VERSION))
+        assert isinstance(self.answer(0), p.HelloOk)
+
+    def send(self, *messages) -> None:
+        self.sock.sendall(b"".join(p.encode(message) for message in messages))
+
+    def _read(self) -> None:
+        try:
+            while chunk := self.sock.recv(1 << 16):
+                self.reader.feed(chunk)
+        except BlockingIOError:
+            pass
+        while (body := self.reader.next_body()) is not None:
+            self.answers.append(p.decode_response(body))
+
+    def answer(self, request_id: int):
+        """Run turns until the answer to ``request_id`` is in (bounded)."""
+        for _ in range(MAX_TURNS):
+            self._read()
+            for answer in self.answers:
+                if answer.id == request_id:
+                    self.answers.remove(answer)
+                    return answer
+            self.loop.one_turn()
+        raise AssertionError(f"no answer to request {request_id} in {MAX_TURNS} turns")
+
+    def has_answer(self, request_id: int) -> bool:
+        self._read()
+        return any(answer.id == request_id for answer in self.answers)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    """(loop, clock, connect): a Loop on a fake clock whose turns never block."""
+    clock = FakeClock()
+    queue = Queue(tmp_path / "queue")
+    path = str(tmp_path / "s.sock")
+    listener = bind_listener(path, 0o600)
+    loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,
+                max_connections=10, hook=None, notifier=Notifier({}), clock=clock)
+    loop.register_listener()
+    loop.timer_seconds = loop._timeout  # the real timer, for the tests to read
+    loop._timeout = lambda: 0.0  # the test drives the turns
+    clients: list[Client] = []
+
+    def connect() -> Client:
+        client = Client(path, loop)
+        clients.append(client)
+        return client
+
+    yield loop, clock, connect
+    for client in clients:
+        client.close()
+    loop.queue.close()
+    loop.close_without_serving()
+    listener.close()
+
+
+def test_the_clock_is_whole_seconds_and_never_goes_backwards():
+    clock = FakeClock()
+    now = DaemonNow(clock)
+    readings = []
+    for wall in (100.9, 99.2, 101.0, 50.0):
+        clock.wall = wall
+        readings.append(now())
+    assert readings == [100, 100, 101, 101]
+
+
+def test_a_waiting_reserve_is_woken_by_a_put_from_another_connection(served):
+    loop, clock, connect = served
+    waiter, producer = connect(), connect()
+    # Requests of one connection are applied in order: once the stats answer
+    # is in, the reserve before it has been handled, and it is waiting.
+    waiter.send(p.Reserve(id=1, worker="w", wait=30), p.Stats(id=2))
+    waiter.answer(2)
+    assert not waiter.has_answer(1) and loop.service.parked.live == 1
+    producer.send(p.Put(id=3, task_id="job", payload={}))
+    assert isinstance(producer.answer(3), p.PutOk)
+    answer = waiter.answer(1)
+    assert [lease.task_id for lease in answer.leases] == ["job"]
+
+
+def test_waiting_reserves_are_served_in_arrival_order_across_connections(served):
+    loop, clock, connect = served
+    first, second, producer = connect(), connect(), connect()
+    for client, request_id in ((first, 1), (second, 2)):
+        client.send(p.Reserve(id=request_id, worker=f"w{request_id}", wait=30), p.Stats(id=100 + request_id))
+        client.answer(100 + request_id)
+    producer.send(p.Put(id=3, task_id="one", payload={}))
+    assert [lease.task_id for lease in first.answer(1).leases] == ["one"]
+    assert not second.has_answer(2)
+    producer.send(p.Put(id=4, task_id="two", payload={}))
+    assert [lease.task_id for lease in second.answer(2).leases] == ["two"]
+
+
+def test_a_wait_ends_when_the_clock_says_so_and_the_timer_points_there(served):
+    loop, clock, connect = served
+    waiter = connect()
+    waiter.send(p.Reserve(id=1, worker="w", wait=5), p.Stats(id=2))
+    waiter.answer(2)
+    assert loop.timer_seconds() == pytest.approx(5.0)
+    clock.advance(4.9)
+    loop.one_turn()
+    assert not waiter.has_answer(1)
+    clock.advance(0.1)
+    assert waiter.answer(1) == p.Leases(id=1, leases=[])
+
+
+def test_an_expired_lease_is_reaped_at_its_deadline_without_any_reserve(served):
+    loop, clock, connect = served
+    client = connect()
+    client.send(p.Put(id=1, task_id="job", payload={}, max_attempts=1),
+                p.Reserve(id=2, worker="w", lease_seconds=5))
+    client.answer(1)
+    (lease,) = client.answer(2).leases
+    last_seq = loop.queue.stats().last_seq
+    # The timer is the lease deadline (and 1 ms, so that whole seconds have reached it).
+    assert loop.timer_seconds() == pytest.approx(lease.deadline - clock.wall + 0.001)
+    clock.advance(lease.deadline - clock.wall - 0.5)
+    loop.one_turn()
+    assert loop.queue.get("job").status == "leased"
+    clock.advance(0.5)
+    loop.one_turn()
+    view = loop.queue.get("job")
+    assert (view.status, view.worker, view.deadline) == ("dead", None, None)
+    assert loop.queue.stats().last_seq == last_seq + 1  # one expire frame, nothing else
+    client.send(p.Tasks(id=3, status="dead"))
+    assert [task.task_id for task in client.answer(3).tasks] == ["job"]
+    assert loop.timer_seconds() is None  # nothing is due: the loop sleeps until an event
