@@ -209,3 +209,34 @@ class PostgresServer:
     def promote(self) -> None:
         self._run([self.bin_dir / "pg_ctl", "promote", "-D", self.data, "-w", "-t",
                    str(int(START_SECONDS))])
+
+
+# -- pytest helpers: one fast cluster per test session ------------------------
+
+_SESSION_KEY = "walqueue_postgres_server"
+
+
+def session_server(request) -> PostgresServer:
+    """The session's shared cluster (fsync off: semantic tests only), started once.
+
+    Kept on the pytest config so tests/pg and tests/backends share it, and
+    stopped by pid when the session ends. Tests that kill or restart a server,
+    or need fsync, start their own PostgresServer.
+    """
+    config = request.config
+    server = getattr(config, _SESSION_KEY, None)
+    if server is None:
+        require_binaries()
+        server = PostgresServer(fsync=False)
+        config.add_cleanup(server.cleanup)
+        server.start()
+        setattr(config, _SESSION_KEY, server)
+    return server
+
+
+_names = iter(range(1, 10**9))
+
+
+def unique_name(prefix: str) -> str:
+    """A queue or schema name no other test in this session uses."""
+    return f"{prefix}-{os.getpid()}-{next(_names)}"
