@@ -6,8 +6,9 @@ schema of its own (`broken_schema`), so the clients run unchanged against it:
 - wrong_order: reserve leases in (available_at, task_id) DESCENDING order;
 - ack_without_generation: a lease is current whatever its generation
   (a late ack from an earlier lease of the same worker completes the task);
-- reserve_without_locking: reserve does not lock the rows it picks (no
-  FOR UPDATE SKIP LOCKED), so two concurrent reserves can lease one task.
+- reserve_without_locking: reserve neither locks the rows it picks (no
+  FOR UPDATE SKIP LOCKED) nor re-checks their status when it updates them,
+  so two concurrent reserves can lease one task.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ VARIANTS = {
                      "ORDER BY leased.available_at DESC, leased.task_id DESC")],
     "ack_without_generation": [("OR v_row.generation <> p_generation", "")],
     "reserve_without_locking": [("        LIMIT p_limit\n        FOR UPDATE SKIP LOCKED",
-                                 "        LIMIT p_limit")],
+                                 "        LIMIT p_limit"),
+                                (" AND l.task_id = picked.task_id AND l.status = 'ready'",
+                                 " AND l.task_id = picked.task_id")],
 }
 
 

@@ -246,7 +246,9 @@ BEGIN
         UPDATE @s@.live AS l
         SET status = 'leased', attempts = l.attempts + 1, generation = l.generation + 1,
             worker = p_worker, deadline = v_now + p_lease_seconds
-        FROM picked WHERE l.queue = p_queue AND l.task_id = picked.task_id
+        -- The status test is a second guard: the row lock above already
+        -- re-checked it against a concurrent reserve that committed first.
+        FROM picked WHERE l.queue = p_queue AND l.task_id = picked.task_id AND l.status = 'ready'
         RETURNING l.task_id, l.generation, l.deadline, l.attempts, l.payload, l.available_at
     )
     SELECT leased.task_id, leased.generation, leased.deadline, leased.attempts, leased.payload
