@@ -40,9 +40,16 @@ MAX_VIOLATIONS = 30
 def read_logs(paths: Iterable[str | Path]) -> list[dict]:
     entries = []
     for path in paths:
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
+        if not Path(path).exists():
+            continue  # a worker that has not started yet
+        lines = Path(path).read_text().splitlines()
+        for line in lines:
+            try:
                 entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                if line is not lines[-1]:
+                    raise
+                # a line being written while a running load is read
     return entries
 
 
