@@ -22,6 +22,7 @@ Markdown table. The numbers depend on the machine and its load: say so
 when you quote them.
 
     .venv/bin/python scripts/bench_pg.py [--clients 1,4,16] [--seconds 5] [--systems ...]
+        [--not-durable]    # fsync off: where the CPU, not the disk, is the limit
 """
 
 from __future__ import annotations
@@ -265,12 +266,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=1, help="runs per cell; the median is shown")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--not-durable", action="store_true",
+                        help="fsync=off, synchronous_commit=off: the CPU-bound ceiling, not a result "
+                             "to compare with durable systems")
     args = parser.parse_args()
     from tests.postgres import PostgresServer
 
     clients_list = [int(value) for value in args.clients.split(",")]
     systems = [name.strip() for name in args.systems.split(",")]
-    server = PostgresServer(fsync=True, settings={"max_connections": "300"})
+    server = PostgresServer(fsync=not args.not_durable, settings={"max_connections": "300"})
+    durability = "fsync=off, synchronous_commit=off (NOT durable)" if args.not_durable else \
+        "fsync=on, synchronous_commit=on"
     rows, bloat = [], []
     try:
         server.start()
@@ -286,7 +292,7 @@ def main() -> None:
         server.cleanup()
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, load average "
           f"{' '.join(f'{value:.2f}' for value in os.getloadavg())} at the end; PostgreSQL "
-          f"fsync=on, synchronous_commit=on; {args.seconds} s per cell after {args.warmup} s warm-up, "
+          f"{durability}; {args.seconds} s per cell after {args.warmup} s warm-up, "
           f"median of {args.runs}\n")
     print("| system | clients | cycles/s | p50 ms | p99 ms | server CPU (cores) |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -131,7 +131,7 @@ class AsyncClient:
             cursor = await connection.execute(SETUP_QUERY)
             self._clock_offset = setup_report(await cursor.fetchone(), self.where)
         except psycopg.Error as error:
-            mapped = calls.failure(Call(None, (), list), error, self.where)
+            mapped = calls.failure(None, error, self.where)
             if mapped is error:
                 raise
             raise mapped from error
@@ -215,8 +215,7 @@ class AsyncClient:
         pool = await self._opened()
         try:
             async with pool.connection(timeout=self.connect_seconds) as connection:
-                async with connection.transaction():
-                    await connection.execute(statement, params)
+                await connection.execute(statement, params)
         except (psycopg.Error, PoolTimeout) as error:
             raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {error}") from error
         service.registered(self.queue, params[1])

@@ -359,15 +359,16 @@ def retryable(error: BaseException) -> bool:
     return isinstance(error, psycopg.Error) and getattr(error, "sqlstate", None) in RETRYABLE_STATES
 
 
-def failure(call: Call, error: psycopg.Error, where: str) -> BaseException:
-    """The exception a call raises for `error` (its cause is kept by the caller)."""
+def failure(call: Call | None, error: psycopg.Error, where: str) -> BaseException:
+    """The exception a call raises for `error`: `error` itself if it is none of ours
+    (a bug, not the world); the caller keeps `error` as the cause."""
     state = error.sqlstate or ""
     if state in (KEY_CONFLICT, STALE_LEASE, INVALID_REQUEST):
         detail_text = error.diag.message_detail
         detail = json.loads(detail_text) if detail_text else {}
         if state == INVALID_REQUEST and not detail:
             return InvalidRequest(error.diag.message_primary or "invalid request")
-        if call.error is None:
+        if call is None or call.error is None:
             return InvalidRequest(error.diag.message_primary or "invalid request")
         return call.error(state, detail)
     if (isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))

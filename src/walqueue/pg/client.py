@@ -138,7 +138,7 @@ class Client:
             schema.check_version(version, self.schema)
             return setup_report(connection.execute(SETUP_QUERY).fetchone(), self.where)
         except psycopg.Error as error:
-            mapped = calls.failure(Call(None, (), list), error, self.where)
+            mapped = calls.failure(None, error, self.where)
             if mapped is error:
                 raise
             raise mapped from error
@@ -250,8 +250,7 @@ class Client:
         statement, params = service.registration(self.queue)
         try:
             with self._pool.connection(timeout=self.connect_seconds) as connection:
-                with connection.transaction():
-                    connection.execute(statement, params)
+                connection.execute(statement, params)
         except (psycopg.Error, PoolTimeout) as error:
             raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {error}") from error
         service.registered(self.queue, params[1])

@@ -73,7 +73,7 @@ class _Queue:
 
 
 class Service:
-    """See the module docstring. Get it with `service(dsn, schema)`."""
+    """See the module docstring. Get it with `acquire(dsn, schema)`, give it back with `release`."""
 
     def __init__(self, dsn: str, schema: str, *, listen: bool = True) -> None:
         self.dsn = dsn
@@ -148,8 +148,8 @@ class Service:
     def registration(self, queue: str) -> tuple[str, tuple]:
         """The statement that makes writers of `queue` notify this process.
 
-        The caller runs it in a transaction on its own connection, while it
-        is in the waiter list (so the row is not removed meanwhile), then
+        The caller runs it (one statement, so one transaction) on its own
+        connection, while it is in the waiter list (so the row is not removed meanwhile), then
         calls `registered`. Its commit comes after every writer that did not
         see it has committed.
         """
