@@ -15,6 +15,7 @@ so one queue's rows never cost another queue a scan):
              walqueue.pg.wakeup); writers NOTIFY only when a row exists,
              because NOTIFY serializes committing transactions.
   schema_migrations  one row per applied migration (version, description).
+  task_view  a view: every task with TaskView's fields (get, tasks, and psql).
 
 Ids, keys and workers are bytea holding their UTF-8 (which may contain NUL,
 which text cannot), so bytewise order is Python's str order. Payloads are
@@ -380,33 +381,34 @@ BEGIN
     PERFORM @s@.announce(p_queue, v_count, NULL);
 END $$;
 
--- One task as TaskView's fields, or none.
+-- Every task with TaskView's fields, whichever table holds its state.
+CREATE VIEW @s@.task_view AS
+    SELECT t.queue, t.task_id, t.key, coalesce(l.status, 'completed') AS status,
+           coalesce(l.attempts, c.attempts) AS attempts, t.max_attempts,
+           coalesce(l.generation, c.generation) AS generation,
+           coalesce(l.available_at, c.available_at) AS available_at, l.deadline, l.worker, l.payload
+    FROM @s@.task AS t
+    LEFT JOIN @s@.live AS l ON l.queue = t.queue AND l.task_id = t.task_id
+    LEFT JOIN @s@.completed AS c ON c.queue = t.queue AND c.task_id = t.task_id;
+
 CREATE FUNCTION @s@.get(p_queue text, p_task_id bytea)
 RETURNS TABLE (task_id bytea, key bytea, status text, attempts bigint, max_attempts bigint,
                generation bigint, available_at bigint, deadline bigint, worker bytea, payload text)
 LANGUAGE sql STABLE AS $$
-    SELECT t.task_id, t.key, coalesce(l.status, 'completed'), coalesce(l.attempts, c.attempts),
-           t.max_attempts, coalesce(l.generation, c.generation),
-           coalesce(l.available_at, c.available_at), l.deadline, l.worker, l.payload
-    FROM @s@.task AS t
-    LEFT JOIN @s@.live AS l ON l.queue = t.queue AND l.task_id = t.task_id
-    LEFT JOIN @s@.completed AS c ON c.queue = t.queue AND c.task_id = t.task_id
-    WHERE t.queue = p_queue AND t.task_id = p_task_id
+    SELECT v.task_id, v.key, v.status, v.attempts, v.max_attempts, v.generation, v.available_at,
+           v.deadline, v.worker, v.payload
+    FROM @s@.task_view AS v WHERE v.queue = p_queue AND v.task_id = p_task_id
 $$;
 
 CREATE FUNCTION @s@.tasks(p_queue text, p_status text)
 RETURNS TABLE (task_id bytea, key bytea, status text, attempts bigint, max_attempts bigint,
                generation bigint, available_at bigint, deadline bigint, worker bytea, payload text)
 LANGUAGE sql STABLE AS $$
-    SELECT t.task_id, t.key, coalesce(l.status, 'completed'), coalesce(l.attempts, c.attempts),
-           t.max_attempts, coalesce(l.generation, c.generation),
-           coalesce(l.available_at, c.available_at), l.deadline, l.worker, l.payload
-    FROM @s@.task AS t
-    LEFT JOIN @s@.live AS l ON l.queue = t.queue AND l.task_id = t.task_id
-    LEFT JOIN @s@.completed AS c ON c.queue = t.queue AND c.task_id = t.task_id
-    WHERE t.queue = p_queue
-      AND (p_status IS NULL OR coalesce(l.status, 'completed') = p_status)
-    ORDER BY t.task_id
+    SELECT v.task_id, v.key, v.status, v.attempts, v.max_attempts, v.generation, v.available_at,
+           v.deadline, v.worker, v.payload
+    FROM @s@.task_view AS v
+    WHERE v.queue = p_queue AND (p_status IS NULL OR v.status = p_status)
+    ORDER BY v.task_id
 $$;
 
 CREATE FUNCTION @s@.stats(p_queue text)
