@@ -164,6 +164,15 @@ def test_an_unreachable_server_is_database_unavailable(tmp_path):
     assert isinstance(raised.value, Unavailable) and isinstance(raised.value, ConnectionError)
 
 
+@pytest.mark.parametrize(("options", "field"), [({"schema": "s" * 55}, "schema"),
+                                               ({"queue": "a\x00b"}, "queue"), ({"queue": ""}, "queue")])
+def test_bad_queue_and_schema_names_are_refused_by_name(postgres, options, field):
+    from walqueue import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match=field):
+        Client(postgres.dsn, **options)
+
+
 def test_a_closed_client_refuses_calls(make_client):
     from walqueue import QueueClosed
 

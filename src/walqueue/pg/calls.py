@@ -112,12 +112,16 @@ def queue_name(value: Any) -> str:
     return name
 
 
+# PostgreSQL names are at most 63 bytes; the NOTIFY channel is "walqueue:" + the schema.
+MAX_SCHEMA_BYTES = 63 - len("walqueue:")
+
+
 def schema_name(value: Any) -> str:
-    """A schema name: a PostgreSQL identifier of at most 63 bytes (NAMEDATALEN - 1), no NUL."""
+    """A schema name: at most 54 bytes (so its NOTIFY channel is a PostgreSQL name), no NUL."""
     name = validation.name(value, "schema")
-    if "\x00" in name or len(name.encode("utf-8")) > 63:
-        raise InvalidRequest(f"schema {name!r} is not a PostgreSQL identifier "
-                             f"(at most 63 bytes, no NUL)")
+    if "\x00" in name or len(name.encode("utf-8")) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(f"schema {name!r} must be at most {MAX_SCHEMA_BYTES} bytes without "
+                             f"NUL (its NOTIFY channel, 'walqueue:' + the name, is a PostgreSQL name)")
     return name
 
 
