@@ -1,0 +1,61 @@
+"""walqueue.pg: the same queue on PostgreSQL (SPEC §9).
+
+Needs the extra walqueue[postgres] (psycopg 3 and psycopg-pool). Public names:
+
+- `Client(dsn, *, queue="default", schema="walqueue", migrate=True)` and
+  `AsyncClient` (the same methods as coroutines): the library's API, with
+  the database server's clock;
+- `DatabaseUnavailable` (a `walqueue.errors.Unavailable`), `SchemaError`;
+- `migrate(dsn, schema=...)`: create or upgrade the schema (what
+  `walqueue-ctl --dsn URL migrate` runs);
+- `UNSUPPORTED_COMMANDS`: the walqueue-ctl commands that have no meaning on
+  PostgreSQL, each with the message saying what to use instead (exit 2).
+
+Modules: schema (tables, functions, migrations), calls (validation, SQL and
+conversion without I/O), client and aio (the two shells), wakeup (LISTEN,
+waiters, the reaper).
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from walqueue.pg.aio import AsyncClient
+from walqueue.pg.calls import DatabaseUnavailable, schema_name
+from walqueue.pg.client import Client, describe
+from walqueue.pg.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, SchemaError, migrate_connection
+
+__all__ = ["UNSUPPORTED_COMMANDS", "AsyncClient", "Client", "DatabaseUnavailable",
+           "SCHEMA_VERSION", "SchemaError", "migrate"]
+
+# walqueue-ctl --dsn: the daemon-only commands, and what to use on PostgreSQL.
+UNSUPPORTED_COMMANDS = {
+    "verify": "verify checks a walqueued directory; PostgreSQL checks its own data: "
+              "use pg_amcheck (and data checksums)",
+    "backup": "backup copies a walqueued directory; for PostgreSQL use pg_basebackup "
+              "(or pg_dump --schema walqueue)",
+    "compact": "there is no WAL of walqueue's to compact on PostgreSQL; VACUUM (autovacuum) "
+               "reclaims dead rows",
+    "pause": "pause is a walqueued feature; on PostgreSQL stop the workers, or REVOKE EXECUTE "
+             "on the schema's reserve functions from the worker role",
+    "resume": "resume is a walqueued feature; on PostgreSQL start the workers again, or GRANT "
+              "EXECUTE back",
+    "metrics": "metrics is walqueued's own report; on PostgreSQL use `stats` and the statistics "
+               "views (pg_stat_user_tables, pg_stat_activity), e.g. through postgres_exporter",
+}
+
+
+def migrate(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> int:
+    """Create or upgrade the walqueue schema in the database at `dsn`; returns its version.
+
+    Safe to run from several hosts at once (an advisory lock serializes
+    them). Raises SchemaError if the schema is newer than this walqueue
+    knows or the database is not UTF8, DatabaseUnavailable if PostgreSQL
+    cannot be reached.
+    """
+    schema = schema_name(schema)
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as connection:
+            return migrate_connection(connection, schema)
+    except psycopg.OperationalError as error:
+        raise DatabaseUnavailable(f"PostgreSQL at {describe(dsn)}: {error}") from error

@@ -1,0 +1,295 @@
+"""Waking waiting reserves, and reaping leases, for the PostgreSQL clients of one process.
+
+One `Service` per process and (dsn, schema), shared by every Client and
+AsyncClient there, runs one thread with one dedicated connection that:
+
+- LISTENs on the schema's channel. The operation functions NOTIFY inside the
+  writing transaction (so a notification is delivered only if the write
+  commits) with the payload "DUE NEXT_AT QUEUE": DUE tasks became due now,
+  or one becomes due at NEXT_AT. One notification per transaction, and only
+  while some process waits on that queue (a `listener` row), because NOTIFY
+  takes a database-wide lock at commit.
+- wakes, for DUE, as many local waiters of that queue as tasks became due,
+  oldest first (no thundering herd in a process; across processes each
+  wakes at most DUE of its own), and for NEXT_AT the head waiter, which
+  keeps the one timer of the queue in this process: at the next due
+  available_at or lease deadline, as the reserve function reports it;
+- reaps every known queue's expired leases every REAP_SECONDS, so `get` and
+  `stats` show them ended even when nobody reserves (SPEC §9);
+- removes its `listener` rows once a queue has had no waiter for
+  LINGER_SECONDS, and rows of processes that are gone.
+
+No lost wake-up: a waiter joins the local list, registers the queue (under
+an exclusive advisory lock that writers take shared before they look for a
+listener, so every writer either sees the registration or committed before
+it), then reserves again before sleeping. A waiter that leased a full
+`limit` wakes the next one, in case more became due than were announced.
+Every waiter also polls every SAFETY_POLL_SECONDS, in case a notification
+was lost (the listener reconnected, say). Behind a transaction-mode pooler
+LISTEN does not work: the service notices (its backend pid changes between
+transactions, or its own probe notification never arrives) and waiters poll
+every POLL_SECONDS instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from walqueue.pg.schema import channel, registration_lock_key
+
+log = logging.getLogger("walqueue.pg")
+
+REAP_SECONDS = 1.0
+SAFETY_POLL_SECONDS = 5.0
+POLL_SECONDS = 0.5           # without LISTEN: keeps SPEC §9's "leased within one second"
+LINGER_SECONDS = 10.0
+PROBE_SECONDS = 2.0
+RECONNECT_SECONDS = 1.0
+STALE_SWEEP_SECONDS = 30.0
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One waiting reserve. `wake` must be callable from the service thread."""
+
+    wake: Callable[[], None]
+    woken: bool = False
+
+
+@dataclass
+class _Queue:
+    waiters: list[Waiter] = field(default_factory=list)
+    registered: bool = False
+    idle_since: float = 0.0
+    reaping: int = 0           # clients of this process that want it reaped
+
+
+class Service:
+    """See the module docstring. Get it with `acquire(dsn, schema)`, give it back with `release`."""
+
+    def __init__(self, dsn: str, schema: str, *, listen: bool = True) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.channel = channel(schema)
+        quoted = sql.Identifier(schema).as_string(None)
+        # One statement: the lock is taken (the CTE runs first), then the row.
+        self._register_sql = (f"WITH locked AS (SELECT pg_advisory_xact_lock("
+                              f"{registration_lock_key(schema)})) INSERT INTO {quoted}.listener "
+                              f"(queue, pid) SELECT %s, %s FROM locked ON CONFLICT DO NOTHING")
+        self._unregister_sql = f"DELETE FROM {quoted}.listener WHERE queue = %s AND pid = %s"
+        self._sweep_sql = (f"DELETE FROM {quoted}.listener WHERE pid NOT IN "
+                           f"(SELECT pid FROM pg_stat_activity)")
+        self._reap_sql = f"SELECT {quoted}.reap(%s, {quoted}.clock())"
+        self._lock = threading.Lock()
+        self._queues: dict[str, _Queue] = {}
+        self._listening = threading.Event()    # set once LISTEN works, or polling was chosen
+        self.requested_polling = not listen
+        self.polling = not listen               # True: no LISTEN (a pooler, or asked)
+        self.pid: int | None = None             # the listening backend
+        self.woken = 0                          # waiters woken by notifications (tests count it)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"walqueue-pg-{schema}", daemon=True)
+        self._thread.start()
+
+    # -- used by the clients ---------------------------------------------------
+
+    def wanted_reaping(self, queue: str, wanted: bool) -> None:
+        with self._lock:
+            self._queues.setdefault(queue, _Queue()).reaping += 1 if wanted else -1
+
+    def ready(self, timeout: float) -> bool:
+        """Wait (bounded) until notifications flow or polling was chosen."""
+        return self._listening.wait(timeout)
+
+    def add(self, queue: str, wake: Callable[[], None]) -> Waiter:
+        waiter = Waiter(wake)
+        with self._lock:
+            self._queues.setdefault(queue, _Queue()).waiters.append(waiter)
+        return waiter
+
+    def remove(self, queue: str, waiter: Waiter) -> None:
+        with self._lock:
+            state = self._queues[queue]
+            was_head = bool(state.waiters) and state.waiters[0] is waiter
+            state.waiters.remove(waiter)
+            if not state.waiters:
+                state.idle_since = time.monotonic()
+            elif was_head:
+                # The new head takes over the queue's timer: it reserves once
+                # more, learns the next due time and sleeps until then.
+                self._wake(state.waiters[0])
+
+    def is_head(self, queue: str, waiter: Waiter) -> bool:
+        with self._lock:
+            waiters = self._queues[queue].waiters
+            return bool(waiters) and waiters[0] is waiter
+
+    def pass_on(self, queue: str, waiter: Waiter) -> None:
+        """`waiter` leased all it asked for: more may be due, so wake the next one."""
+        with self._lock:
+            for other in self._queues[queue].waiters:
+                if other is not waiter and not other.woken:
+                    self._wake(other)
+                    return
+
+    def needs_registration(self, queue: str) -> bool:
+        with self._lock:
+            state = self._queues.setdefault(queue, _Queue())
+            return not (state.registered or self.polling or self.pid is None)
+
+    def registration(self, queue: str) -> tuple[str, tuple]:
+        """The statement that makes writers of `queue` notify this process.
+
+        The caller runs it (one statement, so one transaction) on its own
+        connection, while it is in the waiter list (so the row is not removed meanwhile), then
+        calls `registered`. Its commit comes after every writer that did not
+        see it has committed.
+        """
+        return self._register_sql, (queue, self.pid)
+
+    def registered(self, queue: str, pid: int) -> None:
+        with self._lock:
+            if pid == self.pid:
+                self._queues[queue].registered = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    # -- the thread --------------------------------------------------------------
+
+    def _wake(self, waiter: Waiter) -> None:
+        waiter.woken = True
+        waiter.wake()
+
+    def _deliver(self, payload: str) -> None:
+        try:
+            due_text, next_text, queue = payload.split(" ", 2)
+            due, next_at = int(due_text), int(next_text)
+        except ValueError:
+            return  # our own probe, or a NOTIFY that is not ours
+        with self._lock:
+            state = self._queues.get(queue)
+            if state is None:
+                return
+            idle = [waiter for waiter in state.waiters if not waiter.woken]
+            for waiter in idle[:due]:
+                self._wake(waiter)
+                self.woken += 1
+            if next_at and not due and idle and state.waiters[0] is idle[0]:
+                self._wake(idle[0])  # the head re-reads the next due time
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for state in self._queues.values():
+                for waiter in state.waiters:
+                    self._wake(waiter)
+
+    def _connect(self) -> psycopg.Connection:
+        connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10,
+                                     application_name="walqueue listener")
+        if self.polling:
+            return connection
+        connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        pids = {connection.execute("SELECT pg_backend_pid()").fetchone()[0] for _ in range(2)}
+        probe = f"probe {id(self)}"
+        connection.execute("SELECT pg_notify(%s, %s)", (self.channel, probe))
+        received = any(notify.payload == probe
+                       for notify in connection.notifies(timeout=PROBE_SECONDS, stop_after=1))
+        if len(pids) != 1 or not received:
+            log.warning("LISTEN/NOTIFY does not work on %s (a transaction-mode pooler?): "
+                        "waiting reserves poll every %s s instead", self.schema, POLL_SECONDS)
+            self.polling = True
+        else:
+            self.pid = pids.pop()
+        return connection
+
+    def _run(self) -> None:
+        connection = None
+        last_reap = last_sweep = 0.0
+        while not self._stop.is_set():
+            try:
+                if connection is None or connection.closed or connection.broken:
+                    with self._lock:
+                        for state in self._queues.values():
+                            state.registered = False
+                    self.pid = None
+                    connection = self._connect()
+                    self._listening.set()
+                    self._wake_all()  # notifications may have been missed meanwhile
+                if self.polling:
+                    self._stop.wait(min(REAP_SECONDS, POLL_SECONDS))
+                else:
+                    for notify in connection.notifies(timeout=REAP_SECONDS / 2):
+                        self._deliver(notify.payload)
+                now = time.monotonic()
+                if now - last_reap >= REAP_SECONDS:
+                    last_reap = now
+                    self._reap(connection)
+                    self._unregister_idle(connection, now)
+                if now - last_sweep >= STALE_SWEEP_SECONDS:
+                    last_sweep = now
+                    connection.execute(self._sweep_sql)
+            except psycopg.Error as error:
+                log.warning("walqueue listener on %s: %s; reconnecting", self.schema, error)
+                if connection is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        connection.close()
+                connection = None
+                self._stop.wait(RECONNECT_SECONDS)
+        if connection is not None:
+            with contextlib.suppress(psycopg.Error):
+                connection.close()
+
+    def _reap(self, connection: psycopg.Connection) -> None:
+        with self._lock:
+            queues = [queue for queue, state in self._queues.items() if state.reaping > 0]
+        for queue in queues:
+            connection.execute(self._reap_sql, (queue,))
+
+    def _unregister_idle(self, connection: psycopg.Connection, now: float) -> None:
+        with self._lock:
+            for queue, state in self._queues.items():
+                if state.registered and not state.waiters and now - state.idle_since > LINGER_SECONDS:
+                    # Under the lock, so a waiter arriving now registers again after this.
+                    connection.execute(self._unregister_sql, (queue, self.pid))
+                    state.registered = False
+
+
+_services: dict[tuple[str, str, bool], Service] = {}
+_users: dict[tuple[str, str, bool], int] = {}
+_services_lock = threading.Lock()
+
+
+def acquire(dsn: str, schema: str, *, listen: bool = True) -> Service:
+    """The process's Service for (dsn, schema), started on first use; `release` it when done."""
+    key = (dsn, schema, listen)
+    with _services_lock:
+        found = _services.get(key)
+        if found is None or not found._thread.is_alive():
+            found = _services[key] = Service(dsn, schema, listen=listen)
+            _users[key] = 0
+        _users[key] += 1
+        return found
+
+
+def release(found: Service) -> None:
+    """One user fewer; the last one stops the thread and closes its connection."""
+    key = (found.dsn, found.schema, not found.requested_polling)
+    with _services_lock:
+        if _services.get(key) is not found:
+            found.close()
+            return
+        _users[key] -= 1
+        if _users[key] > 0:
+            return
+        del _services[key], _users[key]
+    found.close()

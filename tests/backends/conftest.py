@@ -1,0 +1,62 @@
+"""One fixture, two backends: the semantic tests run against walqueued and PostgreSQL.
+
+`backend` is parametrized; `backend.client()` opens another client of the
+same queue (a walqueue.client.Client on the test's own daemon, or a
+walqueue.pg.Client on a fresh queue of the session's cluster), and
+`backend.name` says which. Every client and the daemon are closed or stopped
+after the test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.postgres import session_server, unique_name
+from tests.process.daemon import Daemon
+
+
+class Backend:
+    def __init__(self, name: str, opener) -> None:
+        self.name = name
+        self._opener = opener
+        self._clients: list = []
+
+    def client(self):
+        client = self._opener()
+        self._clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+@pytest.fixture(params=["walqueued", "postgres"])
+def backend(request):
+    if request.param == "walqueued":
+        from walqueue.client import Client as DaemonClient
+
+        workdir = Path(tempfile.mkdtemp(prefix="wq-", dir="/tmp"))
+        daemon = Daemon(workdir, workdir / "queue", str(workdir / "wq.sock"))
+        daemon.start()
+        backend = Backend("walqueued", lambda: DaemonClient(daemon.socket_path))
+        try:
+            yield backend
+        finally:
+            backend.close()
+            daemon.cleanup()
+            shutil.rmtree(workdir, ignore_errors=True)
+        return
+    from walqueue.pg import Client as PostgresClient
+
+    server = session_server(request)
+    queue = unique_name("q")
+    backend = Backend("postgres", lambda: PostgresClient(server.dsn, queue=queue))
+    try:
+        yield backend
+    finally:
+        backend.close()
