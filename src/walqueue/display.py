@@ -22,7 +22,9 @@ Three pure functions, one rule each:
   message is read, not copied (and Python's repr in it has escaped already).
 * `json_text(encoded)` takes JSON text and writes the same characters as
   JSON `\\u` escapes: the value it decodes to is unchanged (JSON output stays
-  exact), but no control or bidi character reaches the terminal raw.
+  exact), but no control or bidi character reaches the terminal raw;
+  `json_line(value)` encodes a value so (compact, keys sorted, non-ASCII
+  text readable).
 
 Not detected: look-alikes across scripts (Latin `a`, Cyrillic `а`) and
 compatibility forms (`ﬁ`, fullwidth letters); use `--json` to see an id
@@ -31,7 +33,9 @@ exactly.
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from typing import Any
 
 # Characters a terminal acts on or does not show: controls (C0, DEL, C1),
 # format characters (bidi controls, zero-width spaces and joiners, tags),
@@ -96,3 +100,8 @@ def json_text(encoded: str) -> str:
     if encoded.isascii() and encoded.isprintable():
         return encoded  # the common case, in one pass
     return "".join(_json_escape(c) if _hidden(c) else c for c in encoded)
+
+
+def json_line(value: Any) -> str:
+    """`value` as one line of JSON, safe to print (see json_text)."""
+    return json_text(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
