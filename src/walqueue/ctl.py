@@ -590,7 +590,7 @@ def table(rows: list[list[str]]) -> None:
 def payload_cell(payload: dict | None) -> str:
     if payload is None:
         return "-"
-    text = display.name(json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+    text = display.json_line(payload)  # JSON's own escapes, and no character shown raw
     if len(text) > PAYLOAD_COLUMN_CHARS:
         text = text[:PAYLOAD_COLUMN_CHARS - 3] + "..."
     return text
