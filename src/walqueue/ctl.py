@@ -1,15 +1,29 @@
 """walqueue-ctl: the operator's command line for walqueued (SPEC §8).
 
-A thin layer over `walqueue.client.Client`: each command is one or a few
-client calls, its output is data (JSON, one object per line) or a report
-(`stats`, `dead` and `verify` print tables unless `--json`), and every
-failure maps to one documented exit code with a message that says what to
-do next. `verify` is the exception: it talks to no daemon and reads a
-directory offline through `walqueue.verify` (read-only; no lock taken).
+A thin layer over a client: each command is one or a few calls of SPEC's
+client methods, its output is data (JSON, one object per line) or a report
+(`stats`, `dead`, `tasks`, `next`, `top` and `verify` print for a human
+unless `--json`), and every failure maps to one documented exit code with a
+message that says what to do next. `verify` is the exception: it talks to no
+daemon and reads a directory offline through `walqueue.verify` (read-only; no
+lock taken).
+
+One output convention, on every command:
+
+* `--json`: the output is JSON with SPEC's field names (a `TaskView` or a
+  `Lease` is one object, a listing one object per line), and errors are one
+  JSON object each on stderr: `{"code": N, "error": "Name", "message": "..."}`
+  (plus `task_id`, `status`, `generation` for a stale lease and `line` for a
+  line of stdin). Data commands (`put`, `reserve`, `get`, ...) print JSON
+  anyway.
+* For a human, every name (task id, key, worker, directory) and every
+  message from the daemon goes through `walqueue.display`, so control, bidi
+  and invisible characters are escaped; JSON keeps every value exact.
 
 The group builds one `Ctl` context object (where the daemon is, how long to
-wait for it) that the commands share; the client is created on first use, so
-`verify` and `--help` never touch a socket.
+wait for it, whether errors are JSON) that the commands share. Its `client`
+is created on first use by `open_client`, the one place a backend is chosen,
+so `verify` and `--help` never touch a socket.
 """
 
 from __future__ import annotations
@@ -17,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +46,9 @@ from walqueue import (
     QueueClosed,
     StaleLease,
     WalQueueError,
+    __version__,
+    display,
+    top,
 )
 from walqueue.backup import (
     BackupError,
@@ -39,7 +58,7 @@ from walqueue.backup import (
     check_destination,
     copy_manifest,
 )
-from walqueue.client import SOCKET_NAME, Client, DaemonUnavailable
+from walqueue.client import SOCKET_NAME, Client, DaemonUnavailable, socket_path
 from walqueue.metrics import DaemonStats, render_prometheus
 from walqueue.verify import verify_directory
 
@@ -57,85 +76,200 @@ EXIT_BACKUP_INCOMPLETE = 10
 
 DEFAULT_SOCKET = "/run/walqueue/walqueued.sock"  # where systemd/walqueued.service puts it
 DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_NEXT_LIMIT = 10
 PAYLOAD_COLUMN_CHARS = 60
+STATUSES = ("ready", "leased", "completed", "dead")
 
-EXIT_CODES_HELP = """\b
-Exit codes:
-  0  success (also: reserve that leased nothing; verify of a healthy
-     directory, torn tail included)
-  1  failure: the daemon could not make the request durable (a failed
-     write; it reopened its queue; retry) or an unexpected error
-  2  usage error or invalid input (bad option, malformed JSON, a request
-     the queue rejects as InvalidRequest); nothing was written
-  3  the daemon is unavailable (not running, wrong socket, no permission,
-     or the connection broke before the answer)
-  4  corrupt: verify found corruption (the daemon would refuse to start),
-     or the copy backup made does not verify
-  5  stale lease: ack/release/touch with a lease that is not current
-  6  key conflict: put with a key or task id already used differently
-  7  not found: get of an unknown task
-  8  verify or backup could not read the queue directory or one of its
-     files (run as the daemon's user or a member of its group)
-  9  backup: DEST exists and is not an empty directory (nothing written)
- 10  backup: the copy failed half way; DEST is incomplete (it will not
-     open as a queue): delete it and run backup again
+# Each code's meaning, pre-wrapped for --help: the whole table in the
+# group's help, each command's own codes in its help.
+EXIT_MEANINGS = {
+    EXIT_OK: "success (also: reserve that leased nothing; verify of a healthy\n"
+             "     directory, torn tail included)",
+    EXIT_FAILURE: "failure: the daemon could not make the request durable (a failed\n"
+                  "     write; it reopened its queue; retry) or an unexpected error",
+    EXIT_USAGE: "usage error or invalid input (bad option, malformed JSON, a request\n"
+                "     the queue rejects as InvalidRequest); nothing was written",
+    EXIT_UNAVAILABLE: "the daemon is unavailable (not running, wrong socket, no permission,\n"
+                      "     or the connection broke before the answer)",
+    EXIT_CORRUPT: "corrupt: verify found corruption (the daemon would refuse to start),\n"
+                  "     or the copy backup made does not verify",
+    EXIT_STALE_LEASE: "stale lease: ack/release/touch with a lease that is not current",
+    EXIT_KEY_CONFLICT: "key conflict: put with a key or task id already used differently",
+    EXIT_NOT_FOUND: "not found: get of an unknown task",
+    EXIT_UNREADABLE: "verify or backup could not read the queue directory or one of its\n"
+                     "     files (run as the daemon's user or a member of its group)",
+    EXIT_DEST_NOT_EMPTY: "backup: DEST exists and is not an empty directory (nothing written)",
+    EXIT_BACKUP_INCOMPLETE: "backup: the copy failed half way; DEST is incomplete (it will not\n"
+                            "     open as a queue): delete it and run backup again",
+}
+
+# The codes of a command that talks to the daemon, before its own.
+DAEMON_CODES = (EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE)
+
+
+def exit_codes_help(codes: tuple[int, ...]) -> str:
+    lines = "\n".join(f"{code:>3}  {EXIT_MEANINGS[code]}" for code in codes)
+    return f"\b\nExit codes:\n{lines}\n"
+
+
+GROUP_EPILOG = exit_codes_help(tuple(EXIT_MEANINGS)) + """\
 \b
 Where the daemon is: --socket PATH, or --dir DIRECTORY (its walqueued.sock),
 or $WALQUEUE_SOCKET; default /run/walqueue/walqueued.sock.
+\b
+--json on any command: JSON output, and errors as one JSON object each on
+stderr: {"code": N, "error": "Name", "message": "..."}.
+\b
+Shell completion (bash; zsh_source and fish_source likewise):
+  eval "$(_WALQUEUE_CTL_COMPLETE=bash_source walqueue-ctl)"
 """
 
 
-class CtlError(click.ClickException):
-    """An error with its exit code; click prints `Error: <message>` to stderr."""
+def command_epilog(codes: tuple[int, ...]) -> str:
+    return exit_codes_help(codes) + "(walqueue-ctl --help explains them all.)\n"
 
-    def __init__(self, message: str, exit_code: int) -> None:
+
+# -- errors -------------------------------------------------------------------------
+
+
+class CtlError(click.ClickException):
+    """An error with its exit code; click prints `Error: <message>` to stderr.
+
+    `name` and `fields` are what `--json` reports besides the message.
+    """
+
+    def __init__(self, message: str, exit_code: int, name: str = "Error",
+                 fields: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.name = name
+        self.fields = fields or {}
 
 
-def error_for(exc: BaseException, socket_path: str) -> CtlError:
+def error_object(error: click.ClickException) -> dict[str, Any]:
+    """The JSON form of an error: {"code", "error", "message"} and its own fields."""
+    if isinstance(error, CtlError):
+        name, fields = error.name, error.fields
+    else:
+        name, fields = ("UsageError" if isinstance(error, click.UsageError) else "Error"), {}
+    return {"code": error.exit_code, "error": name, "message": error.format_message(), **fields}
+
+
+class JsonError(click.ClickException):
+    """An error shown as one JSON object on stderr (under --json), with its exit code."""
+
+    def __init__(self, error: click.ClickException) -> None:
+        super().__init__(error.format_message())
+        self.exit_code = error.exit_code
+        self.error = error
+
+    def show(self, file=None) -> None:
+        click.echo(display.json_line(error_object(self.error)), err=True)
+
+
+def what_is_at(path: str) -> tuple[str, bool] | None:
+    """Why `path` cannot be walqueued's socket, and whether it is there at all;
+    None when it is a socket (or cannot be looked at)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            return f"its directory {display.name(parent)} does not exist", False
+        return "no such file (no daemon has created its socket there)", False
+    except OSError:
+        return None  # e.g. no permission: the client's own message says so
+    if stat.S_ISSOCK(mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "a file"
+    return f"it is {kind}, not a socket", True
+
+
+def error_for(exc: BaseException, path: str) -> CtlError:
     """The exit code and next-step message for a library or client exception."""
+    message = display.text(str(exc))
+    name = type(exc).__name__
     if isinstance(exc, (DaemonUnavailable, ConnectionError)):
-        return CtlError(f"{exc}\nIs walqueued running and is {socket_path} its socket? Start it "
-                        f"(systemctl start walqueued, or walqueued serve DIRECTORY), or point "
-                        f"--socket, --dir or WALQUEUE_SOCKET at it.", EXIT_UNAVAILABLE)
+        found = what_is_at(path)
+        if found is not None:
+            message = f"cannot connect to walqueued at {display.name(path)}: {found[0]}"
+        if found is not None and found[1]:
+            advice = (f"Point --socket at walqueued's socket, or --dir at its queue directory "
+                      f"(default {DEFAULT_SOCKET}).")
+        else:
+            advice = (f"Is walqueued running and is {display.name(path)} its socket? Start it "
+                      f"(systemctl start walqueued, or walqueued serve DIRECTORY), or point "
+                      f"--socket, --dir or WALQUEUE_SOCKET at it.")
+        return CtlError(f"{message}\n{advice}", EXIT_UNAVAILABLE, "DaemonUnavailable")
     if isinstance(exc, StaleLease):
         if exc.status is None:
             now = "is unknown to the daemon"
         else:
             now = f"is now {exc.status} at generation {exc.generation}"
-        return CtlError(f"{exc}\nThe task {now}. The lease is no longer yours: reserve again "
+        return CtlError(f"{message}\nThe task {now}. The lease is no longer yours: reserve again "
                         f"(a retried ack that finds the task completed at your own generation "
-                        f"means the first ack succeeded).", EXIT_STALE_LEASE)
+                        f"means the first ack succeeded).", EXIT_STALE_LEASE, name,
+                        {"task_id": exc.task_id, "status": exc.status, "generation": exc.generation})
     if isinstance(exc, KeyConflict):
-        return CtlError(f"{exc}\nUse a new task id and key, or repeat the original request exactly "
-                        f"(an identical put is idempotent).", EXIT_KEY_CONFLICT)
+        return CtlError(f"{message}\nUse a new task id and key, or repeat the original request "
+                        f"exactly (an identical put is idempotent).", EXIT_KEY_CONFLICT, name)
     if isinstance(exc, InvalidRequest):
-        return CtlError(f"{exc}\nNothing was written; fix the request.", EXIT_USAGE)
+        return CtlError(f"{message}\nNothing was written; fix the request.", EXIT_USAGE, name)
     if isinstance(exc, QueueClosed):
-        return CtlError(f"{exc}\nThe daemon failed to write (disk full? I/O error?) and reopened "
-                        f"its queue, so this request may or may not have been applied. Check its "
-                        f"log, then retry: a put is idempotent, and an ack that then finds the task "
-                        f"completed at your generation had succeeded.", EXIT_FAILURE)
+        return CtlError(f"{message}\nThe daemon failed to write (disk full? I/O error?) and "
+                        f"reopened its queue, so this request may or may not have been applied. "
+                        f"Check its log, then retry: a put is idempotent, and an ack that then "
+                        f"finds the task completed at your generation had succeeded.",
+                        EXIT_FAILURE, name)
     if isinstance(exc, CorruptStore):
-        return CtlError(f"{exc}\nRun walqueue-ctl verify on the daemon's directory.", EXIT_CORRUPT)
-    return CtlError(f"{type(exc).__name__}: {exc}", EXIT_FAILURE)
+        return CtlError(f"{message}\nRun walqueue-ctl verify on the daemon's directory.",
+                        EXIT_CORRUPT, name)
+    return CtlError(f"{name}: {message}", EXIT_FAILURE, name)
+
+
+# -- the context object and the backend ---------------------------------------------
+
+
+class GuardedClient:
+    """A client whose exceptions arrive as CtlErrors, so commands call SPEC's methods plainly."""
+
+    def __init__(self, client: Any, path: str) -> None:
+        self._client = client
+        self._path = path
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        call = getattr(self._client, method)
+
+        def guarded(*args, **kwargs):
+            try:
+                return call(*args, **kwargs)
+            except (WalQueueError, OSError) as exc:
+                raise error_for(exc, self._path) from exc
+
+        return guarded
+
+
+# Tests replace this to run the commands against a fake daemon.
+CLIENT_FACTORY: Callable[..., Any] = Client
 
 
 @dataclasses.dataclass
 class Ctl:
-    """The group's context object: where the daemon is and one lazily opened Client."""
+    """The group's context object: where the daemon is, and one lazily opened client."""
 
     socket_path: str
     timeout: float
-    client_factory: Callable[..., Any] = Client
+    json: bool | None = None  # set by a command's --json once parsed
     _client: Any = None
 
     @property
-    def client(self):
+    def client(self) -> Any:
         if self._client is None:
-            self._client = self.client_factory(self.socket_path, timeout=self.timeout,
-                                               retry_seconds=0, name="walqueue-ctl")
+            try:
+                client = open_client(self)
+            except (WalQueueError, OSError) as exc:
+                raise error_for(exc, self.socket_path) from exc
+            self._client = GuardedClient(client, self.socket_path)
         return self._client
 
     def close(self) -> None:
@@ -143,57 +277,81 @@ class Ctl:
             self._client.close()
             self._client = None
 
-    def call(self, method: str, *args, **kwargs):
-        """Call a Client method, turning its exceptions into CtlErrors."""
+
+def open_client(ctl: Ctl) -> Any:
+    """The backend of this invocation: walqueued's client at ctl.socket_path.
+
+    The one place a backend is chosen (another one, such as walqueue.pg's
+    Client for a DSN, goes here); commands only call SPEC's client methods.
+    """
+    return CLIENT_FACTORY(ctl.socket_path, timeout=ctl.timeout, retry_seconds=0,
+                          name="walqueue-ctl")
+
+
+class CtlGroup(click.Group):
+    """The walqueue-ctl group: under --json, every error is reported as a JSON object."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["walqueue-ctl.args"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
         try:
-            return getattr(self.client, method)(*args, **kwargs)
-        except (WalQueueError, OSError) as exc:
-            raise error_for(exc, self.socket_path) from exc
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            if wants_json(ctx):
+                raise JsonError(exc) from exc
+            raise
 
 
-# Tests replace this to run the commands against a fake daemon.
-CLIENT_FACTORY: Callable[..., Any] = Client
+def wants_json(ctx: click.Context) -> bool:
+    ctl = ctx.find_object(Ctl)
+    if ctl is not None and ctl.json is not None:
+        return ctl.json
+    # The command line did not parse as far as --json: look for it by hand.
+    args = ctx.meta.get("walqueue-ctl.args", [])
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
 
 
-def emit(value: Any) -> None:
-    """Print one JSON value on one line (dataclasses as objects)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    click.echo(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
-
-
-def parse_json_object(text: str, what: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise CtlError(f"{what} is not valid JSON: {exc}", EXIT_USAGE) from None
-    if not isinstance(value, dict):
-        raise CtlError(f"{what} must be a JSON object, not {type(value).__name__}", EXIT_USAGE)
+def _remember_json(ctx: click.Context, parameter: click.Parameter, value: bool) -> bool:
+    ctl = ctx.find_object(Ctl)
+    if ctl is not None:
+        ctl.json = value
     return value
 
 
-@click.group(epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--socket", "socket_path", envvar="WALQUEUE_SOCKET", type=click.Path(dir_okay=True),
+def json_option(help_text: str):
+    return click.option("--json", "as_json", is_flag=True, callback=_remember_json, help=help_text)
+
+
+JSON_ALREADY = "Report errors as JSON objects on stderr (the output is JSON already)."
+
+
+@click.group(cls=CtlGroup, epilog=GROUP_EPILOG,
+             context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="walqueue-ctl",
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
+@click.option("--socket", "socket_option", envvar="WALQUEUE_SOCKET", type=click.Path(dir_okay=True),
               help="walqueued's socket (or its directory). [env: WALQUEUE_SOCKET]")
 @click.option("--dir", "directory", type=click.Path(file_okay=False),
               help="The daemon's queue DIRECTORY: use DIRECTORY/walqueued.sock.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_SECONDS,
               show_default=True, help="Seconds to wait for each answer (plus --wait for reserve).")
 @click.pass_context
-def cli(ctx: click.Context, socket_path: str | None, directory: str | None, timeout: float) -> None:
+def cli(ctx: click.Context, socket_option: str | None, directory: str | None, timeout: float) -> None:
     """Operate walqueued, the WALQueue daemon, and verify queue directories.
 
     Data is printed as JSON, one object per line, so that
     `walqueue-ctl reserve w | walqueue-ctl ack -` works.
     """
-    if directory is not None and ctx.get_parameter_source("socket_path") == \
+    if directory is not None and ctx.get_parameter_source("socket_option") == \
             click.core.ParameterSource.COMMANDLINE:
         raise click.UsageError("give --socket or --dir, not both")
     if directory is not None:
         path = os.path.join(directory, SOCKET_NAME)
     else:
-        path = socket_path or DEFAULT_SOCKET
-    ctl = Ctl(path, timeout, CLIENT_FACTORY)
+        path = socket_path(socket_option or DEFAULT_SOCKET)
+    ctl = Ctl(path, timeout)
     ctx.obj = ctl
     ctx.call_on_close(ctl.close)
 
@@ -201,10 +359,47 @@ def cli(ctx: click.Context, socket_path: str | None, directory: str | None, time
 pass_ctl = click.make_pass_decorator(Ctl)
 
 
+def command(*codes: int, short_help: str | None = None, name: str | None = None):
+    """A walqueue-ctl command whose --help lists its own exit codes."""
+    return cli.command(name, epilog=command_epilog(codes), short_help=short_help)
+
+
+def emit(value: Any) -> None:
+    """Print one JSON value on one line (dataclasses as objects)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    click.echo(display.json_line(value))
+
+
+def json_kind(value: Any) -> str:
+    """How JSON names the type of a decoded value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    return "a number"
+
+
+def parse_json_object(text: str, what: str) -> dict:
+    """`text` as a JSON object; raises CtlError (exit 2) naming `what` otherwise."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CtlError(f"{what} is not valid JSON: {exc}", EXIT_USAGE, "InvalidJSON") from None
+    if not isinstance(value, dict):
+        raise CtlError(f"{what} must be a JSON object, not {json_kind(value)}", EXIT_USAGE,
+                       "InvalidJSON")
+    return value
+
+
 # -- tasks in ---------------------------------------------------------------------
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Put a task (idempotent by key).')
+@command(*DAEMON_CODES, EXIT_KEY_CONFLICT, short_help='Put a task (idempotent by key).')
 @click.argument("task_id")
 @click.argument("payload", required=False, default="{}", metavar="[PAYLOAD_JSON|-]")
 @click.option("--key", default=None,
@@ -216,27 +411,30 @@ pass_ctl = click.make_pass_decorator(Ctl)
               help="Due at this Unix time (seconds). Not with --delay.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="Leases after which a task that keeps failing (released or expired) is dead.")
+@json_option(JSON_ALREADY)
 @pass_ctl
 def put(ctl: Ctl, task_id: str, payload: str, key: str | None, delay: int | None,
-        available_at: int | None, max_attempts: int) -> None:
+        available_at: int | None, max_attempts: int, as_json: bool) -> None:
     """Put a task; PAYLOAD_JSON is a JSON object ('-' reads it from stdin; default {}).
 
     Prints {"task_id": ...}. Putting the identical request again is a no-op
-    that prints the same id.
+    that prints the same id. Tasks are leased in (available_at, task_id)
+    order, so ids that should run in arrival order must sort that way
+    (zero-padded numbers, or time-ordered ids).
     """
     if delay is not None and available_at is not None:
         raise click.UsageError("give --delay or --available-at, not both")
     text = sys.stdin.read() if payload == "-" else payload
     value = parse_json_object(text, "the payload" + (" on stdin" if payload == "-" else ""))
-    task = ctl.call("put", task_id, value, key=key, available_at=available_at or 0,
-                    delay=delay, max_attempts=max_attempts)
+    task = ctl.client.put(task_id, value, key=key, available_at=available_at or 0,
+                          delay=delay, max_attempts=max_attempts)
     emit({"task_id": task})
 
 
 # -- leases -----------------------------------------------------------------------
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Lease due tasks for WORKER.')
+@command(*DAEMON_CODES, short_help='Lease due tasks for WORKER.')
 @click.argument("worker")
 @click.option("--lease-seconds", type=click.IntRange(min=1), default=30, show_default=True,
               help="Lease length. The daemon's clock is whole seconds, so a lease of L seconds "
@@ -245,13 +443,16 @@ def put(ctl: Ctl, task_id: str, payload: str, key: str | None, delay: int | None
               help="At most this many tasks in one lease batch.")
 @click.option("--wait", type=click.FloatRange(0, 300), default=0, show_default=True,
               help="Seconds to wait for a task to become due.")
+@json_option(JSON_ALREADY)
 @pass_ctl
-def reserve(ctl: Ctl, worker: str, lease_seconds: int, limit: int, wait: float) -> None:
+def reserve(ctl: Ctl, worker: str, lease_seconds: int, limit: int, wait: float, as_json: bool) -> None:
     """Lease up to --limit due tasks for WORKER; prints one lease JSON per line.
 
     Prints nothing (exit 0) when no task was due within --wait seconds.
+    Tasks are leased in (available_at, task_id) order; `next` shows that
+    order without leasing.
     """
-    for lease in ctl.call("reserve", worker, lease_seconds=lease_seconds, limit=limit, wait=wait):
+    for lease in ctl.client.reserve(worker, lease_seconds=lease_seconds, limit=limit, wait=wait):
         emit(lease)
 
 
@@ -264,33 +465,34 @@ class LeaseRef:
     generation: int
 
 
-def leases_from(source: str, worker: str | None, generation: int | None) -> Iterator[tuple[str, LeaseRef | CtlError]]:
-    """(where, lease or the error in that input) for `-` (stdin lines) or one TASK_ID."""
+def leases_from(source: str, worker: str | None, generation: int | None
+                ) -> Iterator[tuple[int | None, LeaseRef | CtlError]]:
+    """(stdin line number or None, the lease or the error in that input) for `-` or one TASK_ID."""
     if source != "-":
         if worker is None or generation is None:
             raise click.UsageError("give --worker and --generation with a TASK_ID (or '-' to read "
                                    "leases as JSON lines from stdin)")
-        yield source, LeaseRef(source, worker, generation)
+        yield None, LeaseRef(source, worker, generation)
         return
     if worker is not None or generation is not None:
         raise click.UsageError("--worker and --generation go with a TASK_ID, not with '-'")
     for number, line in enumerate(sys.stdin, 1):
         if not line.strip():
             continue
-        where = f"stdin line {number}"
         try:
-            value = parse_json_object(line, where)
-            task_id, lease_worker, lease_generation = (value.get("task_id"), value.get("worker"),
-                                                       value.get("generation"))
-            if not (isinstance(task_id, str) and isinstance(lease_worker, str)
-                    and type(lease_generation) is int):
-                raise CtlError(f"{where} is not a lease: it needs \"task_id\" and \"worker\" "
-                               f"strings and an integer \"generation\" (as reserve prints)",
-                               EXIT_USAGE)
+            value = parse_json_object(line, "the lease")
         except CtlError as exc:
-            yield where, exc
+            yield number, exc
             continue
-        yield where, LeaseRef(task_id, lease_worker, lease_generation)
+        task_id, lease_worker, lease_generation = (value.get("task_id"), value.get("worker"),
+                                                   value.get("generation"))
+        if not (isinstance(task_id, str) and isinstance(lease_worker, str)
+                and type(lease_generation) is int):
+            yield number, CtlError('the lease needs "task_id" and "worker" strings and an '
+                                   'integer "generation" (as reserve prints)', EXIT_USAGE,
+                                   "InvalidJSON")
+            continue
+        yield number, LeaseRef(task_id, lease_worker, lease_generation)
 
 
 def for_each_lease(ctl: Ctl, source: str, worker: str | None, generation: int | None,
@@ -298,75 +500,84 @@ def for_each_lease(ctl: Ctl, source: str, worker: str | None, generation: int | 
     """Run `action` on every lease; with '-', go on after a failed line and exit
     with the code of the first failure (each failure is reported on stderr)."""
     first_failure: CtlError | None = None
-    for where, lease in leases_from(source, worker, generation):
+    for number, lease in leases_from(source, worker, generation):
         try:
             if isinstance(lease, CtlError):
                 raise lease
             action(lease)
         except CtlError as exc:
-            if source != "-":
+            if number is None:
                 raise
-            click.echo(f"Error: {where}: {exc.format_message()}", err=True)
+            if ctl.json:
+                click.echo(display.json_line({**error_object(exc), "line": number}), err=True)
+            else:
+                click.echo(f"Error: stdin line {number}: {exc.format_message()}", err=True)
             first_failure = first_failure or exc
             if exc.exit_code == EXIT_UNAVAILABLE:
                 break  # every later line would fail the same way
     if first_failure is not None:
-        ctx = click.get_current_context()
-        ctx.exit(first_failure.exit_code)
+        click.get_current_context().exit(first_failure.exit_code)
 
 
 def lease_arguments(command):
+    command = json_option("Report errors as JSON objects on stderr, one per failed lease "
+                          "(with its stdin line).")(command)
     command = click.option("--generation", type=click.IntRange(min=0), default=None,
                            help="The lease's generation (with TASK_ID).")(command)
     command = click.option("--worker", default=None, help="The lease's worker (with TASK_ID).")(command)
     return click.argument("lease", metavar="(- | TASK_ID)")(command)
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Complete leased tasks.')
+LEASE_CODES = (*DAEMON_CODES, EXIT_STALE_LEASE)
+
+
+@command(*LEASE_CODES, short_help='Complete leased tasks.')
 @lease_arguments
 @pass_ctl
-def ack(ctl: Ctl, lease: str, worker: str | None, generation: int | None) -> None:
+def ack(ctl: Ctl, lease: str, worker: str | None, generation: int | None, as_json: bool) -> None:
     """Complete leased tasks: TASK_ID --worker W --generation G, or '-' to read
     the lease JSON lines `reserve` prints from stdin. Prints nothing."""
-    for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.call("ack", ref))
+    for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.client.ack(ref))
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Give leased tasks back, due again after --delay.')
+@command(*LEASE_CODES, short_help='Give leased tasks back, due again after --delay.')
 @lease_arguments
 @click.option("--delay", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seconds before the task is due again.")
 @pass_ctl
-def release(ctl: Ctl, lease: str, worker: str | None, generation: int | None, delay: int) -> None:
+def release(ctl: Ctl, lease: str, worker: str | None, generation: int | None, delay: int,
+            as_json: bool) -> None:
     """Give leased tasks back (dead once out of attempts): TASK_ID --worker W
     --generation G, or '-' for lease JSON lines on stdin. Prints nothing."""
-    for_each_lease(ctl, lease, worker, generation,
-                   lambda ref: ctl.call("release", ref, delay=delay))
+    for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.client.release(ref, delay=delay))
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Extend live leases.')
+@command(*LEASE_CODES, short_help='Extend live leases.')
 @lease_arguments
 @click.option("--lease-seconds", type=click.IntRange(min=1), required=True,
               help="The new deadline, in seconds from the daemon's now.")
 @pass_ctl
-def touch(ctl: Ctl, lease: str, worker: str | None, generation: int | None, lease_seconds: int) -> None:
+def touch(ctl: Ctl, lease: str, worker: str | None, generation: int | None, lease_seconds: int,
+          as_json: bool) -> None:
     """Extend live leases: TASK_ID --worker W --generation G, or '-' for lease
     JSON lines on stdin. Prints each new lease as a JSON line."""
     for_each_lease(ctl, lease, worker, generation,
-                   lambda ref: emit(ctl.call("touch", ref, lease_seconds=lease_seconds)))
+                   lambda ref: emit(ctl.client.touch(ref, lease_seconds=lease_seconds)))
 
 
-# -- inspection and maintenance ---------------------------------------------------
+# -- inspection -------------------------------------------------------------------
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@command(*DAEMON_CODES, EXIT_NOT_FOUND)
 @click.argument("task_id")
+@json_option(JSON_ALREADY)
 @pass_ctl
-def get(ctl: Ctl, task_id: str) -> None:
+def get(ctl: Ctl, task_id: str, as_json: bool) -> None:
     """Print one task as JSON (exit 7 if there is no such task)."""
-    task = ctl.call("get", task_id)
+    task = ctl.client.get(task_id)
     if task is None:
-        raise CtlError(f"no task {task_id!r} in the queue (completed and dead tasks stay "
-                       f"listed, so it was never put)", EXIT_NOT_FOUND)
+        raise CtlError(f"no task '{display.name(task_id)}' in the queue (completed and dead "
+                       f"tasks stay listed, so it was never put)", EXIT_NOT_FOUND, "NotFound")
     emit(task)
 
 
@@ -374,6 +585,103 @@ def table(rows: list[list[str]]) -> None:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def payload_cell(payload: dict | None) -> str:
+    if payload is None:
+        return "-"
+    text = display.json_line(payload)  # JSON's own escapes, and no character shown raw
+    if len(text) > PAYLOAD_COLUMN_CHARS:
+        text = text[:PAYLOAD_COLUMN_CHARS - 3] + "..."
+    return text
+
+
+def _optional(value: Any, render: Callable[[Any], str] = str) -> str:
+    return "-" if value is None else render(value)
+
+
+# How each column of a task table shows a TaskView (now: this machine's clock, in seconds).
+TASK_COLUMNS: dict[str, Callable[[Any, int], str]] = {
+    "TASK_ID": lambda task, now: display.name(task.task_id),
+    "KEY": lambda task, now: display.name(task.key),
+    "STATUS": lambda task, now: task.status,
+    "DUE": lambda task, now: top.due_text(task.available_at, now),
+    "ATTEMPTS": lambda task, now: f"{task.attempts}/{task.max_attempts}",
+    "GENERATION": lambda task, now: str(task.generation),
+    "AVAILABLE_AT": lambda task, now: str(task.available_at),
+    "WORKER": lambda task, now: _optional(task.worker, display.name),
+    "DEADLINE": lambda task, now: _optional(task.deadline),
+    "PAYLOAD": lambda task, now: payload_cell(task.payload),
+}
+
+
+def print_tasks(tasks: list, total: int, columns: tuple[str, ...], as_json: bool, nothing: str) -> None:
+    """A listing: one TaskView JSON per line, or a table; says how many were left out."""
+    if as_json:
+        for task in tasks:
+            emit(task)
+        return
+    if not tasks:
+        click.echo(nothing)
+        return
+    now = int(time.time())
+    table([list(columns)] + [[TASK_COLUMNS[column](task, now) for column in columns] for task in tasks])
+    if total > len(tasks):
+        click.echo(f"... and {total - len(tasks)} more (--limit)")
+
+
+LIMIT_OPTION = click.option("--limit", type=click.IntRange(min=1), default=None,
+                            help="Show at most this many tasks [default: all].")
+LISTING_JSON = "Print each task as a JSON line (TaskView's fields); errors as JSON on stderr."
+
+
+@command(*DAEMON_CODES, short_help="List tasks (all, or those of one --status).")
+@click.option("--status", type=click.Choice(STATUSES), default=None,
+              help="Only tasks with this status [default: every status].")
+@LIMIT_OPTION
+@json_option(LISTING_JSON)
+@pass_ctl
+def tasks(ctl: Ctl, status: str | None, limit: int | None, as_json: bool) -> None:
+    """List tasks in task_id order, as a table or (--json) one task per line.
+
+    Completed tasks stay listed for ever (as tombstones without payload), so
+    on a long-lived queue use --status or --limit.
+    """
+    listing = ctl.client.tasks(status)
+    print_tasks(listing[:limit], len(listing),
+                ("TASK_ID", "STATUS", "ATTEMPTS", "AVAILABLE_AT", "WORKER", "DEADLINE", "PAYLOAD"),
+                as_json, f"no {status} tasks" if status else "no tasks")
+
+
+@command(*DAEMON_CODES, name="next", short_help="The next tasks reserve would lease, unleased.")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_NEXT_LIMIT, show_default=True,
+              help="Show at most this many tasks.")
+@json_option(LISTING_JSON)
+@pass_ctl
+def next_tasks(ctl: Ctl, limit: int, as_json: bool) -> None:
+    """The ready tasks in the order reserve leases them, without leasing any.
+
+    That order is (available_at, task_id), not arrival order: `job-10` comes
+    before `job-9`. Tasks not yet due are listed after the due ones, with
+    when they become due (DUE, by this machine's clock). This reads the
+    whole ready listing (`tasks --status ready`) and sorts it here, so it
+    costs as much as that listing.
+    """
+    ready = sorted(ctl.client.tasks("ready"), key=lambda task: (task.available_at, task.task_id))
+    print_tasks(ready[:limit], len(ready),
+                ("TASK_ID", "DUE", "AVAILABLE_AT", "ATTEMPTS", "PAYLOAD"), as_json, "no ready tasks")
+
+
+@command(*DAEMON_CODES)
+@LIMIT_OPTION
+@json_option(LISTING_JSON)
+@pass_ctl
+def dead(ctl: Ctl, limit: int | None, as_json: bool) -> None:
+    """List dead tasks (out of attempts); bring them back with `revive`."""
+    listing = ctl.client.tasks("dead")
+    print_tasks(listing[:limit], len(listing),
+                ("TASK_ID", "KEY", "ATTEMPTS", "GENERATION", "AVAILABLE_AT", "PAYLOAD"),
+                as_json, "no dead tasks")
 
 
 def stats_fields(report: DaemonStats) -> dict[str, Any]:
@@ -389,12 +697,14 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) >= 1e5 else f"{value:.6g}"
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return display.name(value) if isinstance(value, str) else str(value)
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the report as one JSON object (the queue's stats keys at the top level).")
+@command(*DAEMON_CODES)
+@json_option("Print the report as one JSON object (the queue's stats keys at the top level); "
+             "errors as JSON on stderr.")
 @pass_ctl
 def stats(ctl: Ctl, as_json: bool) -> None:
     """The daemon's report: the queue and the daemon's own figures.
@@ -412,16 +722,17 @@ def stats(ctl: Ctl, as_json: bool) -> None:
       uptime_seconds, start_time_seconds, last_recovery_seconds, directory.
     docs/metrics.md defines each one and what to alert on.
     """
-    fields = stats_fields(ctl.call("daemon_stats"))
+    fields = stats_fields(ctl.client.daemon_stats())
     if as_json:
         emit(fields)
         return
     table([[name, _cell(value)] for name, value in fields.items()])
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@command(*DAEMON_CODES)
+@json_option("Print the report as `stats --json` does instead; errors as JSON on stderr.")
 @pass_ctl
-def metrics(ctl: Ctl) -> None:
+def metrics(ctl: Ctl, as_json: bool) -> None:
     """Print the daemon's report in the Prometheus text format.
 
     For node_exporter's textfile collector, write it atomically, e.g.
@@ -429,58 +740,73 @@ def metrics(ctl: Ctl) -> None:
     DIR/walqueue.prom` from a timer. `walqueued serve --metrics-listen`
     serves the same text over HTTP.
     """
-    click.echo(render_prometheus(ctl.call("daemon_stats")), nl=False)
-
-
-@cli.command(epilog=EXIT_CODES_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print each dead task as a JSON line.")
-@pass_ctl
-def dead(ctl: Ctl, as_json: bool) -> None:
-    """List dead tasks (out of attempts); bring them back with `revive`."""
-    tasks = ctl.call("tasks", "dead")
+    report = ctl.client.daemon_stats()
     if as_json:
-        for task in tasks:
-            emit(task)
+        emit(stats_fields(report))
         return
-    if not tasks:
-        click.echo("no dead tasks")
-        return
-    rows = [["TASK_ID", "KEY", "ATTEMPTS", "GENERATION", "AVAILABLE_AT", "PAYLOAD"]]
-    for task in tasks:
-        payload = json.dumps(task.payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-        if len(payload) > PAYLOAD_COLUMN_CHARS:
-            payload = payload[:PAYLOAD_COLUMN_CHARS - 3] + "..."
-        rows.append([task.task_id, task.key, f"{task.attempts}/{task.max_attempts}",
-                     str(task.generation), str(task.available_at), payload])
-    table(rows)
+    click.echo(render_prometheus(report), nl=False)
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
-@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@command(*DAEMON_CODES, name="top", short_help="A live view of the daemon, refreshed every second.")
+@click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Stop after this many refreshes [default: until q or Ctrl-C].")
+@json_option("Print each refresh's figures as one JSON line (no screen handling); errors as "
+             "JSON on stderr.")
 @pass_ctl
-def revive(ctl: Ctl, task_ids: tuple[str, ...]) -> None:
+def top_command(ctl: Ctl, interval: float, count: int | None, as_json: bool) -> None:
+    """A live view: task counts, rates, oldest ready age, fsync p99,
+    requests per fsync, connections, parked reserves.
+
+    Press q (or Ctrl-C) to quit. Rates are per second between two refreshes.
+    On a terminal the view redraws in place; piped, each refresh is printed
+    after the previous one. A daemon that goes away is shown, and the view
+    reconnects when it is back.
+    """
+    first = ctl.client.daemon_stats()  # fail at once (exit 3) if there is no daemon
+
+    def sample() -> DaemonStats | str:
+        try:
+            return ctl.client.daemon_stats()
+        except CtlError as exc:  # shown in the view, which keeps trying
+            return exc.format_message().splitlines()[0]
+
+    top.run(first, sample, interval=interval, count=count, as_json=as_json)
+
+
+# -- maintenance ------------------------------------------------------------------
+
+
+@command(*DAEMON_CODES)
+@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@json_option(JSON_ALREADY)
+@pass_ctl
+def revive(ctl: Ctl, task_ids: tuple[str, ...], as_json: bool) -> None:
     """Make dead tasks ready again (attempts reset). Prints {"task_ids": [...]}.
 
     All or nothing: if one listed task is not dead, none is revived (exit 2).
     """
-    emit({"task_ids": ctl.call("revive", list(task_ids))})
+    emit({"task_ids": ctl.client.revive(list(task_ids))})
 
 
-@cli.command(epilog=EXIT_CODES_HELP)
+@command(*DAEMON_CODES)
+@json_option(JSON_ALREADY)
 @pass_ctl
-def compact(ctl: Ctl) -> None:
+def compact(ctl: Ctl, as_json: bool) -> None:
     """Snapshot the queue now and drop the WAL it covers. Prints {"seq": S}.
 
     The daemon serves nothing while it compacts (about 1.3 s per 100,000
     live tasks on the development machine); it also compacts on its own
     past --compact-wal-bytes.
     """
-    emit({"seq": ctl.call("compact")})
+    emit({"seq": ctl.client.compact()})
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Stop handing out tasks until resume.')
+@command(*DAEMON_CODES, short_help='Stop handing out tasks until resume.')
+@json_option(JSON_ALREADY)
 @pass_ctl
-def pause(ctl: Ctl) -> None:
+def pause(ctl: Ctl, as_json: bool) -> None:
     """Stop handing out tasks: every reserve gets nothing (waiting ones wait).
 
     Puts, acks, releases, touches and revives go on, so running workers
@@ -488,86 +814,102 @@ def pause(ctl: Ctl) -> None:
     The pause lives in the daemon's memory: a daemon restart resumes.
     Prints {"paused": true}.
     """
-    emit({"paused": ctl.call("pause")})
+    emit({"paused": ctl.client.pause()})
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Hand out tasks again.')
+@command(*DAEMON_CODES, short_help='Hand out tasks again.')
+@json_option(JSON_ALREADY)
 @pass_ctl
-def resume(ctl: Ctl) -> None:
+def resume(ctl: Ctl, as_json: bool) -> None:
     """Hand out tasks again; waiting reserves are served first, in arrival order.
 
     Prints {"paused": false}.
     """
-    emit({"paused": ctl.call("resume")})
+    emit({"paused": ctl.client.resume()})
 
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Copy the queue, consistent, into DEST while it serves.')
+def check_parent(dest: str) -> None:
+    """A DEST to be created needs an existing parent directory (usage error, exit 2)."""
+    parent = os.path.dirname(os.path.abspath(dest))
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        raise CtlError(f"the parent of DEST, {display.name(parent)}, {what}; create it first "
+                       f"(mkdir -p), or give another DEST. Nothing was written.", EXIT_USAGE,
+                       "UsageError")
+
+
+@command(*DAEMON_CODES, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_DEST_NOT_EMPTY, EXIT_BACKUP_INCOMPLETE,
+         short_help='Copy the queue, consistent, into DEST while it serves.')
 @click.argument("dest", type=click.Path())
-@click.option("--json", "as_json", is_flag=True,
-              help='Print {"seq", "files", "bytes", "directory"} as one JSON object.')
+@json_option('Print {"seq", "files", "bytes", "directory"} as one JSON object; errors as JSON '
+             'on stderr.')
 @pass_ctl
 def backup(ctl: Ctl, dest: str, as_json: bool) -> None:
     """Copy the daemon's queue, consistent as of one seq, into DEST while it serves.
 
-    DEST must not exist (it is created, mode 0750) or be an empty directory.
-    The daemon makes everything durable and pins the files of the copy (it
-    compacts nothing meanwhile); this command reads them from the daemon's
-    directory, so run it as the daemon's user or a member of its group. Files
-    are fsynced, CURRENT last, then DEST is verified like `verify DEST`.
-    Restore: docs/backup.md.
+    DEST must not exist (it is created, mode 0750, in an existing parent) or
+    be an empty directory. The daemon makes everything durable and pins the
+    files of the copy (it compacts nothing meanwhile); this command reads
+    them from the daemon's directory, so run it as the daemon's user or a
+    member of its group. Files are fsynced, CURRENT last, then DEST is
+    verified like `verify DEST`. Restore: docs/backup.md.
     """
     try:
-        check_destination(dest)  # before the daemon pins anything
+        if check_destination(dest):  # before the daemon pins anything
+            check_parent(dest)
     except DestinationNotEmpty as exc:
-        raise CtlError(str(exc), EXIT_DEST_NOT_EMPTY) from None
-    manifest = ctl.call("backup_begin")
+        raise CtlError(str(exc), EXIT_DEST_NOT_EMPTY, type(exc).__name__) from None
+    manifest = ctl.client.backup_begin()
     try:
         result = copy_manifest(manifest, dest)
     except DestinationNotEmpty as exc:
-        raise CtlError(str(exc), EXIT_DEST_NOT_EMPTY) from None
+        raise CtlError(str(exc), EXIT_DEST_NOT_EMPTY, type(exc).__name__) from None
     except SourceUnreadable as exc:
         if isinstance(exc.__cause__, PermissionError):
             advice = ("Run backup as the daemon's user or as a member of its group (the queue "
                       "directory is 0750, its files 0640)")
         else:
-            advice = (f"The daemon's directory {manifest.directory} must be reachable at the "
-                      f"same path from here; if it is, the daemon restarted during the backup: "
-                      f"run backup again")
-        raise CtlError(f"{exc}\n{advice}. Nothing was written to {dest}.", EXIT_UNREADABLE) from None
+            advice = (f"The daemon's directory {display.name(manifest.directory)} must be "
+                      f"reachable at the same path from here; if it is, the daemon restarted "
+                      f"during the backup: run backup again")
+        raise CtlError(f"{exc}\n{advice}. Nothing was written to {display.name(dest)}.",
+                       EXIT_UNREADABLE, type(exc).__name__) from None
     except BackupIncomplete as exc:
-        raise CtlError(str(exc), EXIT_BACKUP_INCOMPLETE) from None
+        raise CtlError(str(exc), EXIT_BACKUP_INCOMPLETE, type(exc).__name__) from None
     except BackupError as exc:  # a DEST inside the queue directory, or a bad manifest
-        raise CtlError(f"{exc}\nNothing was written.", EXIT_USAGE) from None
+        raise CtlError(f"{exc}\nNothing was written.", EXIT_USAGE, type(exc).__name__) from None
     finally:
         end_backup(ctl)
     report = verify_directory(result.directory)
     if report.corrupt or report.unreadable:
         click.echo(report.render(), err=True)
-        raise CtlError(f"the copy in {result.directory} does not verify (above); delete it and "
-                       f"run backup again, and keep the daemon's log", EXIT_CORRUPT)
+        raise CtlError(f"the copy in {display.name(result.directory)} does not verify (above); "
+                       f"delete it and run backup again, and keep the daemon's log",
+                       EXIT_CORRUPT, "CorruptStore")
     if as_json:
         emit(result.to_json())
     else:
         click.echo(f"backed up seq {result.seq} ({result.files} files, {result.bytes} bytes) "
-                   f"into {result.directory}; it verifies")
+                   f"into {display.name(result.directory)}; it verifies")
 
 
 def end_backup(ctl: Ctl) -> None:
     """Release the daemon's pin; a lost connection has released it already."""
     try:
         ctl.client.backup_end()
-    except (WalQueueError, OSError) as exc:
+    except CtlError as exc:
         # The copy does not depend on it: every file was opened while pinned,
         # and an open file stays readable even if compaction deletes it.
-        click.echo(f"note: ending the backup pin: {exc} (the pin ends with the connection)",
-                   err=True)
+        click.echo(f"note: ending the backup pin: {exc.format_message().splitlines()[0]} "
+                   f"(the pin ends with the connection)", err=True)
 
 
 # -- verify (offline) -------------------------------------------------------------
 
-@cli.command(epilog=EXIT_CODES_HELP, short_help='Check a queue directory offline.')
+@command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE,
+         short_help='Check a queue directory offline.')
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@json_option("Print the report as one JSON object; errors as JSON on stderr.")
 def verify(directory: str, as_json: bool) -> None:
     """Check a queue DIRECTORY offline (no daemon; nothing is changed or locked).
 
@@ -585,16 +927,17 @@ def verify(directory: str, as_json: bool) -> None:
     try:
         report = verify_directory(directory)
     except FileNotFoundError:
-        raise CtlError(f"{directory} does not exist; give the daemon's queue directory "
-                       f"(e.g. /var/lib/walqueue)", EXIT_UNREADABLE) from None
+        raise CtlError(f"{display.name(directory)} does not exist; give the daemon's queue "
+                       f"directory (e.g. /var/lib/walqueue)", EXIT_UNREADABLE, "Unreadable") from None
     except OSError as exc:
-        raise CtlError(f"cannot read {directory}: {exc.strerror or exc}; run verify as a user "
-                       f"in the daemon's group (the directory is 0750, files 0640)",
-                       EXIT_UNREADABLE) from None
+        raise CtlError(f"cannot read {display.name(directory)}: {exc.strerror or exc}; run verify "
+                       f"as a user in the daemon's group (the directory is 0750, files 0640)",
+                       EXIT_UNREADABLE, "Unreadable") from None
     if as_json:
         emit(report.to_json())
     else:
-        click.echo(report.render())
+        # File names come from the directory, so they are escaped like names.
+        click.echo("\n".join(display.text(line) for line in report.render().splitlines()))
     if report.corrupt:
         sys.exit(EXIT_CORRUPT)
     if report.unreadable:
@@ -603,7 +946,8 @@ def verify(directory: str, as_json: bool) -> None:
 
 def main() -> None:
     """Console-script entry point (`walqueue-ctl`)."""
-    cli()
+    # The program name fixes the completion variable: _WALQUEUE_CTL_COMPLETE.
+    cli.main(prog_name="walqueue-ctl")
 
 
 if __name__ == "__main__":

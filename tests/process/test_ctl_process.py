@@ -195,3 +195,27 @@ def test_verify_beside_a_running_daemon_names_it_and_takes_nothing(daemon):
     assert fingerprint(daemon.directory) == before
     assert ctl(*s, "put", "b").returncode == 0  # the daemon kept its lock and serves on
     assert daemon.terminate() == 0
+
+
+def test_tasks_next_and_json_errors_through_a_real_daemon(daemon, workdir):
+    s = ("--socket", daemon.socket_path)
+    for name in ("job-9", "job-10", "job-11"):
+        assert ctl(*s, "put", name).returncode == 0
+    assert [t["task_id"] for t in json_lines(ctl(*s, "next", "--json"))] == ["job-10", "job-11", "job-9"]
+    assert [t["task_id"] for t in json_lines(ctl(*s, "reserve", "w"))] == ["job-10"]
+    (leased,) = json_lines(ctl(*s, "tasks", "--status", "leased", "--json"))
+    assert (leased["task_id"], leased["worker"]) == ("job-10", "w")
+    table = ctl(*s, "tasks").stdout.splitlines()
+    assert [row.split()[:2] for row in table[1:]] == [["job-10", "leased"], ["job-11", "ready"],
+                                                      ["job-9", "ready"]]
+    conflict = ctl(*s, "put", "job-9", '{"other": 1}', "--json")
+    assert conflict.returncode == EXIT_KEY_CONFLICT
+    assert json.loads(conflict.stderr)["error"] == "KeyConflict"
+    regular = workdir / "regular-file"
+    regular.write_text("")
+    unreachable = ctl("--socket", regular, "stats", "--json")
+    error = json.loads(unreachable.stderr)
+    assert unreachable.returncode == EXIT_UNAVAILABLE == error["code"]
+    assert error["error"] == "DaemonUnavailable" and "regular file, not a socket" in error["message"]
+    version = ctl("--version")
+    assert version.returncode == 0 and version.stdout.startswith("walqueue-ctl ")

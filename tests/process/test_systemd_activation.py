@@ -76,7 +76,7 @@ def test_the_units_exec_start_runs_and_serves_on_the_socket_units_path(make_daem
         return text
 
     binary, *arguments = expanded(unit_value(service, "ExecStart")).split()
-    assert binary == "/usr/local/bin/walqueued"
+    assert binary == "/opt/walqueue/current/bin/walqueued"  # where scripts/install puts it
     socket_path = expanded(unit_value(socket_unit, "ListenStream"))
     assert arguments[arguments.index("--socket") + 1] == socket_path
     os.makedirs(os.path.dirname(socket_path), mode=0o750)  # systemd's RuntimeDirectory=

@@ -9,12 +9,14 @@ round trips are in tests/process/test_ctl_process.py.
 import json
 import re
 
+import click
 import pytest
 from click.testing import CliRunner
 
+import walqueue
 from walqueue import Queue
 from walqueue import ctl as ctl_module
-from walqueue.client import DaemonUnavailable
+from walqueue.client import Client, DaemonUnavailable
 from walqueue.ctl import (
     EXIT_CORRUPT,
     EXIT_FAILURE,
@@ -350,11 +352,232 @@ def test_a_daemon_side_write_failure_exits_1(run, monkeypatch, queue):
     assert result.exit_code == EXIT_FAILURE and "retry" in result.stderr
 
 
-def test_help_documents_every_exit_code(run):
-    for args in ([], ["verify"], ["ack"], ["put"]):
-        text = run(*args, "--help").stdout
-        for code in sorted(EXIT_CODES):
-            assert re.search(rf"^\s+{code}  \S", text, re.M), (args, code)
+def help_codes(text: str) -> list[int]:
+    """The exit codes a --help text lists (its "Exit codes:" block)."""
+    block = text.split("Exit codes:", 1)[1]
+    return [int(code) for code in re.findall(r"^\s+(\d+)  \S", block, re.M)]
+
+
+def test_the_group_help_lists_every_exit_code_once(run):
+    text = run("--help").stdout
+    assert help_codes(text) == list(ctl_module.EXIT_MEANINGS) == list(range(11))
+    assert "_WALQUEUE_CTL_COMPLETE=bash_source" in text
+
+
+@pytest.mark.parametrize("command, own", [
+    ("put", {0, 1, 2, 3, 6}), ("get", {0, 1, 2, 3, 7}), ("ack", {0, 1, 2, 3, 5}),
+    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8}),
+])
+def test_each_command_help_lists_its_own_exit_codes(run, command, own):
+    text = run(command, "--help").stdout
+    assert set(help_codes(text)) == own
+    assert "walqueue-ctl --help explains them all" in text
+
+
+def test_every_command_has_dash_h_and_json(run):
+    assert run("-h").stdout == run("--help").stdout
+    for name, command in cli.commands.items():
+        short = run(name, "-h")
+        assert short.exit_code == 0 and short.stdout.startswith("Usage:"), name
+        assert any(isinstance(p, click.Option) and "--json" in p.opts for p in command.params), name
+
+
+def test_version_prints_the_package_version(run):
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout == f"walqueue-ctl {walqueue.__version__}\n"
+
+
+def test_shell_completion_is_served_under_the_documented_variable():
+    result = CliRunner().invoke(cli, [], prog_name="walqueue-ctl",
+                                env={"_WALQUEUE_CTL_COMPLETE": "bash_source"})
+    assert result.exit_code == 0 and "complete " in result.stdout
+    assert "_WALQUEUE_CTL_COMPLETE" in result.stdout
+
+
+# -- tasks and next -------------------------------------------------------------------
+
+
+def test_tasks_lists_every_task_or_one_status_as_a_table_or_json(run, queue):
+    for name in ("b", "a", "c"):
+        run("put", name, '{"n": 1}')
+    run("reserve", "w1")  # leases a
+    table = run("tasks").stdout.splitlines()
+    assert table[0].split() == ["TASK_ID", "STATUS", "ATTEMPTS", "AVAILABLE_AT", "WORKER", "DEADLINE",
+                                "PAYLOAD"]
+    assert [row.split()[:2] for row in table[1:]] == [["a", "leased"], ["b", "ready"], ["c", "ready"]]
+    assert table[1].split()[4] == "w1"
+    listed = lines(run("tasks", "--status", "ready", "--json"))
+    assert [task["task_id"] for task in listed] == ["b", "c"]
+    assert set(listed[0]) == {"task_id", "key", "status", "attempts", "max_attempts", "generation",
+                              "available_at", "deadline", "worker", "payload"}
+    limited = run("tasks", "--limit", "2").stdout.splitlines()
+    assert len(limited) == 4 and limited[-1] == "... and 1 more (--limit)"
+    assert len(lines(run("tasks", "--limit", "2", "--json"))) == 2
+    assert run("tasks", "--status", "dead").stdout == "no dead tasks\n"
+    bad = run("tasks", "--status", "done")
+    assert bad.exit_code == EXIT_USAGE and "'done' is not one of" in bad.stderr
+
+
+def test_next_shows_the_reserve_order_without_leasing(run, queue, clock):
+    run("put", "job-9")
+    run("put", "job-10")
+    run("put", "later", "--delay", "3600")
+    run("put", "earliest", "--available-at", "1")
+    listed = lines(run("next", "--json"))
+    order = [task["task_id"] for task in listed]
+    # (available_at, task_id): 0 before 1 before now + 3600; "job-10" sorts before "job-9".
+    assert order == ["job-10", "job-9", "earliest", "later"]
+    assert all(task["status"] == "ready" and task["generation"] == 0 for task in listed)
+    assert [queue.get(name).status for name in order] == ["ready"] * 4  # nothing was leased
+    table = run("next", "--limit", "3").stdout.splitlines()
+    assert table[0].split() == ["TASK_ID", "DUE", "AVAILABLE_AT", "ATTEMPTS", "PAYLOAD"]
+    assert [row.split()[0] for row in table[1:4]] == order[:3]
+    assert table[4] == "... and 1 more (--limit)"
+    reserved = [lease["task_id"] for lease in lines(run("reserve", "w", "--limit", "3"))]
+    assert reserved == order[:3]  # exactly what next said reserve would hand out
+    assert run("next", "--limit", "0").exit_code == EXIT_USAGE
+
+
+def test_the_next_table_says_when_a_task_is_due(run, clock, monkeypatch):
+    monkeypatch.setattr(ctl_module.time, "time", lambda: 1000.0)
+    run("put", "now", "--available-at", "999")
+    run("put", "soon", "--available-at", "1042")
+    rows = [row.split() for row in run("next").stdout.splitlines()[1:]]
+    assert rows[0][:2] == ["now", "now"] and rows[1][:4] == ["soon", "in", "42", "s"]
+
+
+# -- one output convention: --json, errors as JSON objects ------------------------------
+
+
+def json_error(result) -> dict:
+    (line,) = result.stderr.splitlines()
+    return json.loads(line)
+
+
+def test_under_json_an_error_is_one_json_object_on_stderr(run):
+    run("put", "a", '{"n": 1}')
+    conflict = run("put", "a", '{"n": 2}', "--json")
+    assert conflict.exit_code == EXIT_KEY_CONFLICT and conflict.stdout == ""
+    error = json_error(conflict)
+    assert (error["code"], error["error"]) == (EXIT_KEY_CONFLICT, "KeyConflict")
+    assert "already used" in error["message"]
+    missing = json_error(run("get", "nope", "--json"))
+    assert (missing["code"], missing["error"]) == (EXIT_NOT_FOUND, "NotFound")
+    usage = run("reserve", "w", "--limit", "0", "--json")
+    assert usage.exit_code == EXIT_USAGE
+    assert json_error(usage)["code"] == EXIT_USAGE and json_error(usage)["error"] == "UsageError"
+    unknown_option = run("tasks", "--json", "--no-such-option")
+    assert unknown_option.exit_code == EXIT_USAGE and json_error(unknown_option)["error"] == "UsageError"
+    plain = run("get", "nope")
+    assert plain.stderr.startswith("Error: no task 'nope'")
+
+
+def test_a_stale_lease_under_json_carries_the_tasks_status_and_generation(run):
+    run("put", "a")
+    (lease,) = lines(run("reserve", "w"))
+    args = ("a", "--worker", "w", "--generation", str(lease["generation"]))
+    run("ack", *args)
+    error = json_error(run("ack", *args, "--json"))
+    assert error["code"] == EXIT_STALE_LEASE and error["error"] == "StaleLease"
+    assert (error["task_id"], error["status"], error["generation"]) == ("a", "completed", 1)
+
+
+def test_ack_dash_under_json_reports_each_failed_line_with_its_number(run, queue):
+    run("put", "a")
+    reserved = run("reserve", "w").stdout
+    result = run("ack", "-", "--json", input="[1]\n" + reserved + "{\n")
+    assert result.exit_code == EXIT_USAGE
+    errors = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(e["line"], e["code"]) for e in errors] == [(1, EXIT_USAGE), (3, EXIT_USAGE)]
+    assert "an array" in errors[0]["message"]
+    assert queue.get("a").status == "completed"
+
+
+@pytest.mark.parametrize("payload, kind", [("null", "null"), ("[1]", "an array"), ('"x"', "a string"),
+                                           ("3", "a number"), ("true", "true")])
+def test_a_payload_that_is_not_an_object_is_named_as_json_names_it(run, payload, kind):
+    result = run("put", "a", payload)
+    assert result.exit_code == EXIT_USAGE
+    assert f"the payload must be a JSON object, not {kind}\n" in result.stderr
+
+
+def test_a_bad_stdin_line_is_named_once(run):
+    result = run("ack", "-", input="not json\n")
+    assert result.stderr.startswith("Error: stdin line 1: the lease is not valid JSON: ")
+    assert result.stderr.count("line 1:") == 1
+
+
+def test_a_socket_path_that_is_a_regular_file_says_it_is_not_a_socket(run, monkeypatch, tmp_path):
+    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", Client)  # the real client
+    regular = tmp_path / "not-a-socket"
+    regular.write_text("")
+    result = run("--socket", str(regular), "stats")
+    assert result.exit_code == EXIT_UNAVAILABLE
+    assert f"{regular}: it is a regular file, not a socket" in result.stderr
+    assert "refused" not in result.stderr
+    missing = run("--socket", str(tmp_path / "gone" / "walqueued.sock"), "stats")
+    assert missing.exit_code == EXIT_UNAVAILABLE and "does not exist" in missing.stderr
+
+
+def test_backup_into_a_missing_parent_names_it_and_exits_2_before_asking_the_daemon(run, tmp_path):
+    dest = tmp_path / "no" / "such" / "backup"
+    result = run("backup", str(dest))  # FakeClient has no backup_begin: calling it would fail
+    assert result.exit_code == EXIT_USAGE
+    assert f"the parent of DEST, {tmp_path / 'no' / 'such'}, does not exist" in result.stderr
+    assert "Nothing was written" in result.stderr and not (tmp_path / "no").exists()
+
+
+# -- names are escaped for a human, exact in JSON ----------------------------------------
+
+HOSTILE = "evil\x1b[31m\nforged  dead  1/1\u202e"
+SHOWN = "evil\\x1b[31m\\x0aforged  dead  1/1\\u202e"
+
+
+@pytest.mark.parametrize("command", [["tasks"], ["next"], ["dead"]])
+def test_a_hostile_task_id_is_escaped_in_tables_and_exact_in_json(run, command):
+    if command == ["dead"]:
+        make_dead(run, HOSTILE)
+    else:
+        assert run("put", HOSTILE, json.dumps({"k": "\x1b[2J"})).exit_code == 0
+    table = run(*command).stdout
+    assert "\x1b" not in table and "\u202e" not in table
+    assert len(table.splitlines()) == 2 and table.splitlines()[1].startswith(SHOWN)
+    raw = run(*command, "--json").stdout
+    assert "\x1b" not in raw and "\u202e" not in raw  # escaped as JSON \\u escapes
+    assert [task["task_id"] for task in lines(run(*command, "--json"))] == [HOSTILE]
+
+
+def test_nfc_and_nfd_ids_look_different_in_a_table(run):
+    import unicodedata
+
+    run("put", unicodedata.normalize("NFC", "café"))
+    run("put", unicodedata.normalize("NFD", "café"))
+    ids = [row.split()[0] for row in run("tasks").stdout.splitlines()[1:]]
+    assert sorted(ids) == ["cafe\\u0301", "café"]
+
+
+def test_a_hostile_id_in_an_error_message_is_escaped(run):
+    result = run("get", HOSTILE)
+    assert result.exit_code == EXIT_NOT_FOUND and "\x1b" not in result.stderr
+    assert SHOWN in result.stderr
+
+
+# -- top --------------------------------------------------------------------------------
+
+
+def test_top_prints_json_lines_for_count_refreshes(run):
+    run("put", "a")
+    result = run("top", "--count", "2", "--interval", "0.1", "--json")
+    assert result.exit_code == 0
+    records = lines(result)
+    assert len(records) == 2 and records[0]["ready"] == 1 and records[0]["error"] is None
+    assert records[0]["puts_per_second"] is None  # no earlier sample for the first one
+
+
+def test_top_piped_prints_one_frame_after_another_without_escapes(run):
+    result = run("top", "--count", "2", "--interval", "0.1")
+    assert result.exit_code == 0 and "\x1b" not in result.stdout
+    assert result.stdout.count("tasks     ready 0") == 2
 
 
 # -- verify ---------------------------------------------------------------------------

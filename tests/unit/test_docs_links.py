@@ -1,8 +1,11 @@
 """The docs cite tests as evidence (`tests/...py::test_name`); every one cited must exist.
+And every relative link between them (`operations.md#upgrades`) must reach a
+file and a heading that exist.
 
 docs/guarantees.md links each claim to the test that shows it. A renamed or
 deleted test would leave a claim pointing at nothing, so this checks every
-such citation in README.md and docs/*.md against the test files.
+such citation in README.md and docs/*.md against the test files. A renamed
+heading would leave a link pointing at the top of a long page.
 """
 
 from __future__ import annotations
@@ -48,3 +51,39 @@ def test_the_check_catches_a_missing_test_and_a_missing_file():
         "tests/unit/test_semantics.py::test_no_such_claim",
         "tests/unit/test_nowhere.py::test_x",
     ]
+
+
+LINK = re.compile(r"\]\(([^)#\s:]*)(?:#([^)\s]+))?\)")
+FENCE = re.compile(r"```.*?```", re.DOTALL)
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(document: Path, text: str) -> list[str]:
+    """Each relative link in text (outside code blocks) to a missing file or heading."""
+    broken = []
+    for target, anchor in LINK.findall(FENCE.sub("", text)):
+        path = (document.parent / target) if target else document
+        if not path.exists():
+            broken.append(f"{target}#{anchor}" if anchor else target)
+        elif anchor and path.suffix == ".md":
+            headings = re.findall(r"^#{1,6}\s+(.*)$", FENCE.sub("", path.read_text()), re.MULTILINE)
+            if anchor not in {heading_anchor(heading) for heading in headings}:
+                broken.append(f"{target}#{anchor}")
+    return broken
+
+
+def test_every_relative_link_reaches_a_file_and_heading_that_exist():
+    problems = {doc.name: broken for doc in documents() if (broken := broken_links(doc, doc.read_text()))}
+    assert not problems, f"documents link to what does not exist: {problems}"
+
+
+def test_the_link_check_catches_a_missing_file_and_a_missing_heading():
+    text = ("[ok](docs/operations.md#upgrades) [ok](docs/operations.md#python-312-or-later) "
+            "[gone](docs/nowhere.md) [moved](docs/operations.md#no-such-heading) "
+            "[web](https://example.com/x#y)")
+    assert broken_links(REPO / "README.md", text) == ["docs/nowhere.md",
+                                                     "docs/operations.md#no-such-heading"]

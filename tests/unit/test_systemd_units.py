@@ -5,8 +5,8 @@ service only in its per-queue paths, and the hardening keeps
 `systemd-analyze security` in its SAFE band.
 
 `systemd-analyze verify` needs the ExecStart binary to exist, so the units
-are copied to a temporary directory with /usr/local/bin/walqueued rewritten
-to this environment's walqueued. It reports unknown directives and bad
+are copied to a temporary directory with /opt/walqueue/current/bin/walqueued
+rewritten to this environment's walqueued. It reports unknown directives and bad
 values as warnings with exit status 0, so any line of output that names one
 of our units is a failure too.
 """
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
-INSTALLED_BINARY = "/usr/local/bin/walqueued"
+INSTALLED_BINARY = "/opt/walqueue/current/bin/walqueued"  # where scripts/install puts it
+DOCS = UNITS.parent / "docs"
 ANALYZE = shutil.which("systemd-analyze")
 pytestmark = pytest.mark.skipif(
     ANALYZE is None, reason="systemd-analyze is not installed (scripts/test installs the Debian "
@@ -73,12 +74,13 @@ def test_systemd_analyze_verify_accepts_the_units(tmp_path):
 
 
 BREAKAGES = {
-    "typo in a directive": ("walqueued.service", "ProtectHome=yes", "ProtectHom=yes"),
-    "bad value": ("walqueued.service", "Type=notify", "Type=notifyy"),
-    "missing binary": ("walqueued.service", "ExecStart=", "ExecStart=/nonexistent"),
-    "typo in the template": ("walqueued@.service", "NoNewPrivileges=yes", "NoNewPrivilege=yes"),
-    "bad socket mode": ("walqueued.socket", "SocketMode=0660", "SocketMode=rw-rw----"),
-    "typo in the socket template": ("walqueued@.socket", "ListenStream=", "ListenStrem="),
+    # Each edit starts at a line's beginning, so it hits the directive, not a comment naming it.
+    "typo in a directive": ("walqueued.service", "\nProtectHome=yes", "\nProtectHom=yes"),
+    "bad value": ("walqueued.service", "\nType=notify", "\nType=notifyy"),
+    "missing binary": ("walqueued.service", "\nExecStart=", "\nExecStart=/nonexistent"),
+    "typo in the template": ("walqueued@.service", "\nNoNewPrivileges=yes", "\nNoNewPrivilege=yes"),
+    "bad socket mode": ("walqueued.socket", "\nSocketMode=0660", "\nSocketMode=rw-rw----"),
+    "typo in the socket template": ("walqueued@.socket", "\nListenStream=", "\nListenStrem="),
 }
 
 
@@ -113,7 +115,7 @@ def value(filename: str, key: str) -> str:
 
 @pytest.mark.parametrize("service, socket, state, runtime", [
     ("walqueued.service", "walqueued.socket", "walqueue", "walqueue"),
-    ("walqueued@.service", "walqueued@.socket", "walqueue/%i", "walqueue/%i"),
+    ("walqueued@.service", "walqueued@.socket", "walqueue-queues/%i", "walqueue-queues/%i"),
 ])
 def test_the_service_passes_walqueued_the_socket_the_socket_unit_listens_on(service, socket, state, runtime):
     assert value(service, "Type") == "notify"
@@ -132,8 +134,60 @@ def test_the_template_differs_from_the_service_only_in_its_per_queue_paths():
     template = dict(directives("walqueued@.service"))
     assert plain.keys() == template.keys()
     differing = {key for key in plain if plain[key] != template[key]}
-    assert differing == {"Description", "After", "StateDirectory", "RuntimeDirectory", "ExecStart"}
+    assert differing == {"Description", "After", "StateDirectory", "RuntimeDirectory", "ExecStart", "Also"}
     assert all("%i" in template[key] for key in differing)
+
+
+def test_no_template_instance_can_land_among_the_plain_queues_files():
+    # An instance named CURRENT (or wal-...) once lived inside the plain queue's directory.
+    for key in ("StateDirectory", "RuntimeDirectory"):
+        plain = value("walqueued.service", key)
+        instance = value("walqueued@.service", key).replace("%i", "CURRENT")
+        assert not instance.startswith(plain + "/") and not plain.startswith(instance + "/")
+
+
+@pytest.mark.parametrize("service, socket", [("walqueued.service", "walqueued.socket"),
+                                             ("walqueued@.service", "walqueued@%i.socket")])
+def test_enabling_the_service_enables_its_socket_too(service, socket):
+    assert value(service, "Also") == socket
+
+
+def test_the_template_speaks_of_its_own_socket_unit():
+    assert "walqueued.socket" not in (UNITS / "walqueued@.service").read_text()
+
+
+@pytest.mark.parametrize("unit", ["walqueued.service", "walqueued.socket", "walqueued@.service",
+                                  "walqueued@.socket"])
+def test_documentation_names_a_document_the_install_puts_there(unit):
+    # scripts/install copies docs/*.md to VENV/share/doc/walqueue (tests/process/test_install.py).
+    url = value(unit, "Documentation")
+    prefix = "file:///opt/walqueue/current/share/doc/walqueue/"
+    assert url.startswith(prefix) and (DOCS / url.removeprefix(prefix)).is_file()
+
+
+def test_the_preflight_names_a_python_hidden_by_protect_home(tmp_path):
+    # What ProtectHome=yes does to a venv made from a Python under /root: its
+    # bin/python points at a path the service cannot reach.
+    hidden = tmp_path / "hidden-venv"
+    (hidden / "bin").mkdir(parents=True)
+    (hidden / "bin" / "python").symlink_to("/root/.pyenv/versions/3.12.1/bin/missing-python3.12")
+    result = subprocess.run(["/bin/sh", str(UNITS / "walqueued-preflight"), str(hidden)],
+                            capture_output=True, text=True, timeout=ANALYZE_SECONDS)
+    assert result.returncode == 1
+    assert "under /home, /root or /run/user" in result.stderr and "ProtectHome=yes" in result.stderr
+    assert "scripts/install --python" in result.stderr
+    working = Path(sys.prefix)
+    assert subprocess.run(["/bin/sh", str(UNITS / "walqueued-preflight"), str(working)],
+                          env={**os.environ, "PYTHONPATH": str(UNITS.parent / "src")},
+                          timeout=ANALYZE_SECONDS).returncode == 0
+
+
+def test_the_units_run_the_preflight_of_the_venv_they_start():
+    for service in ("walqueued.service", "walqueued@.service"):
+        pre = value(service, "ExecStartPre").split()
+        assert pre == ["/bin/sh", "/opt/walqueue/current/share/walqueue/walqueued-preflight",
+                       "/opt/walqueue/current"]
+        assert value(service, "ExecStart").startswith(pre[2] + "/bin/walqueued ")
 
 
 def test_the_hardening_keeps_systemd_analyze_security_in_the_safe_band(tmp_path):

@@ -1,0 +1,171 @@
+"""The install story of docs/operations.md, walked through in a temporary prefix:
+scripts/install makes PREFIX/VERSION (a venv, the docs, the units rendered
+with PREFIX/current), switches PREFIX/current to it and installs the units
+and commands; `systemd-analyze verify` accepts the installed units; the
+installed walqueued serves; an upgrade installs the next version beside the
+first while the old daemon keeps serving, a restart runs the new one on the
+same directory, and --switch rolls back. Also what the script refuses.
+
+The walk-through installs twice with pip (the dependencies come from the
+package index), so it takes a minute.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import walqueue
+
+from ..unit.test_systemd_units import ANALYZE, analyze_verify
+from .daemon import REPO, child_env
+
+INSTALL_SECONDS = 300.0
+CTL_SECONDS = 20.0
+HIDDEN_BY_PROTECT_HOME = ("/home/", "/root/", "/run/user/")
+
+
+def base_python() -> str:
+    """The interpreter this test venv was made from (a venv is made from it)."""
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def under_home(path: str) -> bool:
+    return any((path + "/").startswith(prefix) for prefix in HIDDEN_BY_PROTECT_HOME)
+
+
+def layout(root: Path) -> dict[str, Path]:
+    return {"prefix": root / "opt" / "walqueue", "systemd": root / "etc" / "systemd" / "system",
+            "sysusers": root / "usr" / "lib" / "sysusers.d", "bin": root / "usr" / "local" / "bin"}
+
+
+def install(checkout: Path, root: Path, *args: str) -> subprocess.CompletedProcess:
+    paths = layout(root)
+    options = ["--prefix", paths["prefix"], "--systemd-dir", paths["systemd"],
+               "--sysusers-dir", paths["sysusers"], "--bin-dir", paths["bin"], *args]
+    env = child_env()
+    env.pop("PYTHONPATH")  # the installed commands must run from their own venv alone
+    return subprocess.run([str(checkout / "scripts" / "install"), *map(str, options)],
+                          capture_output=True, text=True, cwd=root, env=env,
+                          timeout=INSTALL_SECONDS)
+
+
+def python_options() -> list[str]:
+    # This machine's Python >= 3.12 may live under /root (pyenv): the units
+    # could not run it, and the script refuses it unless told this install
+    # is not for them.
+    python = base_python()
+    return ["--python", python, *(["--allow-home-python"] if under_home(python) else [])]
+
+
+def installed_ctl(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = child_env()
+    env.pop("PYTHONPATH")
+    return subprocess.run([str(layout(root)["bin"] / "walqueue-ctl"), *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=CTL_SECONDS)
+
+
+def unit_value(path: Path, key: str) -> str:
+    (found,) = [line.partition("=")[2] for line in path.read_text().splitlines()
+                if line.startswith(f"{key}=")]
+    return found
+
+
+def next_checkout(root: Path, version: str) -> Path:
+    """A copy of this checkout whose version is `version`."""
+    checkout = root / f"checkout-{version}"
+    checkout.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("src", "docs", "systemd", "scripts"):
+        shutil.copytree(REPO / name, checkout / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, checkout / name)
+    init = checkout / "src" / "walqueue" / "__init__.py"
+    text = init.read_text()
+    assert f'__version__ = "{walqueue.__version__}"' in text
+    init.write_text(text.replace(f'__version__ = "{walqueue.__version__}"', f'__version__ = "{version}"'))
+    return checkout
+
+
+@pytest.mark.slow
+def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, workdir):
+    paths = layout(workdir)
+    first = walqueue.__version__
+    result = install(REPO, workdir, *python_options())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"installed walqueue {first}" in result.stdout
+
+    prefix = paths["prefix"]
+    assert os.readlink(prefix / "current") == first
+    venv = prefix / "current"
+    for unit in ("walqueued.service", "walqueued@.service", "walqueued.socket", "walqueued@.socket"):
+        installed = paths["systemd"] / unit
+        assert installed.read_text() == (venv / "share" / "walqueue" / "systemd" / unit).read_text()
+        documentation = unit_value(installed, "Documentation").removeprefix("file://")
+        assert Path(documentation).is_file(), documentation  # the docs went where the units point
+        if unit.endswith(".service"):
+            assert unit_value(installed, "ExecStart").startswith(f"{venv}/bin/walqueued serve ")
+            pre = unit_value(installed, "ExecStartPre").split()
+            assert pre == ["/bin/sh", f"{venv}/share/walqueue/walqueued-preflight", str(venv)]
+            assert Path(pre[1]).is_file()
+    assert (paths["sysusers"] / "walqueue.conf").read_text() == (REPO / "systemd" / "walqueue.sysusers").read_text()
+    assert os.readlink(paths["bin"] / "walqueued") == f"{venv}/bin/walqueued"
+    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {first}\n"
+    if ANALYZE is not None:
+        assert analyze_verify(paths["systemd"]) == (0, "")
+
+    # The installed walqueued serves, started by the command the units run.
+    directory, socket_path = workdir / "queue", str(workdir / "queue.sock")
+    old = make_daemon(directory=directory, socket_path=socket_path, start=False)
+    old.start(command=[str(paths["bin"] / "walqueued"), "serve", str(directory), "--socket", socket_path])
+    assert installed_ctl(workdir, "--socket", socket_path, "put", "before-upgrade").returncode == 0
+
+    # Upgrade: the next version goes beside the first while the old daemon serves on.
+    second = f"{first}.post1"
+    result = install(next_checkout(workdir, second), workdir, *python_options())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert os.readlink(prefix / "current") == second
+    assert (prefix / first / "bin" / "walqueued").exists()  # untouched, for a rollback
+    assert installed_ctl(workdir, "--socket", socket_path, "put", "during-upgrade").returncode == 0
+    assert old.terminate() == 0
+    new = make_daemon(directory=directory, socket_path=socket_path, start=False)
+    new.start(command=[str(paths["bin"] / "walqueued"), "serve", str(directory), "--socket", socket_path])
+    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {second}\n"
+    listed = installed_ctl(workdir, "--socket", socket_path, "tasks", "--json")
+    assert [line.split('"task_id":"')[1].split('"')[0] for line in listed.stdout.splitlines()] == [
+        "before-upgrade", "during-upgrade"]
+
+    # Rollback: switch the link back (the daemon restarts onto it).
+    result = install(REPO, workdir, "--switch", first)
+    assert result.returncode == 0, result.stderr
+    assert os.readlink(prefix / "current") == first
+    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {first}\n"
+    assert new.terminate() == 0
+
+    again = install(REPO, workdir, *python_options())
+    assert again.returncode == 2 and "installed already" in again.stderr
+    assert f"--switch {first}" in again.stderr
+
+
+def test_install_refuses_what_would_not_work_before_making_anything(workdir):
+    nothing = install(REPO, workdir, "--switch", "9.9.9")
+    assert nothing.returncode == 2 and "not an installed version" in nothing.stderr
+    relative = install(REPO, workdir, "--prefix", "opt/walqueue")
+    assert relative.returncode == 2 and "absolute path" in relative.stderr
+    old = install(REPO, workdir, "--python", shutil.which("python3.11") or "/usr/bin/python3.11")
+    if old.returncode == 2 and "no such command" not in old.stderr:
+        assert "not Python 3.12 or later" in old.stderr and "Debian 12" in old.stderr
+    assert not layout(workdir)["prefix"].exists() or not any(layout(workdir)["prefix"].iterdir())
+
+
+@pytest.mark.skipif(not under_home(base_python()),
+                    reason=f"this machine's Python ({base_python()}) is not under /home or /root")
+def test_install_refuses_a_python_the_units_protect_home_would_hide(workdir):
+    result = install(REPO, workdir, "--python", base_python())
+    assert result.returncode == 2
+    assert "ProtectHome=yes" in result.stderr and '"not found"' in result.stderr
+    assert "Debian 12 and Ubuntu 22.04" in result.stderr  # and what to do about it
+    assert not (layout(workdir)["prefix"] / walqueue.__version__).exists()
