@@ -1,4 +1,5 @@
-"""walqueue-ctl: the operator's command line for walqueued (SPEC §8).
+"""walqueue-ctl: the operator's command line for walqueued (SPEC §8) and for
+a queue on PostgreSQL (SPEC §9, `--dsn URL`).
 
 A thin layer over a client: each command is one or a few calls of SPEC's
 client methods, its output is data (JSON, one object per line) or a report
@@ -23,7 +24,11 @@ One output convention, on every command:
 The group builds one `Ctl` context object (where the daemon is, how long to
 wait for it, whether errors are JSON) that the commands share. Its `client`
 is created on first use by `open_client`, the one place a backend is chosen,
-so `verify` and `--help` never touch a socket.
+so `verify` and `--help` never touch a socket. With `--dsn URL` (or
+WALQUEUE_DSN) that client is `walqueue.pg.Client` for the queue `--queue
+NAME`; the commands that only mean something for walqueued (verify, backup,
+compact, pause, resume, metrics, top) then exit 2 naming the PostgreSQL tool
+to use, and `migrate` creates or upgrades the schema.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from walqueue import (
     KeyConflict,
     QueueClosed,
     StaleLease,
+    Unavailable,
     WalQueueError,
     __version__,
     display,
@@ -116,6 +122,9 @@ GROUP_EPILOG = exit_codes_help(tuple(EXIT_MEANINGS)) + """\
 \b
 Where the daemon is: --socket PATH, or --dir DIRECTORY (its walqueued.sock),
 or $WALQUEUE_SOCKET; default /run/walqueue/walqueued.sock.
+A queue on PostgreSQL instead: --dsn URL (or $WALQUEUE_DSN) and --queue NAME
+(default "default"); needs walqueue[postgres]. verify, backup, compact,
+pause, resume, metrics and top are walqueued's alone and exit 2 there.
 \b
 --json on any command: JSON output, and errors as one JSON object each on
 stderr: {"code": N, "error": "Name", "message": "..."}.
@@ -185,10 +194,21 @@ def what_is_at(path: str) -> tuple[str, bool] | None:
     return f"it is {kind}, not a socket", True
 
 
-def error_for(exc: BaseException, path: str) -> CtlError:
-    """The exit code and next-step message for a library or client exception."""
+def error_for(exc: BaseException, path: str, dsn: str | None = None) -> CtlError:
+    """The exit code and next-step message for a library or client exception.
+
+    `path` is the daemon's socket, or `dsn` the PostgreSQL database, that the
+    command talked to.
+    """
     message = display.text(str(exc))
     name = type(exc).__name__
+    if dsn is not None and isinstance(exc, (Unavailable, ConnectionError)):
+        return CtlError(f"{message}\nIs PostgreSQL running, and does --dsn (or WALQUEUE_DSN) "
+                        f"name it, with a role that may use the walqueue schema?",
+                        EXIT_UNAVAILABLE, name)
+    if dsn is not None and name == "SchemaError":
+        return CtlError(f"{message}\nRun walqueue-ctl --dsn URL migrate as a role that owns the "
+                        f"schema (docs/postgres.md).", EXIT_FAILURE, name)
     if isinstance(exc, (DaemonUnavailable, ConnectionError)):
         found = what_is_at(path)
         if found is not None:
@@ -233,9 +253,10 @@ def error_for(exc: BaseException, path: str) -> CtlError:
 class GuardedClient:
     """A client whose exceptions arrive as CtlErrors, so commands call SPEC's methods plainly."""
 
-    def __init__(self, client: Any, path: str) -> None:
+    def __init__(self, client: Any, path: str, dsn: str | None = None) -> None:
         self._client = client
         self._path = path
+        self._dsn = dsn
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         call = getattr(self._client, method)
@@ -244,7 +265,7 @@ class GuardedClient:
             try:
                 return call(*args, **kwargs)
             except (WalQueueError, OSError) as exc:
-                raise error_for(exc, self._path) from exc
+                raise error_for(exc, self._path, self._dsn) from exc
 
         return guarded
 
@@ -260,6 +281,8 @@ class Ctl:
     socket_path: str
     timeout: float
     json: bool | None = None  # set by a command's --json once parsed
+    dsn: str | None = None  # a PostgreSQL database instead of the daemon (SPEC §9)
+    queue: str = "default"  # the queue in that database
     _client: Any = None
 
     @property
@@ -268,8 +291,8 @@ class Ctl:
             try:
                 client = open_client(self)
             except (WalQueueError, OSError) as exc:
-                raise error_for(exc, self.socket_path) from exc
-            self._client = GuardedClient(client, self.socket_path)
+                raise error_for(exc, self.socket_path, self.dsn) from exc
+            self._client = GuardedClient(client, self.socket_path, self.dsn)
         return self._client
 
     def close(self) -> None:
@@ -279,13 +302,44 @@ class Ctl:
 
 
 def open_client(ctl: Ctl) -> Any:
-    """The backend of this invocation: walqueued's client at ctl.socket_path.
+    """The backend of this invocation: walqueued's client at ctl.socket_path, or
+    walqueue.pg's Client for ctl.dsn.
 
-    The one place a backend is chosen (another one, such as walqueue.pg's
-    Client for a DSN, goes here); commands only call SPEC's client methods.
+    The one place a backend is chosen; commands only call SPEC's client
+    methods. A PostgreSQL client never creates the schema here (`migrate`
+    does, as a role allowed to) and runs no reaper of its own.
     """
+    if ctl.dsn is not None:
+        return postgres_backend().Client(ctl.dsn, queue=ctl.queue, migrate=False, reaper=False,
+                                         listen=False, connect_seconds=ctl.timeout, retry_seconds=0)
     return CLIENT_FACTORY(ctl.socket_path, timeout=ctl.timeout, retry_seconds=0,
                           name="walqueue-ctl")
+
+
+# walqueued's own commands: their message on PostgreSQL comes from walqueue.pg;
+# top has no PostgreSQL counterpart of its own.
+DAEMON_ONLY_COMMANDS = ("verify", "backup", "compact", "pause", "resume", "metrics", "top")
+
+
+def postgres_backend():
+    """walqueue.pg, imported only for --dsn (it needs the extra walqueue[postgres])."""
+    try:
+        import walqueue.pg as backend
+    except ImportError as exc:
+        raise CtlError(f"--dsn needs the PostgreSQL backend, which is not installed ({exc}): "
+                       f"pip install 'walqueue[postgres]'", EXIT_USAGE, "UsageError") from None
+    return backend
+
+
+def refuse_on_postgres(command_name: str | None) -> None:
+    """Exit 2, saying what to use instead, for a walqueued-only command under --dsn."""
+    if command_name not in DAEMON_ONLY_COMMANDS:
+        return
+    messages = {**postgres_backend().UNSUPPORTED_COMMANDS,
+                "top": "top shows walqueued's own figures; on PostgreSQL use `walqueue-ctl "
+                       "--dsn URL stats` and pg_stat_activity"}
+    raise CtlError(f"{command_name} is not available with --dsn: {messages[command_name]}",
+                   EXIT_USAGE, "Unsupported")
 
 
 class CtlGroup(click.Group):
@@ -335,25 +389,41 @@ JSON_ALREADY = "Report errors as JSON objects on stderr (the output is JSON alre
               help="walqueued's socket (or its directory). [env: WALQUEUE_SOCKET]")
 @click.option("--dir", "directory", type=click.Path(file_okay=False),
               help="The daemon's queue DIRECTORY: use DIRECTORY/walqueued.sock.")
+@click.option("--dsn", envvar="WALQUEUE_DSN", metavar="URL",
+              help="A queue on PostgreSQL instead of walqueued: a libpq URL or key=value string "
+                   "(SPEC §9; needs walqueue[postgres]). [env: WALQUEUE_DSN]")
+@click.option("--queue", "queue_name", metavar="NAME", default=None,
+              help='With --dsn: the queue in that database [default: "default"].')
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_SECONDS,
               show_default=True, help="Seconds to wait for each answer (plus --wait for reserve).")
 @click.pass_context
-def cli(ctx: click.Context, socket_option: str | None, directory: str | None, timeout: float) -> None:
+def cli(ctx: click.Context, socket_option: str | None, directory: str | None, dsn: str | None,
+        queue_name: str | None, timeout: float) -> None:
     """Operate walqueued, the WALQueue daemon, and verify queue directories.
 
     Data is printed as JSON, one object per line, so that
     `walqueue-ctl reserve w | walqueue-ctl ack -` works.
     """
-    if directory is not None and ctx.get_parameter_source("socket_option") == \
-            click.core.ParameterSource.COMMANDLINE:
+    commandline = click.core.ParameterSource.COMMANDLINE
+    socket_given = ctx.get_parameter_source("socket_option") == commandline
+    if directory is not None and socket_given:
         raise click.UsageError("give --socket or --dir, not both")
+    if dsn is not None and (directory is not None or socket_given):
+        if ctx.get_parameter_source("dsn") == commandline:
+            raise click.UsageError("give --dsn or --socket/--dir, not both")
+        dsn = None  # a daemon named on the command line beats WALQUEUE_DSN
+    if queue_name is not None and dsn is None:
+        raise click.UsageError("--queue names a queue on PostgreSQL: give --dsn too (walqueued "
+                               "serves the one queue of its directory)")
     if directory is not None:
         path = os.path.join(directory, SOCKET_NAME)
     else:
         path = socket_path(socket_option or DEFAULT_SOCKET)
-    ctl = Ctl(path, timeout)
+    ctl = Ctl(path, timeout, dsn=dsn, queue=queue_name or "default")
     ctx.obj = ctl
     ctx.call_on_close(ctl.close)
+    if dsn is not None:
+        refuse_on_postgres(ctx.invoked_subcommand)
 
 
 pass_ctl = click.make_pass_decorator(Ctl)
@@ -720,9 +790,13 @@ def stats(ctl: Ctl, as_json: bool) -> None:
       requests_total, write_failures_total, compactions_total,
       last_compaction_seconds, connections, parked_reserves, paused,
       uptime_seconds, start_time_seconds, last_recovery_seconds, directory.
-    docs/metrics.md defines each one and what to alert on.
+    docs/metrics.md defines each one and what to alert on. With --dsn, the
+    queue's counts only (last_seq, snapshot_seq and wal_bytes are 0).
     """
-    fields = stats_fields(ctl.client.daemon_stats())
+    if ctl.dsn is not None:
+        fields = dataclasses.asdict(ctl.client.stats())
+    else:
+        fields = stats_fields(ctl.client.daemon_stats())
     if as_json:
         emit(fields)
         return
@@ -902,6 +976,29 @@ def end_backup(ctl: Ctl) -> None:
         # and an open file stays readable even if compaction deletes it.
         click.echo(f"note: ending the backup pin: {exc.format_message().splitlines()[0]} "
                    f"(the pin ends with the connection)", err=True)
+
+
+@command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE,
+         short_help="Create or upgrade the walqueue schema on PostgreSQL (--dsn).")
+@json_option(JSON_ALREADY)
+@pass_ctl
+def migrate(ctl: Ctl, as_json: bool) -> None:
+    """Create or upgrade the walqueue schema in the --dsn database. Prints {"schema_version": N}.
+
+    Run it as a role that may create the schema (a worker role needs no
+    DDL: docs/postgres.md lists its grants). Safe to run from several hosts
+    at once, and again: an up-to-date schema is left as it is. A schema newer
+    than this walqueue knows is refused, naming both versions.
+    """
+    if ctl.dsn is None:
+        raise CtlError("migrate is for a queue on PostgreSQL: give --dsn URL (or WALQUEUE_DSN); "
+                       "walqueued's directory needs no migration", EXIT_USAGE, "UsageError")
+    backend = postgres_backend()
+    try:
+        version = backend.migrate(ctl.dsn)
+    except (WalQueueError, OSError) as exc:
+        raise error_for(exc, ctl.socket_path, ctl.dsn) from exc
+    emit({"schema_version": version})
 
 
 # -- verify (offline) -------------------------------------------------------------
