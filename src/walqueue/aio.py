@@ -1,13 +1,12 @@
-"""The asyncio client of walqueued: SPEC §8's client as coroutines, and an async worker.
+"""The asyncio client of walqueued: SPEC §8's client as coroutines, over the shared core.
 
 ``walqueue.aio.Client`` has the methods of ``walqueue.client.Client``
 (``await client.put(...)``, ``await client.reserve(...)``, ...) with the same
-arguments, return values, exceptions, timeouts and retry rules. It has no
-protocol code of its own: requests are built, encoded and checked, and answers
-merged and turned into the library's values and exceptions, by the I/O-free
-functions of ``walqueue.client`` (``*_call``, ``encode_request``,
-``hello_answer``, ``complete``, ``result``) over ``walqueue.protocol``. This
-module only owns a socket.
+arguments, return values, exceptions, timeouts and retry rules, because they
+are the same code: the methods are ``walqueue.client.api``'s, requests and
+answers are built and read by ``walqueue.client.calls``, and retries are
+decided by ``walqueue.client.retry``. This module only owns a socket.
+``walqueue.aio.Worker`` is ``walqueue.worker.aio.Worker``.
 
 One connection per ``Client``, shared by any number of coroutines: each call
 numbers its request, writes it whole (writes are serialized, so frames never
@@ -44,46 +43,26 @@ import os
 import select
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from walqueue import Lease, QueueClosed, QueueStats, StaleLease, TaskView, WalQueueError
+from walqueue import Lease, QueueClosed, StaleLease, WalQueueError
 from walqueue import protocol as p
-from walqueue.client import (
-    DEFAULT_RETRY_SECONDS,
-    DEFAULT_TIMEOUT_SECONDS,
+from walqueue.client.address import connect_error, socket_path, unix_address
+from walqueue.client.api import ClientApi
+from walqueue.client.blocking import DEFAULT_TIMEOUT_SECONDS
+from walqueue.client.calls import (
     Call,
     DaemonUnavailable,
-    ack_and_reserve_call,
-    ack_call,
-    backup_begin_call,
-    backup_end_call,
-    compact_call,
     complete,
-    daemon_stats_call,
     encode_request,
-    get_call,
     hello_answer,
     hello_request,
     last_words,
-    pause_call,
-    put_call,
-    put_many_call,
     refused,
-    release_call,
-    reserve_call,
     result,
-    resume_call,
-    retry_pause,
-    revive_call,
-    socket_path,
-    stats_call,
-    tasks_call,
-    touch_call,
-    unix_address,
 )
-from walqueue.metrics import DaemonStats
-from walqueue.values import BackupManifest
+from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
 from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
@@ -116,7 +95,8 @@ class AsyncConnection:
 
     @classmethod
     async def open(
-        cls, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = ""
+        cls, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = "",
+        reached_before: bool = False,
     ) -> AsyncConnection:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -124,9 +104,12 @@ class AsyncConnection:
         try:
             with unix_address(path) as address:
                 await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
             sock.close()
-            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc!r}") from exc
+            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: no answer in {timeout} s") from exc
+        except OSError as exc:
+            sock.close()
+            raise connect_error(path, exc, reached_before=reached_before) from exc
         except BaseException:
             sock.close()
             raise
@@ -323,11 +306,11 @@ def _copy(error: DaemonUnavailable) -> DaemonUnavailable:
     return copy
 
 
-class Client:
-    """SPEC §8's client as coroutines. See the module docstring.
+class Client(ClientApi):
+    """SPEC §8's client as coroutines: ``walqueue.client.api``'s methods, awaited.
 
     ``timeout`` bounds each call (plus ``wait`` for a reserve); ``retry_seconds``
-    bounds how long ``put``/``put_many`` keep retrying across reconnects.
+    bounds how long ``put``/``put_many`` keep retrying (``walqueue.client.retry``).
     """
 
     def __init__(
@@ -345,8 +328,7 @@ class Client:
         self._connection: AsyncConnection | None = None
         self._connect_lock = asyncio.Lock()
         self._closed = False
-
-    # -- plumbing ---------------------------------------------------------------
+        self._reached = False  # a daemon answered at this path once: a missing socket is a restart
 
     async def __aenter__(self) -> Client:
         return self
@@ -374,117 +356,31 @@ class Client:
                 raise QueueClosed(f"this Client of {self.path} is closed")
             connection = self._connection
             if connection is None or connection.broken or connection.idle_and_closed_by_peer():
-                self._connection = await AsyncConnection.open(self.path, timeout=self.timeout, name=self.name)
+                self._connection = await AsyncConnection.open(self.path, timeout=self.timeout, name=self.name,
+                                                              reached_before=self._reached)
+                self._reached = True
                 if self._closed:  # closed while connecting
                     self._connection.close()
                     raise QueueClosed(f"this Client of {self.path} is closed")
             return self._connection
 
-    async def _call(self, request: p.Request, *, wait: float = 0.0, idempotent: bool = False) -> Any:
-        timeout = None if self.timeout is None else self.timeout + wait
-        deadline = time.monotonic() + self.retry_seconds
-        attempt = 0
+    async def _run(self, build: Callable[..., Call], /, *args: Any, **kwargs: Any) -> Any:
+        call = build(*args, **kwargs)
+        if call.request is None:
+            return call.convert(None)
+        timeout = None if self.timeout is None else self.timeout + call.wait
+        retry = Retry(idempotent=call.idempotent, retry_seconds=self.retry_seconds, now=time.monotonic())
         while True:
             try:
                 connection = await self._connected()
-                return await connection.call(request, timeout=timeout)
-            except (DaemonUnavailable, QueueClosed):
+                return call.convert(await connection.call(call.request, timeout=timeout))
+            except (DaemonUnavailable, QueueClosed) as exc:
                 # A DaemonUnavailable has already dropped the broken connection
                 # (it is never closed here: other coroutines may be using it).
-                if self._closed or not idempotent or time.monotonic() >= deadline:
+                pause = retry.pause_after(exc, now=time.monotonic(), client_closed=self._closed)
+                if pause is None:
                     raise
-                await asyncio.sleep(retry_pause(attempt, deadline))
-                attempt += 1
-
-    async def _run(self, call: Call) -> Any:
-        if call.request is None:
-            return call.convert(None)
-        return call.convert(await self._call(call.request, wait=call.wait, idempotent=call.idempotent))
-
-    # -- the API ------------------------------------------------------------------
-
-    async def put(
-        self,
-        task_id: str,
-        payload: Mapping[str, Any],
-        *,
-        key: str | None = None,
-        available_at: int = 0,
-        delay: int | None = None,
-        max_attempts: int = 3,
-    ) -> str:
-        """Put one task; ``delay`` (seconds from now) is turned into ``available_at`` once.
-
-        Raises InvalidRequest, KeyConflict, DaemonUnavailable.
-        """
-        return await self._run(put_call(task_id, payload, key=key, available_at=available_at, delay=delay,
-                                        max_attempts=max_attempts, now=time.time()))
-
-    async def put_many(self, requests: Iterable[Any]) -> list[str]:
-        """Put several tasks in one transaction (PutRequest objects or mappings)."""
-        return await self._run(put_many_call(requests))
-
-    async def reserve(self, worker: str, *, lease_seconds: int = 30, limit: int = 1, wait: float = 0) -> list[Lease]:
-        """Lease up to ``limit`` due tasks, waiting up to ``wait`` seconds for one. Never retried."""
-        return await self._run(reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait))
-
-    async def ack(self, lease: Lease) -> None:
-        """Complete the leased task. Raises StaleLease if the lease is not current."""
-        await self._run(ack_call(lease))
-
-    async def ack_and_reserve(self, lease: Lease, *, lease_seconds: int = 30, limit: int = 1,
-                              wait: float = 0) -> list[Lease]:
-        """Ack ``lease`` and reserve the same worker's next tasks in one round trip and one fsync.
-
-        Raises StaleLease (and reserves nothing) if the ack fails. Never retried.
-        """
-        return await self._run(ack_and_reserve_call(lease, lease_seconds=lease_seconds, limit=limit, wait=wait))
-
-    async def release(self, lease: Lease, *, delay: int = 0) -> None:
-        """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""
-        await self._run(release_call(lease, delay=delay))
-
-    async def touch(self, lease: Lease, *, lease_seconds: int) -> Lease:
-        """Extend a live lease to ``lease_seconds`` from the daemon's now. Raises StaleLease."""
-        return await self._run(touch_call(lease, lease_seconds=lease_seconds))
-
-    async def revive(self, task_ids: Iterable[str]) -> list[str]:
-        """Make dead tasks ready again. Raises InvalidRequest if one is not dead."""
-        return await self._run(revive_call(task_ids))
-
-    async def get(self, task_id: str) -> TaskView | None:
-        return await self._run(get_call(task_id))
-
-    async def tasks(self, status: str | None = None) -> list[TaskView]:
-        """All tasks (or those with ``status``) in task_id order."""
-        return await self._run(tasks_call(status))
-
-    async def stats(self) -> QueueStats:
-        return await self._run(stats_call())
-
-    async def compact(self) -> int:
-        """Compact now; returns the published snapshot's seq."""
-        return await self._run(compact_call())
-
-    async def pause(self) -> bool:
-        """Stop leasing until resume(); returns True (see walqueue.client.Client.pause)."""
-        return await self._run(pause_call())
-
-    async def resume(self) -> bool:
-        """Lease again, waiting reserves first; returns False."""
-        return await self._run(resume_call())
-
-    async def backup_begin(self) -> BackupManifest:
-        """Pin the files of a consistent copy and return their manifest (see the sync client)."""
-        return await self._run(backup_begin_call())
-
-    async def backup_end(self) -> None:
-        """Release the pin this connection holds."""
-        await self._run(backup_end_call())
-
-    async def daemon_stats(self) -> DaemonStats:
-        """The daemon's full report: ``stats()`` plus its own figures (walqueue.metrics)."""
-        return await self._run(daemon_stats_call())
+                await asyncio.sleep(pause)
 
 
 # -- the worker -------------------------------------------------------------------
