@@ -37,16 +37,15 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 import select
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from walqueue import Lease, QueueClosed, StaleLease, WalQueueError
+from walqueue import QueueClosed, WalQueueError
 from walqueue import protocol as p
 from walqueue.client.address import connect_error, socket_path, unix_address
 from walqueue.client.api import ClientApi
@@ -63,7 +62,7 @@ from walqueue.client.calls import (
     result,
 )
 from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
-from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
+from walqueue.worker.aio import Worker
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
 
@@ -381,175 +380,3 @@ class Client(ClientApi):
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
-
-
-# -- the worker -------------------------------------------------------------------
-
-
-class _Toucher:
-    """Extends one lease in a background task until stopped or the lease is lost."""
-
-    def __init__(self, client: Client, lease: Lease, lease_seconds: int) -> None:
-        self.client = client
-        self.lease = lease
-        self.lease_seconds = lease_seconds
-        self.lost = False
-        self._stop_event = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"touch-{lease.task_id}")
-
-    async def _run(self) -> None:
-        interval = max(1.0, self.lease_seconds / 3)
-        while not await _event_within(self._stop_event, interval):
-            try:
-                self.lease = await self.client.touch(self.lease, lease_seconds=self.lease_seconds)
-            except StaleLease as exc:
-                log.warning("lost the lease on %s: %s", self.lease.task_id, exc)
-                self.lost = True
-                return
-            except (DaemonUnavailable, QueueClosed) as exc:
-                if self.client.closed:
-                    return
-                log.warning("touch of %s failed, will retry: %s", self.lease.task_id, exc)
-
-    async def stop(self) -> None:
-        """Stop, letting a touch in flight finish, so that no touch races the ack."""
-        self._stop_event.set()
-        await self._task
-
-
-async def _event_within(event: asyncio.Event, seconds: float) -> bool:
-    """True if ``event`` is set within ``seconds``."""
-    try:
-        await asyncio.wait_for(event.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True
-
-
-class Worker:
-    """Runs ``await handler(lease)`` for each reserved task, like ``walqueue.worker.Worker``.
-
-    Reserves one task at a time (blocking in the daemon up to ``wait``
-    seconds), touches its lease every ``lease_seconds / 3`` seconds in a
-    background task while the handler runs, acks when the handler returns (with
-    ``ack_and_reserve``, fetching the next task in the same request), and
-    releases with ``backoff(attempts)`` seconds of delay when it raises. A
-    ``ack``/``release`` whose connection broke is retried up to three times; a
-    ``StaleLease`` on a retry showing the task no longer leased under this
-    lease's generation means the first attempt took effect.
-
-    ``handler`` should be a coroutine function; a plain function is called as
-    is and blocks the event loop (and the touches) while it runs — wrap
-    blocking work in ``asyncio.to_thread``. The handler must be idempotent:
-    delivery is at-least-once. Cancelling ``run()`` mid-task leaves the lease
-    to expire.
-    """
-
-    def __init__(
-        self,
-        client: Client | str,
-        worker: str,
-        handler: Callable[[Lease], Awaitable[Any] | Any],
-        *,
-        lease_seconds: int = 30,
-        wait: float = 30,
-        backoff: Callable[[int], int] = exponential_backoff,
-        touch: bool = True,
-    ) -> None:
-        self.client = client if isinstance(client, Client) else Client(client, name=worker)
-        self.worker = worker
-        self.handler = handler
-        self.lease_seconds = lease_seconds
-        self.wait = wait
-        self.backoff = backoff
-        self.touch = touch
-        self._stop_event = asyncio.Event()
-        self.processed = 0
-        self.failed = 0
-
-    def stop(self) -> None:
-        """Ask ``run()`` to return after the task in hand (or the current wait)."""
-        self._stop_event.set()
-
-    async def run(self, *, max_tasks: int | None = None) -> int:
-        """Process tasks until ``stop()`` or ``max_tasks``; returns how many were handled."""
-        handled = 0
-        leases: list[Lease] = []
-        while not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks):
-            if not leases:
-                leases = await self._reserve()
-                continue
-            lease = leases.pop(0)
-            handled += 1
-            more = not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks)
-            leases += await self._process(lease, reserve_next=more and not leases)
-        return handled
-
-    async def _reserve(self) -> list[Lease]:
-        try:
-            return await self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
-        except (DaemonUnavailable, QueueClosed) as exc:
-            if self.client.closed:
-                raise
-            # The daemon is restarting, or a write failed on its side.
-            log.warning("reserve failed, retrying: %s", exc)
-            await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
-            return []
-
-    async def _process(self, lease: Lease, *, reserve_next: bool) -> list[Lease]:
-        """Run the handler on ``lease`` and finish it; returns the next leases if it reserved them."""
-        toucher = _Toucher(self.client, lease, self.lease_seconds) if self.touch else None
-        failure: Exception | None = None
-        try:
-            outcome = self.handler(lease)
-            if inspect.isawaitable(outcome):
-                await outcome
-        except Exception as exc:
-            failure = exc
-        finally:
-            if toucher is not None:
-                await toucher.stop()
-        if failure is None:
-            self.processed += 1
-            if reserve_next:
-                return await self._ack_and_reserve(lease)
-            await self._finish(lease, lambda: self.client.ack(lease))
-            return []
-        self.failed += 1
-        delay = self.backoff(lease.attempts)
-        log.warning("task %s failed (attempt %d), due again in %d s: %r",
-                    lease.task_id, lease.attempts, delay, failure)
-        await self._finish(lease, lambda: self.client.release(lease, delay=delay))
-        return []
-
-    async def _ack_and_reserve(self, lease: Lease) -> list[Lease]:
-        """Ack and reserve the next task in one round trip (and one fsync in the daemon)."""
-        try:
-            return await self.client.ack_and_reserve(lease, lease_seconds=self.lease_seconds, wait=self.wait)
-        except StaleLease as exc:
-            log.warning("task %s: %s", lease.task_id, exc)
-        except (DaemonUnavailable, QueueClosed):
-            if self.client.closed:
-                raise
-            # The ack may or may not have been applied: retry it alone, as a retry.
-            await self._finish(lease, lambda: self.client.ack(lease), first_attempt=1)
-        return []
-
-    async def _finish(self, lease: Lease, operation: Callable[[], Awaitable[None]], *,
-                      first_attempt: int = 0) -> None:
-        for attempt in range(first_attempt, FINISH_ATTEMPTS):
-            try:
-                await operation()
-                return
-            except (DaemonUnavailable, QueueClosed) as exc:
-                if attempt == FINISH_ATTEMPTS - 1 or self.client.closed:
-                    log.error("could not finish %s, its lease will expire: %s", lease.task_id, exc)
-                    return
-                await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
-            except StaleLease as exc:
-                # On a retry, "no longer leased, same generation" means an
-                # earlier attempt was applied before its answer was lost.
-                if attempt > 0 and exc.status != "leased" and exc.generation == lease.generation:
-                    return
-                log.warning("task %s: %s", lease.task_id, exc)
-                return

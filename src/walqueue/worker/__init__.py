@@ -1,0 +1,110 @@
+"""``walqueue.worker``: the worker loop most users would otherwise write by hand.
+
+    policy.py  the Worker's decisions, once for both Workers, and what a backend must provide
+    clock.py   the real clocks the Workers wait on (tests pass their own)
+    aio.py     the asyncio Worker (also ``walqueue.aio.Worker``)
+    cli.py     ``walqueue-worker``: a Worker process for a handler named on the command line
+
+``Worker`` here runs the policy on threads: ``concurrency`` slot threads
+(each calls the handler for one task at a time), one toucher thread and a
+supervisor thread; ``run()`` waits for the supervisor. Handlers run in the
+slot threads; they must be idempotent, since delivery is at-least-once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from walqueue.errors import InvalidRequest
+from walqueue.values import Lease
+from walqueue.worker.clock import SystemClock
+from walqueue.worker.policy import Policy, Steps, drive, exponential_backoff
+
+__all__ = ["Worker", "exponential_backoff"]
+
+
+class Worker(Policy):
+    """Runs ``handler(lease)`` for each reserved task, ``concurrency`` at a time, in threads.
+
+    ``client`` is a client object (``walqueue.client.Client``,
+    ``walqueue.pg.Client``, or anything with the methods
+    ``walqueue.worker.policy`` lists) or a socket/directory path, for which
+    a ``walqueue.client.Client`` is made. The other options are described in
+    ``walqueue.worker.policy``: ``lease_seconds`` of each lease, ``wait`` in
+    one reserve, ``backoff(attempts)`` seconds before a failed task is due
+    again, ``touch`` to extend leases while handlers run,
+    ``stop_timeout_seconds`` after ``stop()`` before leases still in hand are
+    released, and the ``clock`` to wait on.
+
+    Raises InvalidRequest for a bad option, and for a coroutine function as
+    the handler (run those on ``walqueue.aio.Worker``).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        worker: str,
+        handler: Callable[[Lease], Any],
+        *,
+        lease_seconds: int = 30,
+        wait: float = 30,
+        backoff: Callable[[int], int] = exponential_backoff,
+        touch: bool = True,
+        concurrency: int = 1,
+        stop_timeout_seconds: float | None = None,
+        clock: Any = None,
+    ) -> None:
+        if inspect.iscoroutinefunction(handler):
+            raise InvalidRequest(f"handler {getattr(handler, '__qualname__', handler)!r} is a coroutine "
+                                 "function: run it on walqueue.aio.Worker")
+        if isinstance(client, str | os.PathLike):
+            from walqueue.client import Client
+
+            client = Client(client, name=worker)
+        super().__init__(client, worker, handler, lease_seconds=lease_seconds, wait=wait, backoff=backoff,
+                         touch=touch, concurrency=concurrency, stop_timeout_seconds=stop_timeout_seconds,
+                         clock=clock or SystemClock())
+
+    def run(self, *, max_tasks: int | None = None) -> int:
+        """Process tasks until ``stop()`` or ``max_tasks``; returns how many were taken in hand.
+
+        Re-raises what ended a slot (e.g. ``QueueClosed`` once the client was
+        closed). A KeyboardInterrupt stops the Worker and is re-raised at once;
+        the slot threads are daemon threads and finish their tasks meanwhile.
+        """
+        self._begin(max_tasks)
+        errors: list[BaseException] = []
+        toucher = self._start(self.touching(), "walqueue-touch", errors) if self.touch else None
+        slots = [self._start(self.slot(), f"walqueue-slot-{number}", errors) for number in range(self.concurrency)]
+        supervisor = self._start(self.supervise(), "walqueue-supervise", errors)
+        try:
+            supervisor.join()  # interruptible: stop() may run in a signal handler meanwhile
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            self._end_touching()
+        if toucher is not None:
+            toucher.join()
+        if self._running == 0:  # not after the stop deadline, where handlers are left running
+            for thread in slots:
+                thread.join()
+        if errors:
+            raise errors[0]
+        return self._taken
+
+    def _start(self, steps: Steps, name: str, errors: list[BaseException]) -> threading.Thread:
+        def target() -> None:
+            try:
+                drive(steps)
+            except BaseException as exc:
+                errors.append(exc)
+                self.stop()
+
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread
