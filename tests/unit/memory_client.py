@@ -102,7 +102,8 @@ class MemoryClient:
         self.closed = False
 
     def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
-        return self.queue.call("reserve", worker, lambda: self.queue.reserve(worker, lease_seconds, limit), wait)
+        return self.queue.call("reserve", worker, lambda: self.queue.reserve(worker, lease_seconds, limit), wait,
+                               limit)
 
     def ack(self, lease):
         return self.queue.call("ack", lease.task_id, lambda: self.queue.ack(lease))

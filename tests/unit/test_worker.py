@@ -131,6 +131,26 @@ def test_idle_slots_take_turns_so_only_one_reserve_waits_in_the_service():
     assert outcome == {"value": 0} and client.most_in_flight == 1
 
 
+def test_the_turns_holder_reserves_for_the_slots_waiting_behind_it():
+    clock = ManualClock()
+    queue = MemoryQueue(clock)
+    client = BlockingReserveClient(queue)
+    worker = Worker(client, "w", lambda lease: None, wait=30, concurrency=4, touch=False, clock=clock)
+    runner, outcome = in_thread(lambda: worker.run(max_tasks=4))
+    assert client.first_waiting.wait(REAL_SECONDS)
+    clock.wait_for_waiting(4)  # three slots behind the turn, and the supervisor
+    for number in range(4):
+        queue.put(f"t{number}")
+    client.wake.set()
+    runner.join(REAL_SECONDS)
+    assert outcome == {"value": 4}
+    # However many slots waited when the first reserve was sent, the next one asks for
+    # exactly the slots still without a task: never one reserve per slot.
+    limits = [call[3] for call in queue.calls if call[0] == "reserve"]
+    assert sum(limits) == 4 and len(limits) <= 2, limits
+    assert all(task["status"] == "completed" for task in queue.tasks.values())
+
+
 def test_a_task_not_done_by_the_stop_deadline_is_released_and_run_returns():
     clock = ManualClock()
     queue = MemoryQueue(clock)

@@ -16,15 +16,17 @@ What a Worker does
 ------------------
 ``concurrency`` slots each run this loop (``slot()``):
 
-1. Reserve one task, waiting up to ``wait`` seconds in the service. Only one
-   slot of a Worker waits in the service at a time (it holds the *turn*);
-   idle slots wait for the turn at home, so N idle slots cost one waiting
-   reserve, not N (walqueued parks at most 64 per connection).
+1. Reserve a task, waiting up to ``wait`` seconds in the service. Only one
+   slot of a Worker reserves at a time (it holds the *turn*): it asks for
+   one task for itself and one for each slot waiting for the turn, and hands
+   those over. So N idle slots cost one waiting reserve, not N (walqueued
+   parks at most 64 per connection), and N free slots fill in one round trip.
 2. Hold the lease for the toucher and call ``handler(lease)``.
 3. On return, ack. When the slot will take another task it acks with
    ``ack_and_reserve`` (the ack and the next reservation share one round
-   trip, and one fsync in walqueued), waiting for a task only if it can take
-   the turn. On an exception, release the task with ``backoff(attempts)``
+   trip, and one fsync in walqueued); if it can take the turn, that reserve
+   may wait and fetch for the waiting slots too, else it asks for one task
+   without waiting. On an exception, release the task with ``backoff(attempts)``
    seconds of delay, then look the task up to log whether it is due again or
    dead (the lease does not carry ``max_attempts``).
 4. An ack or release whose answer was lost (``Unavailable``, or
@@ -101,6 +103,7 @@ MAX_BACKOFF_SECONDS = 300
 RECONNECT_PAUSE_SECONDS = 1.0
 FINISH_ATTEMPTS = 3
 MIN_TOUCH_INTERVAL_SECONDS = 1.0
+MAX_RESERVE_LIMIT = 1000  # SPEC §1's bound on limit
 
 # What a StaleLease answering a retried operation shows when the lost
 # attempt took effect (at the lease's own generation).
@@ -213,7 +216,9 @@ class Policy:
         self._stopped_at: float | None = None
         self._stop_event = clock.event()  # cuts pauses short
         self._turn_taken = False
-        self._turn_free = clock.event()  # set when the turn is given back, and by stop()
+        self._turn_waiters = 0  # slots waiting for the turn, for whom its holder reserves too
+        self._turn_free = clock.event()  # set when the turn is given back or leases are handed over, and by stop()
+        self._spare: list[Lease] = []  # leases reserved by the turn's holder for the waiting slots
         self._settled = clock.event()  # set when a slot ends, and by stop()
         self._touch_changed = clock.event()  # set when a lease is held, and to end touching
         self._touching_ended = False
@@ -271,7 +276,7 @@ class Policy:
                     if not leases:
                         self._return_ticket()
                         continue
-                leases = (yield from self._process(leases[0])) + leases[1:]
+                leases = yield from self._process(leases[0])
         finally:
             with self._state:
                 self._running -= 1
@@ -289,19 +294,38 @@ class Policy:
         with self._state:
             self._taken -= 1
 
-    def _wait_for_turn(self) -> Generator[Step, Any, bool]:
-        """Take the turn to wait in the service; False if stop() came first."""
-        while True:
-            with self._state:
-                if self._stopping:
-                    return False
-                if not self._turn_taken:
-                    self._turn_taken = True
-                    return True
-                self._turn_free.clear()
-            if self._stopping:  # stop() takes no lock: it may have set the event just before the clear
-                return False
-            yield functools.partial(self.clock.wait, self._turn_free, None)
+    def _wait_for_turn(self) -> Generator[Step, Any, list[Lease] | None]:
+        """Take the turn (None), or a lease the turn's holder reserved for this slot ([lease]).
+
+        [] if stop() came first.
+        """
+        waiting = False
+        try:
+            while True:
+                with self._state:
+                    if self._spare or self._stopping or not self._turn_taken:
+                        # Leave and stop being counted in one step: a holder counting
+                        # the waiters right after must not reserve for this slot.
+                        if waiting:
+                            self._turn_waiters -= 1
+                            waiting = False
+                        if self._spare:
+                            return [self._spare.pop(0)]
+                        if self._stopping:
+                            return []
+                        self._turn_taken = True
+                        return None
+                    if not waiting:
+                        self._turn_waiters += 1
+                        waiting = True
+                    self._turn_free.clear()
+                if self._stopping:  # stop() takes no lock: it may have set the event just before the clear
+                    return []
+                yield functools.partial(self.clock.wait, self._turn_free, None)
+        finally:
+            if waiting:  # left by stop() or an exception
+                with self._state:
+                    self._turn_waiters -= 1
 
     def _try_take_turn(self) -> bool:
         with self._state:
@@ -315,12 +339,27 @@ class Policy:
             self._turn_taken = False
         self._turn_free.set()
 
+    def _reserve_limit(self) -> int:
+        """One lease for the turn's holder and one for each slot waiting for the turn."""
+        with self._state:
+            return min(MAX_RESERVE_LIMIT, 1 + self._turn_waiters)
+
+    def _keep_one(self, leases: list[Lease]) -> list[Lease]:
+        """The first lease for this slot; the others go to the slots waiting for the turn."""
+        if len(leases) > 1:
+            with self._state:
+                self._spare.extend(leases[1:])
+            self._turn_free.set()
+        return leases[:1]
+
     def _reserve(self) -> Generator[Step, Any, list[Lease]]:
-        if not (yield from self._wait_for_turn()):
-            return []
+        handed = yield from self._wait_for_turn()
+        if handed is not None:
+            return handed
         try:
-            return (yield functools.partial(self.client.reserve, self.worker, lease_seconds=self.lease_seconds,
-                                            wait=self.wait))
+            leases = yield functools.partial(self.client.reserve, self.worker, lease_seconds=self.lease_seconds,
+                                             limit=self._reserve_limit(), wait=self.wait)
+            return self._keep_one(leases)
         except LOST_ANSWER as exc:
             if self._client_closed():
                 raise
@@ -358,7 +397,9 @@ class Policy:
         took_turn = self._try_take_turn()
         try:
             leases = yield functools.partial(self.client.ack_and_reserve, lease, lease_seconds=self.lease_seconds,
+                                             limit=self._reserve_limit() if took_turn else 1,
                                              wait=self.wait if took_turn else 0)
+            leases = self._keep_one(leases)
         except StaleLease as lost:
             self._return_ticket()
             _log_acked(lease, seconds, lost)
@@ -491,7 +532,17 @@ class Policy:
     # -- the run as a whole -------------------------------------------------------
 
     def supervise(self) -> Steps:
-        """Until every slot has ended; at the stop deadline, release the leases still held."""
+        """Until every slot has ended (at the stop deadline, releasing the leases still held);
+        then release leases reserved for slots that stopped before taking them."""
+        yield from self._until_slots_end()
+        with self._state:
+            spare, self._spare = self._spare, []
+        for lease in spare:
+            error = yield from self._finish(lease, "release")
+            log.info("task %s generation %d: reserved for a slot that stopped first; %s", escape(lease.task_id),
+                     lease.generation, "released" if error is None else f"not released: {error}")
+
+    def _until_slots_end(self) -> Steps:
         while True:
             with self._state:
                 if self._running == 0:
