@@ -123,6 +123,20 @@ def test_a_retried_ack_that_finds_the_lease_expired_is_not_taken_for_success(she
     assert "done in" not in caplog.text
 
 
+def test_a_stale_lease_on_the_first_ack_is_not_taken_for_success(shell, caplog):
+    shell.queue.put("t")
+
+    def lose_the_lease(lease):
+        shell.clock.advance(60)  # the lease expires while the handler runs ...
+        shell.queue.reserve("other", 30, 1)  # ... and another worker leases the task (generation 2)
+
+    with caplog.at_level(logging.INFO, "walqueue.worker"):
+        shell.run(shell.worker(lose_the_lease), max_tasks=1)
+    assert shell.finishes() == [("ack", "t")]  # not sent again
+    assert "lost before the ack (the task is leased at generation 2)" in caplog.text
+    assert shell.queue.view("t").worker == "other"
+
+
 def test_a_retried_release_that_finds_the_task_ready_at_its_generation_is_done(shell):
     shell.queue.put("t")
     shell.queue.faults["release"] = ["lost"]
