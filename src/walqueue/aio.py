@@ -37,8 +37,6 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import select
 import socket
 import time
@@ -47,9 +45,8 @@ from typing import Any
 
 from walqueue import QueueClosed, WalQueueError
 from walqueue import protocol as p
-from walqueue.client.address import connect_error, socket_path, unix_address
-from walqueue.client.api import ClientApi
-from walqueue.client.blocking import DEFAULT_TIMEOUT_SECONDS
+from walqueue.client.address import connect_error, unix_address
+from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, ClientApi
 from walqueue.client.calls import (
     Call,
     DaemonUnavailable,
@@ -61,12 +58,9 @@ from walqueue.client.calls import (
     refused,
     result,
 )
-from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
 from walqueue.worker.aio import Worker
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
-
-log = logging.getLogger("walqueue.aio")
 
 MAX_READ_BYTES = 4 * 1024 * 1024
 LAST_WORDS_SECONDS = 0.5
@@ -306,39 +300,17 @@ def _copy(error: DaemonUnavailable) -> DaemonUnavailable:
 
 
 class Client(ClientApi):
-    """SPEC §8's client as coroutines: ``walqueue.client.api``'s methods, awaited.
+    """SPEC §8's client as coroutines: ``walqueue.client.api``'s methods and options, awaited."""
 
-    ``timeout`` bounds each call (plus ``wait`` for a reserve); ``retry_seconds``
-    bounds how long ``put``/``put_many`` keep retrying (``walqueue.client.retry``).
-    """
-
-    def __init__(
-        self,
-        socket_or_directory: str | os.PathLike,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
-        name: str = "",
-    ) -> None:
-        self.path = socket_path(socket_or_directory)
-        self.timeout = timeout
-        self.retry_seconds = retry_seconds
-        self.name = name
+    def _init_connections(self) -> None:
         self._connection: AsyncConnection | None = None
         self._connect_lock = asyncio.Lock()
-        self._closed = False
-        self._reached = False  # a daemon answered at this path once: a missing socket is a restart
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    @property
-    def closed(self) -> bool:
-        """True once ``close()`` was called."""
-        return self._closed
 
     async def close(self) -> None:
         """Close the connection; later calls raise QueueClosed. Idempotent."""
@@ -367,8 +339,8 @@ class Client(ClientApi):
         call = build(*args, **kwargs)
         if call.request is None:
             return call.convert(None)
-        timeout = None if self.timeout is None else self.timeout + call.wait
-        retry = Retry(idempotent=call.idempotent, retry_seconds=self.retry_seconds, now=time.monotonic())
+        timeout = self._call_timeout(call)
+        retry = self._retry(call)
         while True:
             try:
                 connection = await self._connected()

@@ -14,7 +14,8 @@ and the I/O-free call builders that tools use to pipeline.
 """
 
 from walqueue.client.address import SOCKET_NAME, socket_path, unix_address
-from walqueue.client.blocking import DEFAULT_TIMEOUT_SECONDS, Client, Connection
+from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS
+from walqueue.client.blocking import Client, Connection
 from walqueue.client.calls import (
     Call,
     DaemonUnavailable,

@@ -11,26 +11,69 @@ argument raises when the call is made (sync) or awaited (asyncio), like
 any other error of the call.
 
 The return annotations are the sync client's; the asyncio client's methods
-return awaitables of them.
+return awaitables of them. The constructor and its options are shared too;
+a shell sets up its connection state in ``_init_connections``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from walqueue import Lease, QueueStats, TaskView
 from walqueue.client import calls
+from walqueue.client.address import socket_path
+from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
 from walqueue.metrics import DaemonStats
 from walqueue.values import BackupManifest
 
+DEFAULT_TIMEOUT_SECONDS = 60.0
+
 
 class ClientApi:
-    """The methods both clients share; a subclass provides ``_run(build, *args, **kwargs)``."""
+    """What both clients share; a subclass provides ``_init_connections`` and ``_run(build, *args, **kwargs)``.
+
+    ``socket_or_directory``: the daemon's socket, or a queue directory meaning
+    its ``walqueued.sock``. ``timeout`` bounds each call (plus ``wait`` for a
+    reserve); ``retry_seconds`` bounds how long ``put``/``put_many`` keep
+    retrying (``walqueue.client.retry``); ``name`` labels the connections in
+    the daemon's log.
+    """
+
+    def __init__(
+        self,
+        socket_or_directory: str | os.PathLike,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        name: str = "",
+    ) -> None:
+        self.path = socket_path(socket_or_directory)
+        self.timeout = timeout
+        self.retry_seconds = retry_seconds
+        self.name = name
+        self._closed = False
+        self._reached = False  # a daemon answered at this path once: a missing socket is a restart
+        self._init_connections()
+
+    def _init_connections(self) -> None:
+        raise NotImplementedError
 
     def _run(self, build: Callable[..., calls.Call], /, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
+    def _call_timeout(self, call: calls.Call) -> float | None:
+        return None if self.timeout is None else self.timeout + call.wait
+
+    def _retry(self, call: calls.Call) -> Retry:
+        return Retry(idempotent=call.idempotent, retry_seconds=self.retry_seconds, now=time.monotonic())
 
     def put(
         self,

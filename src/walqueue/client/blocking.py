@@ -26,7 +26,6 @@ Do not share a Client across ``fork()``.
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import struct
@@ -38,8 +37,8 @@ from typing import Any
 
 from walqueue import QueueClosed, WalQueueError
 from walqueue import protocol as p
-from walqueue.client.address import connect_error, socket_path, unix_address
-from walqueue.client.api import ClientApi
+from walqueue.client.address import connect_error, unix_address
+from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, ClientApi
 from walqueue.client.calls import (
     Call,
     DaemonUnavailable,
@@ -51,9 +50,7 @@ from walqueue.client.calls import (
     refused,
     result,
 )
-from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
 
-DEFAULT_TIMEOUT_SECONDS = 60.0
 _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO/SO_SNDTIMEO
 # A connection answered less than this long ago is not checked for a daemon
 # restart before the next call (no restart is that quick).
@@ -280,39 +277,20 @@ class _Line:
 
 
 class Client(ClientApi):
-    """SPEC §8's client. See the module docstring for threads and reconnects.
+    """SPEC §8's client: ``walqueue.client.api``'s methods and options, over blocking sockets.
 
-    ``timeout`` bounds each call (plus ``wait`` for a reserve); ``retry_seconds``
-    bounds how long ``put``/``put_many`` keep retrying (``walqueue.client.retry``).
+    See the module docstring for threads and reconnects.
     """
 
-    def __init__(
-        self,
-        socket_or_directory: str | os.PathLike,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
-        name: str = "",
-    ) -> None:
-        self.path = socket_path(socket_or_directory)
-        self.timeout = timeout
-        self.retry_seconds = retry_seconds
-        self.name = name
+    def _init_connections(self) -> None:
         self._lines_lock = threading.Lock()
         self._lines: dict[threading.Thread, _Line] = {}
-        self._closed = False
-        self._reached = False  # a daemon answered at this path once: a missing socket is a restart
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    @property
-    def closed(self) -> bool:
-        """True once ``close()`` was called."""
-        return self._closed
 
     def close(self) -> None:
         """Close every thread's connection (after its call in progress); later calls raise QueueClosed.
@@ -362,10 +340,10 @@ class Client(ClientApi):
         call = build(*args, **kwargs)
         if call.request is None:
             return call.convert(None)
-        timeout = None if self.timeout is None else self.timeout + call.wait
+        timeout = self._call_timeout(call)
         line = self._line()
         with line.lock:
-            retry = Retry(idempotent=call.idempotent, retry_seconds=self.retry_seconds, now=time.monotonic())
+            retry = self._retry(call)
             while True:
                 try:
                     return call.convert(self._connected(line).call(call.request, timeout=timeout))

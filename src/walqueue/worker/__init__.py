@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from walqueue.errors import InvalidRequest
-from walqueue.values import Lease
 from walqueue.worker.clock import SystemClock
 from walqueue.worker.policy import Policy, Steps, drive, exponential_backoff
 
@@ -30,44 +29,24 @@ __all__ = ["Worker", "exponential_backoff"]
 class Worker(Policy):
     """Runs ``handler(lease)`` for each reserved task, ``concurrency`` at a time, in threads.
 
-    ``client`` is a client object (``walqueue.client.Client``,
-    ``walqueue.pg.Client``, or anything with the methods
-    ``walqueue.worker.policy`` lists) or a socket/directory path, for which
-    a ``walqueue.client.Client`` is made. The other options are described in
-    ``walqueue.worker.policy``: ``lease_seconds`` of each lease, ``wait`` in
-    one reserve, ``backoff(attempts)`` seconds before a failed task is due
-    again, ``touch`` to extend leases while handlers run,
-    ``stop_timeout_seconds`` after ``stop()`` before leases still in hand are
-    released, and the ``clock`` to wait on.
-
-    Raises InvalidRequest for a bad option, and for a coroutine function as
-    the handler (run those on ``walqueue.aio.Worker``).
+    The arguments and options are ``walqueue.worker.policy.Policy``'s; a
+    path as ``client`` means a ``walqueue.client.Client``. Raises
+    InvalidRequest for a bad option, and for a coroutine function as the
+    handler (run those on ``walqueue.aio.Worker``).
     """
 
-    def __init__(
-        self,
-        client: Any,
-        worker: str,
-        handler: Callable[[Lease], Any],
-        *,
-        lease_seconds: int = 30,
-        wait: float = 30,
-        backoff: Callable[[int], int] = exponential_backoff,
-        touch: bool = True,
-        concurrency: int = 1,
-        stop_timeout_seconds: float | None = None,
-        clock: Any = None,
-    ) -> None:
+    def _check_handler(self, handler: Callable) -> None:
         if inspect.iscoroutinefunction(handler):
             raise InvalidRequest(f"handler {getattr(handler, '__qualname__', handler)!r} is a coroutine "
                                  "function: run it on walqueue.aio.Worker")
-        if isinstance(client, str | os.PathLike):
-            from walqueue.client import Client
 
-            client = Client(client, name=worker)
-        super().__init__(client, worker, handler, lease_seconds=lease_seconds, wait=wait, backoff=backoff,
-                         touch=touch, concurrency=concurrency, stop_timeout_seconds=stop_timeout_seconds,
-                         clock=clock or SystemClock())
+    def _client_for_path(self, path: str | os.PathLike, worker: str) -> Any:
+        from walqueue.client import Client
+
+        return Client(path, name=worker)
+
+    def _default_clock(self) -> SystemClock:
+        return SystemClock()
 
     def run(self, *, max_tasks: int | None = None) -> int:
         """Process tasks until ``stop()`` or ``max_tasks``; returns how many were taken in hand.

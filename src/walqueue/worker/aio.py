@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from walqueue.values import Lease
 from walqueue.worker.clock import AsyncioClock
-from walqueue.worker.policy import Policy, Steps, drive_async, exponential_backoff
+from walqueue.worker.policy import Policy, Steps, drive_async
 
 __all__ = ["Worker"]
 
@@ -25,37 +23,22 @@ __all__ = ["Worker"]
 class Worker(Policy):
     """Runs ``await handler(lease)`` for each reserved task, ``concurrency`` at a time.
 
-    The options are those of ``walqueue.worker.Worker`` (see
-    ``walqueue.worker.policy``); ``client`` is an asyncio client
-    (``walqueue.aio.Client``, ``walqueue.pg.AsyncClient``, or anything with
-    the policy's methods as coroutines) or a socket/directory path, for which
-    a ``walqueue.aio.Client`` is made. Call ``stop()`` from the event loop
-    (e.g. ``loop.add_signal_handler(signal.SIGTERM, worker.stop)``).
-    Cancelling ``run()`` cancels the handlers in hand and leaves their leases
-    to expire.
+    The arguments and options are ``walqueue.worker.policy.Policy``'s;
+    ``client`` is an asyncio client (``walqueue.aio.Client``,
+    ``walqueue.pg.AsyncClient``, or anything with the policy's methods as
+    coroutines), and a path means a ``walqueue.aio.Client``. Call ``stop()``
+    from the event loop (e.g. ``loop.add_signal_handler(signal.SIGTERM,
+    worker.stop)``). Cancelling ``run()`` cancels the handlers in hand and
+    leaves their leases to expire.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        worker: str,
-        handler: Callable[[Lease], Awaitable[Any] | Any],
-        *,
-        lease_seconds: int = 30,
-        wait: float = 30,
-        backoff: Callable[[int], int] = exponential_backoff,
-        touch: bool = True,
-        concurrency: int = 1,
-        stop_timeout_seconds: float | None = None,
-        clock: Any = None,
-    ) -> None:
-        if isinstance(client, str | os.PathLike):
-            from walqueue.aio import Client
+    def _client_for_path(self, path: str | os.PathLike, worker: str) -> Any:
+        from walqueue.aio import Client
 
-            client = Client(client, name=worker)
-        super().__init__(client, worker, handler, lease_seconds=lease_seconds, wait=wait, backoff=backoff,
-                         touch=touch, concurrency=concurrency, stop_timeout_seconds=stop_timeout_seconds,
-                         clock=clock or AsyncioClock())
+        return Client(path, name=worker)
+
+    def _default_clock(self) -> AsyncioClock:
+        return AsyncioClock()
 
     async def run(self, *, max_tasks: int | None = None) -> int:
         """Process tasks until ``stop()`` or ``max_tasks``; returns how many were taken in hand.
