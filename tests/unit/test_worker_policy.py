@@ -177,6 +177,18 @@ def test_a_task_with_attempts_left_is_logged_as_due_again(shell, caplog):
     assert "due again in 4 s (attempt 1 of 3)" in caplog.text
 
 
+def test_a_handlers_multiline_message_stays_on_the_outcome_line(shell, caplog):
+    shell.queue.put("t")
+
+    def handler(lease):
+        raise ValueError("first line\nsecond line")
+
+    with caplog.at_level(logging.INFO, "walqueue.worker"):
+        shell.run(shell.worker(handler), max_tasks=1)
+    (record,) = [r for r in caplog.records if "handler raised" in r.getMessage()]
+    assert "ValueError: first line\\x0asecond line; due again" in record.getMessage()
+
+
 def test_task_ids_in_log_lines_are_escaped(shell, caplog):
     forged = "a\n2026-12-01 INFO task admin generation 1: done\u202e"
     shell.queue.put(forged)

@@ -59,8 +59,8 @@ What a backend must provide (``client``)
 ----------------------------------------
 Any object with SPEC §8/§9's methods, as plain methods for the thread
 Worker and as coroutine functions (or methods returning awaitables) for the
-asyncio Worker: ``reserve(worker, *, lease_seconds, wait)``,
-``ack(lease)``, ``ack_and_reserve(lease, *, lease_seconds, wait)``,
+asyncio Worker: ``reserve(worker, *, lease_seconds, limit, wait)``,
+``ack(lease)``, ``ack_and_reserve(lease, *, lease_seconds, limit, wait)``,
 ``release(lease, *, delay)``, ``touch(lease, *, lease_seconds)`` and
 ``get(task_id)``. They return the library's ``Lease``/``TaskView`` values and
 raise ``StaleLease`` with ``task_id``, ``status`` and ``generation`` for a
@@ -462,7 +462,7 @@ class Policy:
             outcome = f"not released ({error}): it is due again when its lease expires"
         log.warning("task %s generation %d attempt %d: the handler raised %s: %s; %s",
                     escape(lease.task_id), lease.generation, lease.attempts, type(failure).__name__,
-                    failure, outcome, exc_info=failure)
+                    escape(str(failure)), outcome, exc_info=failure)
 
     def _look_up(self, lease: Lease) -> Generator[Step, Any, TaskView | None]:
         try:
