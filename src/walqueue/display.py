@@ -1,47 +1,107 @@
-"""Names made safe to print: task ids, keys and worker names in log lines and tables.
+"""Names and messages made safe to print for a human; standard library only.
 
-A task id, key or worker name is any string (SPEC §1): it may hold a newline
-that forges a second log line, an escape sequence that rewrites the terminal,
-or a bidi control (U+202E) that makes the text read backwards. `escape()`
-writes every such character as a Python-style escape, so what is printed is
-one line and shows exactly which characters the name holds.
+Task ids, keys and worker names are any non-empty strings (SPEC §1), so a
+name printed raw can move the cursor, recolour the terminal (ESC and C1
+controls), start a new line that forges a table row, reorder what follows
+(bidi controls), or hide in plain sight: `é` composed (NFC) and `e` plus a
+combining accent (NFD) look the same, and so do `ab` and `a<U+200B>b`.
 
-Invariants: the result holds only printable characters (`str.isprintable()`);
-it is the input unchanged when the input has no backslash and no character
-that is not printable; different inputs give different results (a backslash
-is doubled, so an escape in the output always stands for one character).
-Standard library only; used by the Workers and by walqueue-ctl alike.
+Three pure functions, one rule each:
+
+* `name(text)` is what tables and messages print for a name: exact and
+  unambiguous. Every character that a terminal would act on or not show
+  (categories Cc, Cf, Cs, Co, Cn, Zl, Zp, and every space but U+0020) is
+  written as a Python escape (`\\x1b`, `\\u202e`, `\\U000e0041`); a
+  backslash is doubled, so an escape can never be mistaken for the
+  characters of one. In a string that is not in NFC, combining marks are
+  escaped too, so its NFD form shows as `e\\u0301`, apart from `é`; a
+  combining mark at the very start (which would join the column before it)
+  is always escaped.
+* `text(message)` is the same for prose that quotes names (a daemon's error
+  message): the same characters escaped, but backslashes left alone, since a
+  message is read, not copied (and Python's repr in it has escaped already).
+* `json_text(encoded)` takes JSON text and writes the same characters as
+  JSON `\\u` escapes: the value it decodes to is unchanged (JSON output stays
+  exact), but no control or bidi character reaches the terminal raw;
+  `json_line(value)` encodes a value so (compact, keys sorted, non-ASCII
+  text readable).
+
+Not detected: look-alikes across scripts (Latin `a`, Cyrillic `а`) and
+compatibility forms (`ﬁ`, fullwidth letters); use `--json` to see an id
+exactly.
 """
 
 from __future__ import annotations
 
-__all__ = ["escape"]
+import json
+import unicodedata
+from typing import Any
+
+# Characters a terminal acts on or does not show: controls (C0, DEL, C1),
+# format characters (bidi controls, zero-width spaces and joiners, tags),
+# surrogates, private use, unassigned, line and paragraph separators.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_COMBINING_CATEGORIES = frozenset({"Mn", "Mc", "Me"})
 
 
-def escape(text: str) -> str:
-    """``text`` with backslashes doubled and every non-printable character escaped.
-
-    Non-printable is Python's rule (``str.isprintable()``): control characters
-    (C0, DEL, C1), format characters such as the bidi controls U+202A-U+202E
-    and U+2066-U+2069, line and paragraph separators, spaces other than
-    U+0020, surrogates, private-use and unassigned code points. They become
-    ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``. Raises TypeError for a non-str.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"escape() takes a str, got {type(text).__name__}")
-    if text.isprintable() and "\\" not in text:
-        return text  # the common case, without building a new string
-    return "".join(_escape_character(character) for character in text)
+def _hidden(character: str) -> bool:
+    category = unicodedata.category(character)
+    return category in _HIDDEN_CATEGORIES or (category == "Zs" and character != " ")
 
 
-def _escape_character(character: str) -> str:
-    if character == "\\":
-        return "\\\\"
-    if character.isprintable():
-        return character
+def _python_escape(character: str) -> str:
     code = ord(character)
-    if code <= 0xFF:
+    if code < 0x100:
         return f"\\x{code:02x}"
-    if code <= 0xFFFF:
+    if code < 0x10000:
         return f"\\u{code:04x}"
     return f"\\U{code:08x}"
+
+
+def _escape(value: str, *, double_backslash: bool) -> str:
+    mark_combining = unicodedata.normalize("NFC", value) != value
+    out = []
+    for index, character in enumerate(value):
+        if character == "\\" and double_backslash:
+            out.append("\\\\")
+        elif _hidden(character) or (
+                unicodedata.category(character) in _COMBINING_CATEGORIES
+                and (mark_combining or index == 0)):
+            out.append(_python_escape(character))
+        else:
+            out.append(character)
+    return "".join(out)
+
+
+def name(value: str) -> str:
+    """The printable, unambiguous form of a task id, key, worker name or path."""
+    return _escape(value, double_backslash=True)
+
+
+def text(message: str) -> str:
+    """A message with its control, bidi and invisible characters escaped (backslashes kept)."""
+    return _escape(message, double_backslash=False)
+
+
+def _json_escape(character: str) -> str:
+    code = ord(character)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # astral: a UTF-16 surrogate pair, as JSON spells it
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def json_text(encoded: str) -> str:
+    """JSON text with the characters `name()` escapes written as `\\u` escapes.
+
+    Such characters can only stand inside JSON strings, where an escape
+    decodes to the same character, so the value is unchanged.
+    """
+    if encoded.isascii() and encoded.isprintable():
+        return encoded  # the common case, in one pass
+    return "".join(_json_escape(c) if _hidden(c) else c for c in encoded)
+
+
+def json_line(value: Any) -> str:
+    """`value` as one line of JSON, safe to print (see json_text)."""
+    return json_text(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")))

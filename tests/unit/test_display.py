@@ -1,44 +1,76 @@
-"""walqueue.display.escape: names print as one line of printable characters, unambiguously."""
+"""walqueue.display: what a terminal would act on or hide is escaped; JSON keeps its value."""
 
-import random
+import json
+import unicodedata
 
 import pytest
 
-from walqueue.display import escape
+from walqueue import display
+
+ESC_RECOLOUR = "evil\x1b[31mred\x1b[0m"
+FORGED_ROW = "a\nforged-row  dead  1/1"
 
 
-@pytest.mark.parametrize("name, shown", [
-    ("email-1", "email-1"),
-    ("ünïcödé-任务", "ünïcödé-任务"),
-    ("a\nb", "a\\x0ab"),
-    ("\x1b[2J", "\\x1b[2J"),
-    ("\x7f\x85", "\\x7f\\x85"),
-    ("invoice-\u202egnp.exe", "invoice-\\u202egnp.exe"),
-    ("\u2066x\u2069", "\\u2066x\\u2069"),
-    ("zero\u200bwidth", "zero\\u200bwidth"),
+@pytest.mark.parametrize("raw, shown", [
+    ("plain-id_42", "plain-id_42"),
+    ("café", "café"),                                   # NFC: printed as is
+    ("日本語-タスク", "日本語-タスク"),
+    (ESC_RECOLOUR, "evil\\x1b[31mred\\x1b[0m"),
+    (FORGED_ROW, "a\\x0aforged-row  dead  1/1"),
+    ("tab\there", "tab\\x09here"),
+    ("del\x7f c1\x9b", "del\\x7f c1\\x9b"),
+    ("abc\u202edcba", "abc\\u202edcba"),                # right-to-left override
+    ("a\u2066b\u2069", "a\\u2066b\\u2069"),             # bidi isolates
+    ("a\u200bb", "a\\u200bb"),                          # zero-width space
+    ("a\u200db\ufeff", "a\\u200db\\ufeff"),             # zero-width joiner, BOM
+    ("tag\U000e0041", "tag\\U000e0041"),                # an invisible tag character
     ("line\u2028sep", "line\\u2028sep"),
-    ("nbsp\u00a0", "nbsp\\xa0"),
-    ("lone\ud800", "lone\\ud800"),
-    ("private\U000f0000", "private\\U000f0000"),
-    ("back\\slash", "back\\\\slash"),
-    ("", ""),
+    ("no\u00a0break", "no\\xa0break"),                  # looks like a space
+    ("back\\slash", "back\\\\slash"),                   # never mistaken for an escape
+    ("\u0301starts-with-a-mark", "\\u0301starts-with-a-mark"),
 ])
-def test_control_bidi_and_invisible_characters_are_escaped(name, shown):
-    assert escape(name) == shown
+def test_a_name_is_printed_with_everything_hidden_or_active_escaped(raw, shown):
+    assert display.name(raw) == shown
 
 
-def test_the_output_is_printable_and_tells_different_names_apart():
-    seed = random.randrange(2**32)
-    generator = random.Random(seed)
-    alphabet = ["a", "\\", "x", "0", "\n", "\u202e", "\x00", "\ud800", "é", " ", "u"]
-    seen = {}
-    for _ in range(3000):
-        name = "".join(generator.choice(alphabet) for _ in range(generator.randrange(6)))
-        shown = escape(name)
-        assert shown.isprintable(), f"seed {seed}: {name!r} -> {shown!r}"
-        assert seen.setdefault(shown, name) == name, f"seed {seed}: {name!r} and {seen[shown]!r} both show as {shown!r}"
+def test_the_nfc_and_nfd_forms_of_one_id_are_told_apart():
+    composed = unicodedata.normalize("NFC", "café")
+    decomposed = unicodedata.normalize("NFD", "café")
+    assert composed != decomposed
+    assert display.name(composed) == "café"
+    assert display.name(decomposed) == "cafe\\u0301"
 
 
-def test_a_name_that_is_not_a_str_is_refused_by_type():
-    with pytest.raises(TypeError, match="takes a str, got bytes"):
-        escape(b"task")
+def test_an_id_with_a_zero_width_character_differs_from_the_plain_one():
+    assert display.name("ab") != display.name("a\u200bb")
+
+
+def test_the_escaped_form_is_unambiguous():
+    # A literal backslash-x-1-b and a real ESC must not print alike.
+    assert display.name("\\x1b") != display.name("\x1b")
+    for raw in (ESC_RECOLOUR, FORGED_ROW, "a\u200bb", "\\u200b", "cafe\u0301"):
+        shown = display.name(raw)
+        assert shown.isprintable() and "\x1b" not in shown and "\n" not in shown
+        assert shown.encode("ascii", "backslashreplace").decode("unicode_escape") == raw
+
+
+def test_a_message_escapes_controls_but_keeps_its_backslashes():
+    message = "task 'a\\x1b' is leased; worker \x1b]0;pwned\x07 said\nforged"
+    assert display.text(message) == "task 'a\\x1b' is leased; worker \\x1b]0;pwned\\x07 said\\x0aforged"
+
+
+@pytest.mark.parametrize("value", [
+    {"task_id": ESC_RECOLOUR, "payload": {"k\u202e": "v\x9b\u200b", "tag": "\U000e0041"}},
+    {"task_id": "café", "n": 1, "list": ["\u2028", "plain"]},
+])
+def test_json_text_keeps_the_value_exactly_and_shows_nothing_raw(value):
+    encoded = json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    safe = display.json_text(encoded)
+    assert json.loads(safe) == value
+    assert safe.isprintable()
+    assert "café" in safe or "café" not in encoded  # ordinary text stays readable
+
+
+def test_json_text_leaves_plain_json_untouched():
+    encoded = '{"task_id":"a","payload":{"to":"ada@example.com"}}'
+    assert display.json_text(encoded) is encoded

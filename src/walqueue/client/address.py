@@ -1,7 +1,8 @@
 """Where a client finds walqueued, and what a failed connect means.
 
 ``socket_path`` maps a queue directory to its ``walqueued.sock``;
-``unix_address`` makes any path fit in ``sun_path``; ``connect_error`` turns
+``unix_address`` (from ``walqueue.unix_socket``, shared with the daemon)
+makes any path fit in ``sun_path``; ``connect_error`` turns
 the ``OSError`` of a failed connect into the ``DaemonUnavailable`` that says
 why. A path that does not exist, or exists and is not a socket, is a mistake
 to report at once (``NoSocket``, never retried) on a client that has never
@@ -12,16 +13,13 @@ retryable ``DaemonUnavailable``, as does a refused connect on a socket file.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 
 from walqueue.client.calls import DaemonUnavailable, NoSocket
+from walqueue.unix_socket import MAX_SOCKET_PATH_BYTES, unix_address  # noqa: F401 (re-exported)
 
 SOCKET_NAME = "walqueued.sock"
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH_BYTES = 107
-
 _FILE_KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                (stat.S_ISLNK, "a dangling symbolic link"))
@@ -33,24 +31,6 @@ def socket_path(socket_or_directory: str | os.PathLike) -> str:
     if os.path.isdir(path):
         return os.path.join(path, SOCKET_NAME)
     return path
-
-
-@contextlib.contextmanager
-def unix_address(path: str):
-    """An address for ``path`` that fits in sun_path.
-
-    A longer path is reached through the parent directory's descriptor
-    (``/proc/self/fd/N/NAME``, Linux), which works for bind and connect alike.
-    """
-    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
-        yield path
-        return
-    parent, name = os.path.split(os.path.abspath(path))
-    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{fd}/{name}"
-    finally:
-        os.close(fd)
 
 
 def not_a_socket(path: str) -> str | None:

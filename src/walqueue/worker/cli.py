@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 import walqueue
-from walqueue.display import escape
+from walqueue import display
 from walqueue.errors import Unavailable
 
 EXIT_OK = 0
@@ -163,8 +163,8 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
 
 
 def _started(target: str, name: str, handler: Callable, options: dict) -> None:
-    log.info("worker %s: serving %s with %s (%s), concurrency %d", escape(name), escape(target),
-             escape(getattr(handler, "__qualname__", repr(handler))),
+    log.info("worker %s: serving %s with %s (%s), concurrency %d", display.name(name), display.name(target),
+             display.name(getattr(handler, "__qualname__", repr(handler))),
              "asyncio" if is_async(handler) else "threads", options["concurrency"])
 
 
@@ -176,10 +176,10 @@ def _stopping(worker: Any, signal_number: int) -> None:
 
 def _ended(worker: Any, handled: int | None, error: BaseException | None) -> int:
     if error is not None:
-        log.error("worker %s stopped on an error: %s: %s", escape(worker.worker), type(error).__name__, error,
+        log.error("worker %s stopped on an error: %s: %s", display.name(worker.worker), type(error).__name__, error,
                   exc_info=error)
         return EXIT_FAILURE
-    log.info("worker %s stopped: %d task(s) taken, %d done, %d failed", escape(worker.worker), handled,
+    log.info("worker %s stopped: %d task(s) taken, %d done, %d failed", display.name(worker.worker), handled,
              worker.processed, worker.failed)
     return EXIT_OK
 

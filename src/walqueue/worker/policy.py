@@ -52,8 +52,9 @@ in a thread; the asyncio Worker cancels them) and lets ``run()`` return; a
 handler that returns later finds its lease released and finishes nothing.
 
 Log lines (logger ``walqueue.worker``): one per task outcome, naming the
-task id (escaped by ``walqueue.display.escape``), its generation and
-attempt; a handler's exception is logged with its traceback.
+task id (escaped by ``walqueue.display.name``), its generation and
+attempt; a handler's exception is logged with its traceback (its message
+escaped by ``walqueue.display.text``, so the outcome stays one line).
 
 What a backend must provide (``client``)
 ----------------------------------------
@@ -94,7 +95,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from walqueue.display import escape
+from walqueue import display
 from walqueue.errors import InvalidRequest, QueueClosed, StaleLease, Unavailable
 from walqueue.values import Lease, TaskView
 
@@ -395,7 +396,7 @@ class Policy:
             if self._client_closed():
                 raise
             log.warning("worker %s: reserve failed, trying again in %g s: %s",
-                        escape(self.worker), RECONNECT_PAUSE_SECONDS, exc)
+                        display.name(self.worker), RECONNECT_PAUSE_SECONDS, exc)
             yield self._pause(RECONNECT_PAUSE_SECONDS)
             return []
         finally:
@@ -461,8 +462,8 @@ class Policy:
         else:
             outcome = f"not released ({error}): it is due again when its lease expires"
         log.warning("task %s generation %d attempt %d: the handler raised %s: %s; %s",
-                    escape(lease.task_id), lease.generation, lease.attempts, type(failure).__name__,
-                    escape(str(failure)), outcome, exc_info=failure)
+                    display.name(lease.task_id), lease.generation, lease.attempts, type(failure).__name__,
+                    display.text(str(failure)), outcome, exc_info=failure)
 
     def _look_up(self, lease: Lease) -> Generator[Step, Any, TaskView | None]:
         try:
@@ -515,7 +516,7 @@ class Policy:
             yield functools.partial(self.clock.wait, held.touch_done, None)
         if held.abandoned:
             log.warning("task %s generation %d: the handler returned after the stop deadline; "
-                        "its lease was released then", escape(held.lease.task_id), held.lease.generation)
+                        "its lease was released then", display.name(held.lease.task_id), held.lease.generation)
         return not held.abandoned
 
     def touching(self) -> Steps:
@@ -547,12 +548,12 @@ class Policy:
             touch_at = self.clock.now() + self.touch_interval_seconds
         except StaleLease as lost:
             log.warning("task %s generation %d: lost the lease while the handler ran (%s); "
-                        "it may run again elsewhere", escape(lease.task_id), lease.generation, _describe_stale(lost))
+                        "it may run again elsewhere", display.name(lease.task_id), lease.generation, _describe_stale(lost))
         except LOST_ANSWER as exc:
             if self._client_closed():
                 return False
             log.warning("task %s generation %d: touch failed, trying again in %g s: %s",
-                        escape(lease.task_id), lease.generation, self.touch_interval_seconds, exc)
+                        display.name(lease.task_id), lease.generation, self.touch_interval_seconds, exc)
             touch_at = self.clock.now() + self.touch_interval_seconds
         finally:
             with self._state:
@@ -570,7 +571,7 @@ class Policy:
             spare, self._spare = self._spare, []
         for lease in spare:
             error = yield from self._finish(lease, "release")
-            log.info("task %s generation %d: reserved for a slot that stopped first; %s", escape(lease.task_id),
+            log.info("task %s generation %d: reserved for a slot that stopped first; %s", display.name(lease.task_id),
                      lease.generation, "released" if error is None else f"not released: {error}")
 
     def _until_slots_end(self) -> Steps:
@@ -599,21 +600,21 @@ class Policy:
                 yield functools.partial(self.clock.wait, held.touch_done, None)
             error = yield from self._finish(held.lease, "release")
             outcome = "released" if error is None else f"not released ({error}): due again when its lease expires"
-            log.warning("task %s generation %d: not done %g s after stop(); %s", escape(held.lease.task_id),
+            log.warning("task %s generation %d: not done %g s after stop(); %s", display.name(held.lease.task_id),
                         held.lease.generation, self.stop_timeout_seconds, outcome)
 
 
 def _log_acked(lease: Lease, seconds: float, error: BaseException | None) -> None:
-    name = escape(lease.task_id)
+    shown = display.name(lease.task_id)
     if error is None:
-        log.info("task %s generation %d attempt %d: done in %.3f s", name, lease.generation, lease.attempts, seconds)
+        log.info("task %s generation %d attempt %d: done in %.3f s", shown, lease.generation, lease.attempts, seconds)
     elif isinstance(error, StaleLease):
         log.warning("task %s generation %d attempt %d: handled in %.3f s, but the lease was lost before the "
-                    "ack (%s): it may run again", name, lease.generation, lease.attempts, seconds,
+                    "ack (%s): it may run again", shown, lease.generation, lease.attempts, seconds,
                     _describe_stale(error))
     else:
         log.error("task %s generation %d attempt %d: handled in %.3f s, but the ack was not answered (%s): "
-                  "it runs again when its lease expires", name, lease.generation, lease.attempts, seconds, error)
+                  "it runs again when its lease expires", shown, lease.generation, lease.attempts, seconds, error)
 
 
 def _after_release(lease: Lease, view: TaskView | None, delay: int) -> str:
