@@ -167,21 +167,3 @@ def test_a_hung_async_handler_is_cancelled_and_released_at_the_stop_timeout(daem
         assert worker.exit_code() == 0
         assert client.get("hung").status == "ready"
 
-
-def docs_example(marker):
-    """The ```python block of docs/daemon.md that contains ``marker``."""
-    text = (REPO / "docs" / "daemon.md").read_text()
-    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
-    (block,) = [block for block in blocks if marker in block]
-    return block
-
-
-def test_the_asyncio_example_in_the_docs_runs_as_written(daemon):
-    code = docs_example("send_newsletter").replace('Client("var/walqueue")', f"Client({daemon.socket_path!r})")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=EXIT_SECONDS,
-                            env=child_env(), cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    with Client(daemon.socket_path) as client:
-        tasks = client.tasks()
-    assert len(tasks) == 100 and all(task.status == "completed" for task in tasks)
-    assert [task.task_id for task in tasks][:2] == ["newsletter-000", "newsletter-001"]
