@@ -1,9 +1,9 @@
 """systemd/walqueue-worker@.service: `systemd-analyze verify` accepts it (and catches a
-broken copy), it connects to the socket walqueued@ listens on, its stop timeout covers the
-worker's own, its restart rule matches walqueue-worker's exit codes, and the hardening keeps
-`systemd-analyze security` low. As in test_systemd_units.py, the units are copied with
-ExecStart pointed at this environment's binaries, and any output line naming one of them is
-a failure."""
+broken copy), it runs walqueue-worker from where walqueued@ runs walqueued and connects to
+the socket walqueued@ listens on, its stop timeout covers the worker's own, its restart rule
+matches walqueue-worker's exit codes, and the hardening keeps `systemd-analyze security`
+low. As in test_systemd_units.py, the units are copied with ExecStart pointed at this
+environment's binaries, and any output line naming one of them is a failure."""
 
 import os
 import re
@@ -18,7 +18,7 @@ from walqueue.worker import cli
 
 UNITS = Path(__file__).resolve().parents[2] / "systemd"
 WORKER_UNIT = "walqueue-worker@.service"
-INSTALLED = {"/usr/local/bin/walqueue-worker": "walqueue-worker", "/usr/local/bin/walqueued": "walqueued"}
+PROGRAMS = ("walqueue-worker", "walqueued")
 ANALYZE = shutil.which("systemd-analyze")
 ANALYZE_SECONDS = 60
 MAX_EXPOSURE = 2.0
@@ -39,17 +39,22 @@ def value(filename, key):
     return found
 
 
+def installed_bin_directory():
+    """Where the units expect the programs: the directory of walqueued@'s ExecStart."""
+    return str(Path(value("walqueued@.service", "ExecStart").split()[0]).parent)
+
+
 def copy_units(tmp_path, edit=lambda text: text):
     """The worker unit and walqueued@'s units (which it orders itself after) in a fresh directory."""
     target = tmp_path / "units"
     target.mkdir()
     for name in (WORKER_UNIT, "walqueued@.service", "walqueued@.socket"):
         text = (UNITS / name).read_text()
-        for installed, program in INSTALLED.items():
+        for program in PROGRAMS:
             binary = Path(sys.executable).parent / program
             if not binary.exists():
                 pytest.skip(f"{binary} is not installed (pip install -e .)")
-            text = text.replace(installed, str(binary))
+            text = text.replace(f"{installed_bin_directory()}/{program}", str(binary))
         (target / name).write_text(edit(text) if name == WORKER_UNIT else text)
     return target
 
@@ -83,7 +88,7 @@ def test_a_broken_worker_unit_fails_the_check(tmp_path, old, new):
 
 def test_it_connects_to_the_socket_walqueued_at_the_same_instance_listens_on():
     command = value(WORKER_UNIT, "ExecStart").split()
-    assert command[0] == "/usr/local/bin/walqueue-worker"
+    assert command[0] == f"{installed_bin_directory()}/walqueue-worker"
     daemon = value("walqueued@.service", "ExecStart").split()
     assert command[1] == daemon[daemon.index("--socket") + 1] == value("walqueued@.socket", "ListenStream")
     assert command[2:] == ["$WALQUEUE_HANDLER", "$WALQUEUE_WORKER_OPTIONS"]
