@@ -1,13 +1,12 @@
-"""The asyncio client of walqueued: SPEC §8's client as coroutines, and an async worker.
+"""The asyncio client of walqueued: SPEC §8's client as coroutines, over the shared core.
 
 ``walqueue.aio.Client`` has the methods of ``walqueue.client.Client``
 (``await client.put(...)``, ``await client.reserve(...)``, ...) with the same
-arguments, return values, exceptions, timeouts and retry rules. It has no
-protocol code of its own: requests are built, encoded and checked, and answers
-merged and turned into the library's values and exceptions, by the I/O-free
-functions of ``walqueue.client`` (``*_call``, ``encode_request``,
-``hello_answer``, ``complete``, ``result``) over ``walqueue.protocol``. This
-module only owns a socket.
+arguments, return values, exceptions, timeouts and retry rules, because they
+are the same code: the methods are ``walqueue.client.api``'s, requests and
+answers are built and read by ``walqueue.client.calls``, and retries are
+decided by ``walqueue.client.retry``. This module only owns a socket.
+``walqueue.aio.Worker`` is ``walqueue.worker.aio.Worker``.
 
 One connection per ``Client``, shared by any number of coroutines: each call
 numbers its request, writes it whole (writes are serialized, so frames never
@@ -38,57 +37,30 @@ thread-safe.
 from __future__ import annotations
 
 import asyncio
-import inspect
-import logging
-import os
 import select
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from walqueue import Lease, QueueClosed, QueueStats, StaleLease, TaskView, WalQueueError
+from walqueue import QueueClosed, WalQueueError
 from walqueue import protocol as p
-from walqueue.client import (
-    DEFAULT_RETRY_SECONDS,
-    DEFAULT_TIMEOUT_SECONDS,
+from walqueue.client.address import connect_error, unix_address
+from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, ClientApi
+from walqueue.client.calls import (
     Call,
     DaemonUnavailable,
-    ack_and_reserve_call,
-    ack_call,
-    backup_begin_call,
-    backup_end_call,
-    compact_call,
     complete,
-    daemon_stats_call,
     encode_request,
-    get_call,
     hello_answer,
     hello_request,
     last_words,
-    pause_call,
-    put_call,
-    put_many_call,
     refused,
-    release_call,
-    reserve_call,
     result,
-    resume_call,
-    retry_pause,
-    revive_call,
-    socket_path,
-    stats_call,
-    tasks_call,
-    touch_call,
-    unix_address,
 )
-from walqueue.metrics import DaemonStats
-from walqueue.values import BackupManifest
-from walqueue.worker import FINISH_ATTEMPTS, RECONNECT_PAUSE_SECONDS, exponential_backoff
+from walqueue.worker.aio import Worker
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
-
-log = logging.getLogger("walqueue.aio")
 
 MAX_READ_BYTES = 4 * 1024 * 1024
 LAST_WORDS_SECONDS = 0.5
@@ -116,7 +88,8 @@ class AsyncConnection:
 
     @classmethod
     async def open(
-        cls, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = ""
+        cls, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = "",
+        reached_before: bool = False,
     ) -> AsyncConnection:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -124,9 +97,12 @@ class AsyncConnection:
         try:
             with unix_address(path) as address:
                 await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
-        except (OSError, TimeoutError) as exc:
+        except TimeoutError as exc:
             sock.close()
-            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: {exc!r}") from exc
+            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: no answer in {timeout} s") from exc
+        except OSError as exc:
+            sock.close()
+            raise connect_error(path, exc, reached_before=reached_before) from exc
         except BaseException:
             sock.close()
             raise
@@ -323,41 +299,18 @@ def _copy(error: DaemonUnavailable) -> DaemonUnavailable:
     return copy
 
 
-class Client:
-    """SPEC §8's client as coroutines. See the module docstring.
+class Client(ClientApi):
+    """SPEC §8's client as coroutines: ``walqueue.client.api``'s methods and options, awaited."""
 
-    ``timeout`` bounds each call (plus ``wait`` for a reserve); ``retry_seconds``
-    bounds how long ``put``/``put_many`` keep retrying across reconnects.
-    """
-
-    def __init__(
-        self,
-        socket_or_directory: str | os.PathLike,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
-        name: str = "",
-    ) -> None:
-        self.path = socket_path(socket_or_directory)
-        self.timeout = timeout
-        self.retry_seconds = retry_seconds
-        self.name = name
+    def _init_connections(self) -> None:
         self._connection: AsyncConnection | None = None
         self._connect_lock = asyncio.Lock()
-        self._closed = False
-
-    # -- plumbing ---------------------------------------------------------------
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    @property
-    def closed(self) -> bool:
-        """True once ``close()`` was called."""
-        return self._closed
 
     async def close(self) -> None:
         """Close the connection; later calls raise QueueClosed. Idempotent."""
@@ -374,286 +327,28 @@ class Client:
                 raise QueueClosed(f"this Client of {self.path} is closed")
             connection = self._connection
             if connection is None or connection.broken or connection.idle_and_closed_by_peer():
-                self._connection = await AsyncConnection.open(self.path, timeout=self.timeout, name=self.name)
+                self._connection = await AsyncConnection.open(self.path, timeout=self.timeout, name=self.name,
+                                                              reached_before=self._reached)
+                self._reached = True
                 if self._closed:  # closed while connecting
                     self._connection.close()
                     raise QueueClosed(f"this Client of {self.path} is closed")
             return self._connection
 
-    async def _call(self, request: p.Request, *, wait: float = 0.0, idempotent: bool = False) -> Any:
-        timeout = None if self.timeout is None else self.timeout + wait
-        deadline = time.monotonic() + self.retry_seconds
-        attempt = 0
+    async def _run(self, build: Callable[..., Call], /, *args: Any, **kwargs: Any) -> Any:
+        call = build(*args, **kwargs)
+        if call.request is None:
+            return call.convert(None)
+        timeout = self._call_timeout(call)
+        retry = self._retry(call)
         while True:
             try:
                 connection = await self._connected()
-                return await connection.call(request, timeout=timeout)
-            except (DaemonUnavailable, QueueClosed):
+                return call.convert(await connection.call(call.request, timeout=timeout))
+            except (DaemonUnavailable, QueueClosed) as exc:
                 # A DaemonUnavailable has already dropped the broken connection
                 # (it is never closed here: other coroutines may be using it).
-                if self._closed or not idempotent or time.monotonic() >= deadline:
+                pause = retry.pause_after(exc, now=time.monotonic(), client_closed=self._closed)
+                if pause is None:
                     raise
-                await asyncio.sleep(retry_pause(attempt, deadline))
-                attempt += 1
-
-    async def _run(self, call: Call) -> Any:
-        if call.request is None:
-            return call.convert(None)
-        return call.convert(await self._call(call.request, wait=call.wait, idempotent=call.idempotent))
-
-    # -- the API ------------------------------------------------------------------
-
-    async def put(
-        self,
-        task_id: str,
-        payload: Mapping[str, Any],
-        *,
-        key: str | None = None,
-        available_at: int = 0,
-        delay: int | None = None,
-        max_attempts: int = 3,
-    ) -> str:
-        """Put one task; ``delay`` (seconds from now) is turned into ``available_at`` once.
-
-        Raises InvalidRequest, KeyConflict, DaemonUnavailable.
-        """
-        return await self._run(put_call(task_id, payload, key=key, available_at=available_at, delay=delay,
-                                        max_attempts=max_attempts, now=time.time()))
-
-    async def put_many(self, requests: Iterable[Any]) -> list[str]:
-        """Put several tasks in one transaction (PutRequest objects or mappings)."""
-        return await self._run(put_many_call(requests))
-
-    async def reserve(self, worker: str, *, lease_seconds: int = 30, limit: int = 1, wait: float = 0) -> list[Lease]:
-        """Lease up to ``limit`` due tasks, waiting up to ``wait`` seconds for one. Never retried."""
-        return await self._run(reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait))
-
-    async def ack(self, lease: Lease) -> None:
-        """Complete the leased task. Raises StaleLease if the lease is not current."""
-        await self._run(ack_call(lease))
-
-    async def ack_and_reserve(self, lease: Lease, *, lease_seconds: int = 30, limit: int = 1,
-                              wait: float = 0) -> list[Lease]:
-        """Ack ``lease`` and reserve the same worker's next tasks in one round trip and one fsync.
-
-        Raises StaleLease (and reserves nothing) if the ack fails. Never retried.
-        """
-        return await self._run(ack_and_reserve_call(lease, lease_seconds=lease_seconds, limit=limit, wait=wait))
-
-    async def release(self, lease: Lease, *, delay: int = 0) -> None:
-        """Give the task back, due again after ``delay`` seconds. Raises StaleLease."""
-        await self._run(release_call(lease, delay=delay))
-
-    async def touch(self, lease: Lease, *, lease_seconds: int) -> Lease:
-        """Extend a live lease to ``lease_seconds`` from the daemon's now. Raises StaleLease."""
-        return await self._run(touch_call(lease, lease_seconds=lease_seconds))
-
-    async def revive(self, task_ids: Iterable[str]) -> list[str]:
-        """Make dead tasks ready again. Raises InvalidRequest if one is not dead."""
-        return await self._run(revive_call(task_ids))
-
-    async def get(self, task_id: str) -> TaskView | None:
-        return await self._run(get_call(task_id))
-
-    async def tasks(self, status: str | None = None) -> list[TaskView]:
-        """All tasks (or those with ``status``) in task_id order."""
-        return await self._run(tasks_call(status))
-
-    async def stats(self) -> QueueStats:
-        return await self._run(stats_call())
-
-    async def compact(self) -> int:
-        """Compact now; returns the published snapshot's seq."""
-        return await self._run(compact_call())
-
-    async def pause(self) -> bool:
-        """Stop leasing until resume(); returns True (see walqueue.client.Client.pause)."""
-        return await self._run(pause_call())
-
-    async def resume(self) -> bool:
-        """Lease again, waiting reserves first; returns False."""
-        return await self._run(resume_call())
-
-    async def backup_begin(self) -> BackupManifest:
-        """Pin the files of a consistent copy and return their manifest (see the sync client)."""
-        return await self._run(backup_begin_call())
-
-    async def backup_end(self) -> None:
-        """Release the pin this connection holds."""
-        await self._run(backup_end_call())
-
-    async def daemon_stats(self) -> DaemonStats:
-        """The daemon's full report: ``stats()`` plus its own figures (walqueue.metrics)."""
-        return await self._run(daemon_stats_call())
-
-
-# -- the worker -------------------------------------------------------------------
-
-
-class _Toucher:
-    """Extends one lease in a background task until stopped or the lease is lost."""
-
-    def __init__(self, client: Client, lease: Lease, lease_seconds: int) -> None:
-        self.client = client
-        self.lease = lease
-        self.lease_seconds = lease_seconds
-        self.lost = False
-        self._stop_event = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"touch-{lease.task_id}")
-
-    async def _run(self) -> None:
-        interval = max(1.0, self.lease_seconds / 3)
-        while not await _event_within(self._stop_event, interval):
-            try:
-                self.lease = await self.client.touch(self.lease, lease_seconds=self.lease_seconds)
-            except StaleLease as exc:
-                log.warning("lost the lease on %s: %s", self.lease.task_id, exc)
-                self.lost = True
-                return
-            except (DaemonUnavailable, QueueClosed) as exc:
-                if self.client.closed:
-                    return
-                log.warning("touch of %s failed, will retry: %s", self.lease.task_id, exc)
-
-    async def stop(self) -> None:
-        """Stop, letting a touch in flight finish, so that no touch races the ack."""
-        self._stop_event.set()
-        await self._task
-
-
-async def _event_within(event: asyncio.Event, seconds: float) -> bool:
-    """True if ``event`` is set within ``seconds``."""
-    try:
-        await asyncio.wait_for(event.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True
-
-
-class Worker:
-    """Runs ``await handler(lease)`` for each reserved task, like ``walqueue.worker.Worker``.
-
-    Reserves one task at a time (blocking in the daemon up to ``wait``
-    seconds), touches its lease every ``lease_seconds / 3`` seconds in a
-    background task while the handler runs, acks when the handler returns (with
-    ``ack_and_reserve``, fetching the next task in the same request), and
-    releases with ``backoff(attempts)`` seconds of delay when it raises. A
-    ``ack``/``release`` whose connection broke is retried up to three times; a
-    ``StaleLease`` on a retry showing the task no longer leased under this
-    lease's generation means the first attempt took effect.
-
-    ``handler`` should be a coroutine function; a plain function is called as
-    is and blocks the event loop (and the touches) while it runs — wrap
-    blocking work in ``asyncio.to_thread``. The handler must be idempotent:
-    delivery is at-least-once. Cancelling ``run()`` mid-task leaves the lease
-    to expire.
-    """
-
-    def __init__(
-        self,
-        client: Client | str,
-        worker: str,
-        handler: Callable[[Lease], Awaitable[Any] | Any],
-        *,
-        lease_seconds: int = 30,
-        wait: float = 30,
-        backoff: Callable[[int], int] = exponential_backoff,
-        touch: bool = True,
-    ) -> None:
-        self.client = client if isinstance(client, Client) else Client(client, name=worker)
-        self.worker = worker
-        self.handler = handler
-        self.lease_seconds = lease_seconds
-        self.wait = wait
-        self.backoff = backoff
-        self.touch = touch
-        self._stop_event = asyncio.Event()
-        self.processed = 0
-        self.failed = 0
-
-    def stop(self) -> None:
-        """Ask ``run()`` to return after the task in hand (or the current wait)."""
-        self._stop_event.set()
-
-    async def run(self, *, max_tasks: int | None = None) -> int:
-        """Process tasks until ``stop()`` or ``max_tasks``; returns how many were handled."""
-        handled = 0
-        leases: list[Lease] = []
-        while not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks):
-            if not leases:
-                leases = await self._reserve()
-                continue
-            lease = leases.pop(0)
-            handled += 1
-            more = not self._stop_event.is_set() and (max_tasks is None or handled < max_tasks)
-            leases += await self._process(lease, reserve_next=more and not leases)
-        return handled
-
-    async def _reserve(self) -> list[Lease]:
-        try:
-            return await self.client.reserve(self.worker, lease_seconds=self.lease_seconds, wait=self.wait)
-        except (DaemonUnavailable, QueueClosed) as exc:
-            if self.client.closed:
-                raise
-            # The daemon is restarting, or a write failed on its side.
-            log.warning("reserve failed, retrying: %s", exc)
-            await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
-            return []
-
-    async def _process(self, lease: Lease, *, reserve_next: bool) -> list[Lease]:
-        """Run the handler on ``lease`` and finish it; returns the next leases if it reserved them."""
-        toucher = _Toucher(self.client, lease, self.lease_seconds) if self.touch else None
-        failure: Exception | None = None
-        try:
-            outcome = self.handler(lease)
-            if inspect.isawaitable(outcome):
-                await outcome
-        except Exception as exc:
-            failure = exc
-        finally:
-            if toucher is not None:
-                await toucher.stop()
-        if failure is None:
-            self.processed += 1
-            if reserve_next:
-                return await self._ack_and_reserve(lease)
-            await self._finish(lease, lambda: self.client.ack(lease))
-            return []
-        self.failed += 1
-        delay = self.backoff(lease.attempts)
-        log.warning("task %s failed (attempt %d), due again in %d s: %r",
-                    lease.task_id, lease.attempts, delay, failure)
-        await self._finish(lease, lambda: self.client.release(lease, delay=delay))
-        return []
-
-    async def _ack_and_reserve(self, lease: Lease) -> list[Lease]:
-        """Ack and reserve the next task in one round trip (and one fsync in the daemon)."""
-        try:
-            return await self.client.ack_and_reserve(lease, lease_seconds=self.lease_seconds, wait=self.wait)
-        except StaleLease as exc:
-            log.warning("task %s: %s", lease.task_id, exc)
-        except (DaemonUnavailable, QueueClosed):
-            if self.client.closed:
-                raise
-            # The ack may or may not have been applied: retry it alone, as a retry.
-            await self._finish(lease, lambda: self.client.ack(lease), first_attempt=1)
-        return []
-
-    async def _finish(self, lease: Lease, operation: Callable[[], Awaitable[None]], *,
-                      first_attempt: int = 0) -> None:
-        for attempt in range(first_attempt, FINISH_ATTEMPTS):
-            try:
-                await operation()
-                return
-            except (DaemonUnavailable, QueueClosed) as exc:
-                if attempt == FINISH_ATTEMPTS - 1 or self.client.closed:
-                    log.error("could not finish %s, its lease will expire: %s", lease.task_id, exc)
-                    return
-                await _event_within(self._stop_event, RECONNECT_PAUSE_SECONDS)
-            except StaleLease as exc:
-                # On a retry, "no longer leased, same generation" means an
-                # earlier attempt was applied before its answer was lost.
-                if attempt > 0 and exc.status != "leased" and exc.generation == lease.generation:
-                    return
-                log.warning("task %s: %s", lease.task_id, exc)
-                return
+                await asyncio.sleep(pause)

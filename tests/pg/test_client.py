@@ -152,10 +152,16 @@ def test_two_clients_racing_one_key_resolve_like_serial_puts(make_client):
         assert outcomes == (["str", "str"] if same_request else ["KeyConflict", "str"]), results
 
 
-def test_payload_integers_of_any_size_come_back(make_client):
+def test_payload_integers_across_the_64_bit_range_come_back_and_larger_ones_are_refused(make_client):
+    """The same rule as the library's (docs/guarantees.md): 64-bit integers, no larger."""
+    from walqueue import InvalidRequest
+
     client = make_client()
-    client.put("t", {"big": 2**70, "neg": -(2**80)})
-    assert client.get("t").payload == {"big": 2**70, "neg": -(2**80)}
+    client.put("t", {"big": 2**64 - 1, "neg": -(2**63)})
+    assert client.get("t").payload == {"big": 2**64 - 1, "neg": -(2**63)}
+    with pytest.raises(InvalidRequest, match="2\\*\\*64"):
+        client.put("u", {"big": 2**70})
+    assert client.get("u") is None
 
 
 def test_an_unreachable_server_is_database_unavailable(tmp_path):

@@ -3,31 +3,16 @@
 What it proves: handed a walqueue.pg.Client (or AsyncClient), each Worker
 leases, runs the handler, acks through ack_and_reserve, releases a failing
 task until it is dead, and returns after max_tasks.
-
-Today both Workers accept only walqueue.client.Client (anything else is
-taken for a socket path) and catch DaemonUnavailable rather than
-walqueue.errors.Unavailable; the Workers belong to another part of the
-project, which is making them backend-neutral. Until then these tests are
-expected to fail (strict xfail: they turn red the day the Workers work, so
-the marks get removed).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from walqueue import PutRequest
 from walqueue.pg import AsyncClient
 
-PENDING = pytest.mark.xfail(strict=True, reason=(
-    "walqueue.worker.Worker and walqueue.aio.Worker take only walqueue.client.Client "
-    "(isinstance) and catch DaemonUnavailable, not walqueue.errors.Unavailable: owned by the "
-    "Worker's part of the project"))
 
-
-@PENDING
 def test_the_thread_worker_runs_on_a_postgres_client(make_client):
     from walqueue.worker import Worker
 
@@ -48,7 +33,6 @@ def test_the_thread_worker_runs_on_a_postgres_client(make_client):
     assert (stats.completed, stats.dead) == (5, 1)
 
 
-@PENDING
 def test_the_asyncio_worker_runs_on_a_postgres_async_client(postgres):
     from walqueue.aio import Worker
 

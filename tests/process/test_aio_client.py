@@ -270,17 +270,20 @@ def test_a_call_that_times_out_drops_the_connection_for_every_waiting_call(daemo
     run(scenario())
 
 
-def test_the_async_client_has_no_protocol_code_of_its_own():
-    # It builds no request message and encodes nothing itself: walqueue.client's
-    # I/O-free functions do that for both clients.
+def test_neither_client_shell_has_protocol_code_of_its_own():
+    # They build no request message, encode nothing and retry nothing themselves:
+    # walqueue.client.calls and walqueue.client.retry do that for both.
     import inspect
 
     import walqueue.aio
+    import walqueue.client.blocking
 
-    source = inspect.getsource(walqueue.aio)
-    request_types = [cls.__name__ for cls in p.Request.__args__]
-    assert not [name for name in request_types if f"p.{name}(" in source]
-    assert "p.encode(" not in source and "msgspec" not in source
+    request_types = [cls.__name__ for cls in p.Request.__args__ if cls is not p.Hello]
+    for shell in (walqueue.aio, walqueue.client.blocking):
+        source = inspect.getsource(shell)
+        assert not [name for name in request_types if f"{name}(" in source], shell.__name__
+        assert "p.encode(" not in source and "msgspec" not in source and "RETRY_BACKOFF" not in source
+        assert "def put(" not in source and "def reserve(" not in source  # the methods are walqueue.client.api's
 
 
 def test_socket_paths_longer_than_sun_path_and_oversized_requests(make_daemon, workdir):

@@ -1,94 +1,120 @@
-"""walqueue.aio.Worker's decisions, against a scripted client (no daemon needed)."""
+"""walqueue.aio.Worker's tasks: the toucher, concurrency, the stop deadline (which cancels
+the handler); over the in-memory client, on a clock that moves only when the test says.
+The policy's decisions are in test_worker_policy.py, for both Workers."""
 
 import asyncio
 
-import walqueue.aio as aio
-from walqueue import Lease, StaleLease
-from walqueue.aio import Client, DaemonUnavailable, Worker
+import pytest
 
+from walqueue import aio
+from walqueue.aio import Worker
 
-class ScriptedClient(Client):
-    """An async Client whose calls replay a script instead of talking to a daemon."""
+from .clocks import AsyncManualClock
+from .memory_client import AsyncMemoryClient, MemoryQueue
+from .worker_logs import LogWaiter
 
-    def __init__(self, leases, ack_outcomes=(), release_outcomes=()):
-        super().__init__("/nonexistent/walqueued.sock")
-        self.leases = list(leases)
-        self.ack_outcomes = list(ack_outcomes)
-        self.release_outcomes = list(release_outcomes)
-        self.calls = []
-
-    async def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
-        return [self.leases.pop(0)] if self.leases else []
-
-    def _outcome(self, outcomes, name, *args):
-        self.calls.append((name, *args))
-        if outcomes:
-            outcome = outcomes.pop(0)
-            if outcome is not None:
-                raise outcome
-
-    async def ack(self, lease):
-        self._outcome(self.ack_outcomes, "ack", lease.task_id)
-
-    async def ack_and_reserve(self, lease, *, lease_seconds=30, limit=1, wait=0):
-        self._outcome(self.ack_outcomes, "ack_and_reserve", lease.task_id)
-        return await self.reserve(lease.worker, lease_seconds=lease_seconds, limit=limit, wait=wait)
-
-    async def release(self, lease, *, delay=0):
-        self._outcome(self.release_outcomes, "release", lease.task_id, delay)
-
-
-def lease(task_id, attempts=1, generation=1):
-    return Lease(task_id, "w", generation, 100, attempts, {})
+TEST_SECONDS = 20
 
 
 def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 10))
+    return asyncio.run(asyncio.wait_for(coroutine, TEST_SECONDS))
 
 
-def test_a_successful_handler_is_acked_and_a_failing_one_released_with_backoff():
-    client = ScriptedClient([lease("ok"), lease("bad", attempts=3)])
+def test_the_toucher_extends_a_long_handlers_lease_and_stops_before_the_ack():
+    async def scenario():
+        clock = AsyncManualClock()
+        queue = MemoryQueue(clock)
+        queue.put("a-slow")
+        queue.put("b-fast")
+        touched = asyncio.Event()
 
-    async def handler(current):
-        if current.task_id == "bad":
-            raise RuntimeError("boom")
+        class Client(AsyncMemoryClient):
+            async def touch(self, lease, **options):
+                touched.set()
+                return await super().touch(lease, **options)
 
-    worker = Worker(client, "w", handler, touch=False, wait=0)
-    assert run(worker.run(max_tasks=2)) == 2
-    # The ack of "ok" reserves "bad" in the same request; "bad" is released.
-    assert client.calls == [("ack_and_reserve", "ok"), ("release", "bad", 4)]
-    assert (worker.processed, worker.failed) == (1, 1)
+        async def handler(lease):
+            if lease.task_id == "a-slow":
+                await touched.wait()
 
+        worker = Worker(Client(queue), "w", handler, lease_seconds=3, wait=0, clock=clock)
+        running = asyncio.create_task(worker.run(max_tasks=2))
+        assert await clock.advance_to_next_deadline() == pytest.approx(1001.0)
+        assert await running == 2
+        return [call[:2] for call in queue.calls]
 
-def test_an_ack_whose_answer_was_lost_counts_as_done_when_the_retry_finds_it_completed(monkeypatch):
-    monkeypatch.setattr(aio, "RECONNECT_PAUSE_SECONDS", 0)  # no daemon to wait for
-    completed = StaleLease("gone", task_id="t", status="completed", generation=1)
-    client = ScriptedClient([lease("t")], ack_outcomes=[DaemonUnavailable("lost"), completed])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert run(worker.run(max_tasks=1)) == 1
-    assert client.calls == [("ack", "t"), ("ack", "t")]
-    assert worker.processed == 1
-
-
-def test_a_stale_lease_on_the_first_ack_is_not_taken_for_success():
-    lost = StaleLease("lost", task_id="t", status="leased", generation=2)
-    client = ScriptedClient([lease("t")], ack_outcomes=[lost])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert run(worker.run(max_tasks=1)) == 1
-    assert client.calls == [("ack", "t")]  # not retried
+    calls = run(scenario())
+    assert ("touch", "a-slow") in calls and ("touch", "b-fast") not in calls
+    assert calls.index(("touch", "a-slow")) < calls.index(("ack_and_reserve", "a-slow"))
 
 
-def test_the_last_task_is_acked_alone_and_the_others_reserve_their_successor():
-    client = ScriptedClient([lease("a"), lease("b"), lease("c")])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert run(worker.run(max_tasks=3)) == 3
-    assert client.calls == [("ack_and_reserve", "a"), ("ack_and_reserve", "b"), ("ack", "c")]
+def test_n_handlers_are_in_hand_at_once():
+    async def scenario():
+        clock = AsyncManualClock(jump=True)
+        queue = MemoryQueue(clock)
+        for number in range(100):
+            queue.put(f"t{number:03d}")
+        in_hand, most, all_in = [0], [0], asyncio.Event()
+
+        async def handler(lease):
+            in_hand[0] += 1
+            most[0] = max(most[0], in_hand[0])
+            if in_hand[0] == 100:
+                all_in.set()
+            await all_in.wait()  # never set unless a hundred run at once
+            in_hand[0] -= 1
+
+        worker = Worker(AsyncMemoryClient(queue), "w", handler, wait=0, concurrency=100, touch=False, clock=clock)
+        assert await worker.run(max_tasks=100) == 100
+        assert all(task["status"] == "completed" for task in queue.tasks.values())
+        return most[0]
+
+    assert run(scenario()) == 100
 
 
-def test_a_lost_ack_and_reserve_is_retried_as_a_plain_ack_that_counts_its_own_completion(monkeypatch):
-    monkeypatch.setattr(aio, "RECONNECT_PAUSE_SECONDS", 0)
-    completed = StaleLease("gone", task_id="a", status="completed", generation=1)
-    client = ScriptedClient([lease("a"), lease("b")], ack_outcomes=[DaemonUnavailable("lost"), completed])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert run(worker.run(max_tasks=2)) == 2
-    assert client.calls == [("ack_and_reserve", "a"), ("ack", "a"), ("ack", "b")]
+def test_a_task_not_done_by_the_stop_deadline_is_cancelled_and_released():
+    async def scenario():
+        clock = AsyncManualClock()
+        queue = MemoryQueue(clock)
+        queue.put("hung")
+        in_hand, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def handler(lease):
+            in_hand.set()
+            try:
+                await asyncio.Event().wait()  # never returns by itself
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        worker = Worker(AsyncMemoryClient(queue), "w", handler, wait=0, touch=False, stop_timeout_seconds=10,
+                        clock=clock)
+        with LogWaiter() as logs:
+            running = asyncio.create_task(worker.run())
+            await in_hand.wait()
+            worker.stop()
+            assert await clock.advance_to_next_deadline() == pytest.approx(1010.0)
+            assert await running == 1
+        assert cancelled.is_set() and queue.tasks["hung"]["status"] == "ready"
+        assert "task hung generation 1: not done 10 s after stop(); released" in logs.messages
+
+    run(scenario())
+
+
+def test_a_plain_function_runs_as_the_handler_too():
+    async def scenario():
+        clock = AsyncManualClock(jump=True)
+        queue = MemoryQueue(clock)
+        queue.put("t")
+        seen = []
+        worker = Worker(AsyncMemoryClient(queue), "w", seen.append, wait=0, clock=clock)
+        assert await worker.run(max_tasks=1) == 1
+        return seen, queue.tasks["t"]["status"]
+
+    seen, status = run(scenario())
+    assert [lease.task_id for lease in seen] == ["t"] and status == "completed"
+
+
+def test_a_path_means_an_asyncio_daemon_client_named_after_the_worker():
+    worker = Worker("/nonexistent/walqueued.sock", "mailer-1", lambda lease: None)
+    assert isinstance(worker.client, aio.Client) and worker.client.name == "mailer-1"

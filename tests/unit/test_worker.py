@@ -1,49 +1,44 @@
-"""walqueue.worker's decisions, against a scripted client (no daemon needed)."""
+"""walqueue.worker.Worker's threads: the toucher, concurrency, the one waiting reserve, the
+stop deadline; over the in-memory client, on a clock that moves only when the test says.
+The policy's decisions are in test_worker_policy.py, for both Workers."""
 
-import time
+import threading
 
-from walqueue import Lease, StaleLease
-from walqueue.client import Client, DaemonUnavailable
+import pytest
+
+from walqueue import InvalidRequest
+from walqueue.client import Client
 from walqueue.worker import Worker, exponential_backoff
 
+from .clocks import REAL_SECONDS, ManualClock
+from .memory_client import MemoryClient, MemoryQueue
+from .worker_logs import LogWaiter
 
-class ScriptedClient(Client):
-    """A Client whose calls replay a script instead of talking to a daemon."""
 
-    def __init__(self, leases, ack_outcomes=(), release_outcomes=()):
-        super().__init__("/nonexistent/walqueued.sock")
-        self.leases = list(leases)
-        self.ack_outcomes = list(ack_outcomes)
-        self.release_outcomes = list(release_outcomes)
-        self.calls = []
-
-    def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
-        return [self.leases.pop(0)] if self.leases else []
-
-    def _outcome(self, outcomes, name, *args):
-        self.calls.append((name, *args))
-        if outcomes:
-            outcome = outcomes.pop(0)
-            if outcome is not None:
-                raise outcome
-
-    def ack(self, lease):
-        self._outcome(self.ack_outcomes, "ack", lease.task_id)
-
-    def ack_and_reserve(self, lease, *, lease_seconds=30, limit=1, wait=0):
-        self._outcome(self.ack_outcomes, "ack_and_reserve", lease.task_id)
-        return self.reserve(lease.worker, lease_seconds=lease_seconds, limit=limit, wait=wait)
-
-    def release(self, lease, *, delay=0):
-        self._outcome(self.release_outcomes, "release", lease.task_id, delay)
+class TouchSignallingClient(MemoryClient):
+    def __init__(self, queue):
+        super().__init__(queue)
+        self.touched = threading.Event()
 
     def touch(self, lease, *, lease_seconds):
-        self.calls.append(("touch", lease.task_id))
-        return lease
+        touched = super().touch(lease, lease_seconds=lease_seconds)
+        self.touched.set()
+        return touched
 
 
-def lease(task_id, attempts=1, generation=1):
-    return Lease(task_id, "w", generation, 100, attempts, {})
+def in_thread(function):
+    """Run ``function`` in a thread; returns (thread, outcome dict with "value" or "error")."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = function()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
 
 
 def test_backoff_doubles_from_one_second_and_is_capped():
@@ -51,81 +46,179 @@ def test_backoff_doubles_from_one_second_and_is_capped():
     assert exponential_backoff(50) == 300
 
 
-def test_a_successful_handler_is_acked_and_a_failing_one_released_with_backoff():
-    client = ScriptedClient([lease("ok"), lease("bad", attempts=3)])
+def test_the_toucher_extends_a_long_handlers_lease_each_interval_and_stops_before_the_ack():
+    clock = ManualClock()
+    queue = MemoryQueue(clock)
+    queue.put("a-slow")
+    queue.put("b-fast")
+    client = TouchSignallingClient(queue)
+    threads_seen = []
 
-    def handler(current):
-        if current.task_id == "bad":
-            raise RuntimeError("boom")
-
-    worker = Worker(client, "w", handler, touch=False, wait=0)
-    assert worker.run(max_tasks=2) == 2
-    # The ack of "ok" reserves "bad" in the same request; "bad" is released.
-    assert client.calls == [("ack_and_reserve", "ok"), ("release", "bad", 4)]
-    assert (worker.processed, worker.failed) == (1, 1)
-
-
-def test_an_ack_whose_answer_was_lost_counts_as_done_when_the_retry_finds_it_completed(monkeypatch):
-    import walqueue.worker as worker_module
-
-    monkeypatch.setattr(worker_module, "RECONNECT_PAUSE_SECONDS", 0)  # no daemon to wait for
-    completed = StaleLease("gone", task_id="t", status="completed", generation=1)
-    client = ScriptedClient([lease("t")], ack_outcomes=[DaemonUnavailable("lost"), completed])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert worker.run(max_tasks=1) == 1
-    assert client.calls == [("ack", "t"), ("ack", "t")]
-    assert worker.processed == 1
-
-
-def test_the_last_task_is_acked_alone_and_the_others_reserve_their_successor():
-    client = ScriptedClient([lease("a"), lease("b"), lease("c")])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert worker.run(max_tasks=3) == 3
-    assert client.calls == [("ack_and_reserve", "a"), ("ack_and_reserve", "b"), ("ack", "c")]
-
-
-def test_a_lost_ack_and_reserve_is_retried_as_a_plain_ack_that_counts_its_own_completion(monkeypatch):
-    import walqueue.worker as worker_module
-
-    monkeypatch.setattr(worker_module, "RECONNECT_PAUSE_SECONDS", 0)
-    completed = StaleLease("gone", task_id="a", status="completed", generation=1)
-    client = ScriptedClient([lease("a"), lease("b")], ack_outcomes=[DaemonUnavailable("lost"), completed])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert worker.run(max_tasks=2) == 2
-    # The retry is a retry: the StaleLease of the same generation means the first
-    # attempt took effect, so no warning path and no third try. "b" is then reserved.
-    assert client.calls == [("ack_and_reserve", "a"), ("ack", "a"), ("ack", "b")]
-
-
-def test_a_stale_ack_and_reserve_reserves_nothing_and_the_worker_reserves_again():
-    lost = StaleLease("lost it", task_id="a", status="leased", generation=2)
-    client = ScriptedClient([lease("a"), lease("b")], ack_outcomes=[lost])
-    worker = Worker(client, "w", lambda current: None, touch=False, wait=0)
-    assert worker.run(max_tasks=2) == 2
-    assert client.calls == [("ack_and_reserve", "a"), ("ack", "b")]
-
-
-def test_one_toucher_thread_touches_a_long_handler_lease_and_stops_before_the_ack():
-    import threading
-
+    def handler(lease):
+        threads_seen.append(threading.current_thread())
+        if lease.task_id == "a-slow":
+            assert client.touched.wait(REAL_SECONDS)
 
     started = threading.active_count()
-    client = ScriptedClient([lease("slow"), lease("fast")])
-    seen = []
+    worker = Worker(client, "w", handler, lease_seconds=3, wait=0, clock=clock)
+    runner, outcome = in_thread(lambda: worker.run(max_tasks=2))
+    # The interval is max(1, 3 / 3) = 1 s after the lease was taken in hand.
+    deadline = clock.advance_to_next_deadline()
+    runner.join(REAL_SECONDS)
+    assert outcome == {"value": 2}
+    calls = [call[:2] for call in queue.calls]
+    assert ("touch", "a-slow") in calls and ("touch", "b-fast") not in calls
+    assert calls.index(("touch", "a-slow")) < calls.index(("ack_and_reserve", "a-slow"))
+    assert queue.tasks["b-fast"]["status"] == "completed"
+    assert deadline == pytest.approx(1001.0)
+    assert threads_seen[0] is threads_seen[1]  # one slot thread for both tasks, not one per task
+    assert threading.active_count() == started  # and every thread is gone after run()
 
-    def handler(current):
-        if current.task_id == "slow":
-            # interval = max(1, lease_seconds / 3) = 1 s: wait for one touch.
-            deadline = time.monotonic() + 5
-            while ("touch", "slow") not in client.calls and time.monotonic() < deadline:
-                time.sleep(0.01)
-        seen.append(threading.active_count())
 
-    worker = Worker(client, "w", handler, lease_seconds=3, wait=0)
-    assert worker.run(max_tasks=2) == 2
-    assert ("touch", "slow") in client.calls
-    assert ("touch", "fast") not in client.calls
-    # Nothing touches after the ack that ended the lease.
-    assert client.calls.index(("touch", "slow")) < client.calls.index(("ack_and_reserve", "slow"))
-    assert seen == [started + 1, started + 1]  # one thread for both tasks
-    assert threading.active_count() == started  # and it is gone after run()
+def test_n_handlers_are_in_hand_at_once_each_in_its_own_thread():
+    clock = ManualClock(jump=True)
+    queue = MemoryQueue(clock)
+    for number in range(4):
+        queue.put(f"t{number}")
+    all_in_hand = threading.Barrier(4, timeout=REAL_SECONDS)  # broken unless four run at once
+    names = set()
+
+    def handler(lease):
+        names.add(threading.current_thread().name)
+        all_in_hand.wait()
+
+    worker = Worker(MemoryClient(queue), "w", handler, wait=0, concurrency=4, touch=False, clock=clock)
+    assert worker.run(max_tasks=4) == 4
+    assert worker.processed == 4 and len(names) == 4
+    assert all(task["status"] == "completed" for task in queue.tasks.values())
+
+
+class BlockingReserveClient(MemoryClient):
+    """A reserve with wait > 0 blocks until ``wake`` is set; counts the ones in flight at once."""
+
+    def __init__(self, queue):
+        super().__init__(queue)
+        self.wake = threading.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.first_waiting = threading.Event()
+        self._lock = threading.Lock()
+
+    def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        self.first_waiting.set()
+        try:
+            assert self.wake.wait(REAL_SECONDS)
+            return super().reserve(worker, lease_seconds=lease_seconds, limit=limit, wait=wait)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+def test_idle_slots_take_turns_so_only_one_reserve_waits_in_the_service():
+    clock = ManualClock()
+    client = BlockingReserveClient(MemoryQueue(clock))
+    worker = Worker(client, "w", lambda lease: None, wait=30, concurrency=3, touch=False, clock=clock)
+    runner, outcome = in_thread(worker.run)
+    assert client.first_waiting.wait(REAL_SECONDS)
+    clock.wait_for_waiting(3)  # the two other slots wait for the turn, the supervisor for the slots
+    assert client.in_flight == 1
+    worker.stop()
+    client.wake.set()
+    runner.join(REAL_SECONDS)
+    assert outcome == {"value": 0} and client.most_in_flight == 1
+
+
+def test_the_turns_holder_reserves_for_the_slots_waiting_behind_it():
+    clock = ManualClock()
+    queue = MemoryQueue(clock)
+    client = BlockingReserveClient(queue)
+    worker = Worker(client, "w", lambda lease: None, wait=30, concurrency=4, touch=False, clock=clock)
+    runner, outcome = in_thread(lambda: worker.run(max_tasks=4))
+    assert client.first_waiting.wait(REAL_SECONDS)
+    clock.wait_for_waiting(4)  # three slots behind the turn, and the supervisor
+    for number in range(4):
+        queue.put(f"t{number}")
+    client.wake.set()
+    runner.join(REAL_SECONDS)
+    assert outcome == {"value": 4}
+    # However many slots waited when the first reserve was sent, the next one asks for
+    # exactly the slots still without a task: never one reserve per slot.
+    limits = [call[3] for call in queue.calls if call[0] == "reserve"]
+    assert sum(limits) == 4 and len(limits) <= 2, limits
+    assert all(task["status"] == "completed" for task in queue.tasks.values())
+
+
+def test_a_task_not_done_by_the_stop_deadline_is_released_and_run_returns():
+    clock = ManualClock()
+    queue = MemoryQueue(clock)
+    queue.put("hung")
+    in_hand, unblock = threading.Event(), threading.Event()
+
+    def handler(lease):
+        in_hand.set()
+        assert unblock.wait(REAL_SECONDS)
+
+    worker = Worker(MemoryClient(queue), "w", handler, wait=0, touch=False, stop_timeout_seconds=10, clock=clock)
+    with LogWaiter() as logs:
+        runner, outcome = in_thread(worker.run)
+        assert in_hand.wait(REAL_SECONDS)
+        worker.stop()
+        assert clock.advance_to_next_deadline() == pytest.approx(1010.0)
+        runner.join(REAL_SECONDS)
+        assert outcome == {"value": 1}
+        assert queue.tasks["hung"]["status"] == "ready"  # released, due again at once
+        assert "task hung generation 1: not done 10 s after stop(); released" in logs.messages
+        unblock.set()  # the handler returns at last: it finds its lease released and finishes nothing
+        logs.wait_for("returned after the stop deadline")
+    assert [call[0] for call in queue.calls] == ["reserve", "release"]
+
+
+def test_stop_lets_the_task_in_hand_finish_and_takes_no_other():
+    clock = ManualClock()  # not jumping: the 60 s stop deadline must not pass
+    queue = MemoryQueue(clock)
+    queue.put("a")
+    queue.put("b")
+    in_hand, unblock = threading.Event(), threading.Event()
+
+    def handler(lease):
+        in_hand.set()
+        assert unblock.wait(REAL_SECONDS)
+
+    worker = Worker(MemoryClient(queue), "w", handler, wait=0, touch=False, stop_timeout_seconds=60, clock=clock)
+    runner, outcome = in_thread(worker.run)
+    assert in_hand.wait(REAL_SECONDS)
+    worker.stop()
+    unblock.set()
+    runner.join(REAL_SECONDS)
+    assert outcome == {"value": 1}
+    assert (queue.tasks["a"]["status"], queue.tasks["b"]["status"]) == ("completed", "ready")
+
+
+def test_a_coroutine_function_is_refused_as_a_thread_workers_handler():
+    async def handler(lease):
+        pass
+
+    with pytest.raises(InvalidRequest, match="coroutine function: run it on walqueue.aio.Worker"):
+        Worker(MemoryClient(MemoryQueue(ManualClock())), "w", handler)
+
+
+def test_a_handler_returning_an_awaitable_fails_instead_of_being_acked(caplog):
+    clock = ManualClock(jump=True)
+    queue = MemoryQueue(clock)
+    queue.put("t")
+
+    async def work():
+        pass
+
+    worker = Worker(MemoryClient(queue), "w", lambda lease: work(), wait=0, clock=clock)
+    worker.run(max_tasks=1)
+    assert worker.failed == 1 and queue.tasks["t"]["status"] == "ready"
+    assert "returned an awaitable" in caplog.text
+
+
+def test_a_path_means_a_daemon_client_named_after_the_worker():
+    worker = Worker("/nonexistent/walqueued.sock", "mailer-1", lambda lease: None)
+    assert isinstance(worker.client, Client) and worker.client.name == "mailer-1"

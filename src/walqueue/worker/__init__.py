@@ -1,0 +1,89 @@
+"""``walqueue.worker``: the worker loop most users would otherwise write by hand.
+
+    policy.py  the Worker's decisions, once for both Workers, and what a backend must provide
+    clock.py   the real clocks the Workers wait on (tests pass their own)
+    aio.py     the asyncio Worker (also ``walqueue.aio.Worker``)
+    cli.py     ``walqueue-worker``: a Worker process for a handler named on the command line
+
+``Worker`` here runs the policy on threads: ``concurrency`` slot threads
+(each calls the handler for one task at a time), one toucher thread and a
+supervisor thread; ``run()`` waits for the supervisor. Handlers run in the
+slot threads; they must be idempotent, since delivery is at-least-once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from walqueue.errors import InvalidRequest
+from walqueue.worker.clock import SystemClock
+from walqueue.worker.policy import Policy, Steps, drive, exponential_backoff
+
+__all__ = ["Worker", "exponential_backoff"]
+
+
+class Worker(Policy):
+    """Runs ``handler(lease)`` for each reserved task, ``concurrency`` at a time, in threads.
+
+    The arguments and options are ``walqueue.worker.policy.Policy``'s; a
+    path as ``client`` means a ``walqueue.client.Client``. Raises
+    InvalidRequest for a bad option, and for a coroutine function as the
+    handler (run those on ``walqueue.aio.Worker``).
+    """
+
+    def _check_handler(self, handler: Callable) -> None:
+        if inspect.iscoroutinefunction(handler):
+            raise InvalidRequest(f"handler {getattr(handler, '__qualname__', handler)!r} is a coroutine "
+                                 "function: run it on walqueue.aio.Worker")
+
+    def _client_for_path(self, path: str | os.PathLike, worker: str) -> Any:
+        from walqueue.client import Client
+
+        return Client(path, name=worker)
+
+    def _default_clock(self) -> SystemClock:
+        return SystemClock()
+
+    def run(self, *, max_tasks: int | None = None) -> int:
+        """Process tasks until ``stop()`` or ``max_tasks``; returns how many were taken in hand.
+
+        Re-raises what ended a slot (e.g. ``QueueClosed`` once the client was
+        closed). A KeyboardInterrupt stops the Worker and is re-raised at once;
+        the slot threads are daemon threads and finish their tasks meanwhile.
+        """
+        self._begin(max_tasks)
+        errors: list[BaseException] = []
+        toucher = self._start(self.touching(), "walqueue-touch", errors) if self.touch else None
+        slots = [self._start(self.slot(), f"walqueue-slot-{number}", errors) for number in range(self.concurrency)]
+        supervisor = self._start(self.supervise(), "walqueue-supervise", errors)
+        try:
+            supervisor.join()  # interruptible: stop() may run in a signal handler meanwhile
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            self._end_touching()
+        if toucher is not None:
+            toucher.join()
+        if self._running == 0:  # not after the stop deadline, where handlers are left running
+            for thread in slots:
+                thread.join()
+        if errors:
+            raise errors[0]
+        return self._taken
+
+    def _start(self, steps: Steps, name: str, errors: list[BaseException]) -> threading.Thread:
+        def target() -> None:
+            try:
+                drive(steps)
+            except BaseException as exc:
+                errors.append(exc)
+                self.stop()
+
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        return thread

@@ -1,0 +1,115 @@
+"""The client core without a daemon: the retry policy, what a failed connect says, and
+that both shells give up at once on a path that cannot be a daemon's socket."""
+
+import asyncio
+import socket
+
+import pytest
+
+import walqueue.client.blocking as blocking
+from walqueue import InvalidRequest, KeyConflict, QueueClosed, StaleLease, aio
+from walqueue.client import Client, DaemonUnavailable, NoSocket
+from walqueue.client.address import connect_error, not_a_socket
+from walqueue.client.retry import RETRY_BACKOFF_SECONDS, Retry
+
+
+def test_only_idempotent_calls_are_retried_and_only_for_curable_failures():
+    lost = DaemonUnavailable("connection lost")
+    assert Retry(idempotent=False, retry_seconds=10, now=0).pause_after(lost, now=0, client_closed=False) is None
+    retry = Retry(idempotent=True, retry_seconds=10, now=0)
+    assert retry.pause_after(QueueClosed("write failed"), now=0, client_closed=False) == RETRY_BACKOFF_SECONDS[0]
+    for error in (NoSocket("no such file"), KeyConflict("k"), InvalidRequest("bad"),
+                  StaleLease("s", task_id="t", status=None, generation=None)):
+        assert retry.pause_after(error, now=0, client_closed=False) is None, error
+    assert retry.pause_after(lost, now=0, client_closed=True) is None
+
+
+def test_retries_back_off_and_stop_at_the_deadline():
+    retry = Retry(idempotent=True, retry_seconds=3, now=100)
+    lost = DaemonUnavailable("lost")
+    pauses = [retry.pause_after(lost, now=100 + elapsed, client_closed=False) for elapsed in (0, 0.1, 0.3, 0.6)]
+    assert pauses == [0.05, 0.1, 0.2, 0.5]
+    assert retry.pause_after(lost, now=101.5, client_closed=False) == 1.0
+    assert retry.pause_after(lost, now=101.5, client_closed=False) == 1.0  # the last pause repeats
+    assert retry.pause_after(lost, now=102.6, client_closed=False) == pytest.approx(0.4)  # never past it
+    assert retry.pause_after(lost, now=103, client_closed=False) is None
+
+
+def test_a_failed_connect_names_what_is_at_the_path(tmp_path):
+    missing = str(tmp_path / "nonexist")
+    regular = tmp_path / "file"
+    regular.write_text("")
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "nowhere")
+    assert not_a_socket(missing) == "no such file"
+    assert not_a_socket(str(regular)) == "it is a regular file, not a socket"
+    assert not_a_socket(str(tmp_path)) == "it is a directory, not a socket"
+    assert not_a_socket(str(dangling)) == "it is a dangling symbolic link, not a socket"
+    refused = ConnectionRefusedError(111, "Connection refused")
+    error = connect_error(missing, FileNotFoundError(2, "No such file"), reached_before=False)
+    assert type(error) is NoSocket and "no such file" in str(error) and missing in str(error)
+    assert type(connect_error(str(regular), refused, reached_before=True)) is NoSocket
+    # Once a daemon answered there, a missing socket is a restart: retryable.
+    restarting = connect_error(missing, FileNotFoundError(2, "No such file"), reached_before=True)
+    assert type(restarting) is DaemonUnavailable and "restarting" in str(restarting)
+
+
+def test_a_socket_file_nobody_listens_on_stays_retryable(tmp_path):
+    path = str(tmp_path / "dead.sock")
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(path)
+    leftover.close()  # a dead daemon's socket file: it may come back
+    assert not_a_socket(path) is None
+    error = connect_error(path, ConnectionRefusedError(111, "Connection refused"), reached_before=False)
+    assert type(error) is DaemonUnavailable
+
+
+@pytest.fixture
+def sleeps(monkeypatch):
+    """The sync client's pauses between retries, recorded instead of slept."""
+    recorded = []
+    monkeypatch.setattr(blocking.time, "sleep", recorded.append)
+    return recorded
+
+
+def test_the_sync_client_gives_up_at_once_on_a_missing_path_or_a_regular_file(tmp_path, sleeps):
+    regular = tmp_path / "file"
+    regular.write_text("")
+    for path, reason in ((tmp_path / "nonexist", "no such file"), (regular, "regular file, not a socket")):
+        with Client(path, retry_seconds=10) as client, pytest.raises(NoSocket, match=reason):
+            client.put("a", {})  # a put is retried for a restarting daemon, but not for this
+    assert sleeps == []
+
+
+def test_the_sync_client_retries_a_put_on_a_refused_socket_until_retry_seconds(tmp_path, sleeps):
+    path = str(tmp_path / "dead.sock")
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(path)
+    leftover.close()
+    with Client(path, retry_seconds=0.2) as client, pytest.raises(DaemonUnavailable) as failure:
+        client.put("a", {})
+    assert type(failure.value) is DaemonUnavailable and sleeps  # it paused and tried again
+
+
+def test_the_asyncio_client_gives_up_at_once_on_a_missing_path(tmp_path, monkeypatch):
+    recorded = []
+
+    async def sleep(seconds):
+        recorded.append(seconds)
+
+    monkeypatch.setattr(aio.asyncio, "sleep", sleep)
+
+    async def scenario():
+        async with aio.Client(tmp_path / "nonexist", retry_seconds=10) as client:
+            with pytest.raises(NoSocket, match="no such file"):
+                await client.put("a", {})
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert recorded == []
+
+
+def test_a_bad_argument_raises_when_the_asyncio_call_is_awaited():
+    client = aio.Client("/nonexistent/walqueued.sock")
+    pending = client.put(7, {})  # nothing raised yet: the call is a coroutine
+    with pytest.raises(InvalidRequest, match="task_id must be a str"):
+        asyncio.run(pending)
