@@ -239,8 +239,11 @@ def child_snapshot_recovery(args: dict) -> dict:
       by_phase:    small frames / (open(snapwal) - its own load_snapshot time)
       by_subtract: small frames / (open(snapwal) - open(snap))
     """
-    import walqueue.queue as queue_module
     from walqueue import Queue
+    try:  # the module whose load_snapshot recovery calls
+        import walqueue.recovery as queue_module
+    except ImportError:
+        import walqueue.queue as queue_module
     gc.collect()
     baseline = peak_rss_kib()
     started = time.perf_counter()

@@ -17,6 +17,7 @@ from unittest import mock
 
 from walqueue import backup as backup_module
 from walqueue import queue as queue_module
+from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
 from walqueue.codec import encode_frame
 from walqueue.queue import Queue
@@ -124,7 +125,7 @@ def _sync_without_fdatasync(self):
 
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
-        lambda: mock.patch.object(queue_module, "read_current", _newest_snapshot_wins),
+        lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
     "compaction_deletes_before_publishing":
         lambda: mock.patch.object(Queue, "_compaction_steps", _delete_before_publishing),
     "snapshot_drops_lease_state":

@@ -19,28 +19,19 @@ Rules this module keeps:
 from __future__ import annotations
 
 import fcntl
-import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from . import validation
 from .codec import encode_frame
-from .errors import CorruptStore, QueueClosed, QueueLocked, WalQueueError
+from .errors import QueueClosed, QueueLocked
 from .fs import OsFileSystem
-from .snapshot import (
-    CURRENT,
-    CURRENT_TMP,
-    current_frame,
-    is_snapshot_name,
-    load_snapshot,
-    read_current,
-    snapshot_name,
-    write_snapshot,
-)
-from .state import LEASED, MAX_EXPIRE_IDS, RECORD_FIELDS, State, Task
+from .recovery import plan_recovery
+from .snapshot import CURRENT, CURRENT_TMP, current_frame, snapshot_name, write_snapshot
+from .state import LEASED, MAX_EXPIRE_IDS, Task
 from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
-from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment, SegmentReader, list_segments
+from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment
 
 LOCK = "LOCK"
 PHASES = (
@@ -79,93 +70,44 @@ class Queue:
             # A new directory's own name must survive a power cut too.
             self._fs.fsync_directory(os.path.dirname(os.path.abspath(self._directory)))
         self._lock_fd = _take_lock(self._directory)
-        # Recovery builds millions of long-lived objects and no cycles; the
-        # cyclic collector would only rescan them (a third of the time at 1M).
-        collecting = gc.isenabled()
-        gc.disable()
         try:
             self._recover()
         except BaseException:
             self._release()
             raise
-        finally:
-            if collecting:
-                gc.enable()
         self._closed = False
 
     # -- recovery -------------------------------------------------------
 
     def _recover(self) -> None:
+        """Read the directory (recovery.plan_recovery), then do the writes open may do.
+
+        Everything on disk is checked before the first write: truncating the
+        torn tail (then `recover.after_truncate`), deleting what the plan
+        lists, creating the next segment if no segment is kept, and one
+        directory fsync for those names.
+        """
         fs, directory = self._fs, self._directory
-        names = fs.listdir(directory)
-        current = read_current(fs, directory)
-        if current is None:
-            state, snapshot_seq, snapshot_file = State(), 0, None
-        else:
-            snapshot_seq, snapshot_file = current
-            state = load_snapshot(fs, directory, snapshot_file, snapshot_seq)
-
-        segments = list_segments(names)
-        # A segment is wholly covered by the snapshot when the next one starts
-        # at or before the snapshot's next seq; it is garbage from a compaction
-        # that stopped before deleting it, so it is neither read nor trusted.
-        covered = [name for index, (_, name) in enumerate(segments[:-1])
-                   if segments[index + 1][0] <= snapshot_seq + 1]
-        live = segments[len(covered):]
-
-        sizes: dict[str, int] = {}
-        reader = None
-        for index, (first_seq, filename) in enumerate(live):
-            expected = snapshot_seq + 1 if reader is None else reader.last_seq + 1
-            if first_seq > expected or (reader is not None and first_seq != expected):
-                raise CorruptStore(f"{filename}: starts at seq {first_seq}, expected seq "
-                                   f"{expected} (a sequence gap)")
-            reader = SegmentReader(fs, directory, first_seq, filename,
-                                   newest=index == len(live) - 1)
-            for offset, record in reader.records():
-                if record["seq"] <= snapshot_seq:
-                    # Covered by the snapshot: not applied, but still a record.
-                    op = record.get("op")
-                    if type(op) is not str or record.keys() != RECORD_FIELDS.get(op, ()):
-                        raise CorruptStore(f"{filename}: frame at offset {offset} (seq "
-                                           f"{record['seq']}) is not a well-formed record")
-                    continue
-                try:
-                    state.apply(record)
-                except WalQueueError as error:
-                    raise CorruptStore(
-                        f"{filename}: frame at offset {offset} (seq {record['seq']}): "
-                        f"invalid {record.get('op')!r} record: {error}") from error
-            sizes[filename] = reader.tail.offset
-
-        # Everything on disk has been checked; from here on, open may write.
-        self._state = state
-        self._snapshot_seq = snapshot_seq
-        self._snapshot_file = snapshot_file
-        self._previous_snapshot_file = snapshot_file
-        garbage = list(covered)
-        if reader is not None and reader.last_seq >= snapshot_seq:
-            newest = live[-1][1]
-            self._active = ActiveSegment(fs, directory, reader.first_seq, sizes[newest],
+        plan = plan_recovery(fs, directory)
+        self._state = plan.state
+        self._snapshot_seq = plan.snapshot_seq
+        self._snapshot_file = plan.snapshot_file
+        self._previous_snapshot_file = plan.snapshot_file
+        if plan.active is not None:
+            self._active = ActiveSegment(fs, directory, plan.active.first_seq, plan.active.size,
                                          self._preallocate_bytes)
-            if reader.tail.kind != "clean":
-                self._active.truncate(reader.tail.offset)
+            if plan.torn_tail is not None:
+                self._active.truncate(plan.torn_tail.offset)
                 self._call_hook("recover.after_truncate")
-            self._sealed = [name for _, name in live[:-1]]
-        else:
-            # No segment reaches the snapshot's seq: start the next one.
-            garbage += [name for _, name in live]
-            self._sealed = []
-        self._sealed_bytes = sum(sizes[name] for name in self._sealed)
-        garbage += [name for name in names
-                    if name == CURRENT_TMP or (is_snapshot_name(name) and name != snapshot_file)]
-        for name in garbage:
+        self._sealed = [segment.filename for segment in plan.sealed]
+        self._sealed_bytes = sum(segment.size for segment in plan.sealed)
+        for name in plan.deletions:
             fs.unlink(os.path.join(directory, name))
         created = self._active is None
         if created:
-            self._active = ActiveSegment(fs, directory, state.last_seq + 1, 0,
+            self._active = ActiveSegment(fs, directory, plan.state.last_seq + 1, 0,
                                          self._preallocate_bytes)
-        if garbage or created:
+        if plan.deletions or created:
             fs.fsync_directory(directory)
 
     # -- public API: writes ---------------------------------------------
