@@ -14,6 +14,7 @@ wait for it) that the commands share; the client is created on first use, so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -79,6 +80,8 @@ Exit codes:
   9  backup: DEST exists and is not an empty directory (nothing written)
  10  backup: the copy failed half way; DEST is incomplete (it will not
      open as a queue): delete it and run backup again
+ 11  verify: the directory holds no queue (empty, or e.g. the parent of
+     queue directories, which it names)
 \b
 Where the daemon is: --socket PATH, or --dir DIRECTORY (its walqueued.sock),
 or $WALQUEUE_SOCKET; default /run/walqueue/walqueued.sock.
@@ -575,7 +578,8 @@ def verify(directory: str, as_json: bool) -> None:
     seq continuity, records valid against the state) and lists every
     problem with its file and offset. Exit 0 when the directory would open
     (a torn tail is reported, not an error), 4 when it is corrupt, 8 when a
-    file cannot be read.
+    file cannot be read, 11 when it holds no queue (it names subdirectories
+    that do). On a terminal a progress bar on stderr shows the bytes read.
 
     Run it on a stopped daemon's directory or on a copy (a live daemon may be
     mid-append, which looks like a torn tail). `python -m walqueue.verify`
@@ -583,7 +587,8 @@ def verify(directory: str, as_json: bool) -> None:
     report: docs/operations.md, "Reading verify output".
     """
     try:
-        report = verify_directory(directory)
+        with _progress_bar_on_a_terminal("verifying") as progress:
+            report = verify_directory(directory, progress=progress)
     except FileNotFoundError:
         raise CtlError(f"{directory} does not exist; give the daemon's queue directory "
                        f"(e.g. /var/lib/walqueue)", EXIT_UNREADABLE) from None
@@ -595,10 +600,28 @@ def verify(directory: str, as_json: bool) -> None:
         emit(report.to_json())
     else:
         click.echo(report.render())
-    if report.corrupt:
-        sys.exit(EXIT_CORRUPT)
-    if report.unreadable:
-        sys.exit(EXIT_UNREADABLE)
+    if report.exit_code() != EXIT_OK:
+        sys.exit(report.exit_code())
+
+
+@contextlib.contextmanager
+def _progress_bar_on_a_terminal(label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress(done, total) callback drawing click's bar on stderr; None unless stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        bar = None
+
+        def progress(done: int, total: int) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = stack.enter_context(click.progressbar(length=total, label=label,
+                                                            file=sys.stderr))
+            bar.length = total  # a live owner may have grown a segment
+            bar.update(done - bar.pos)
+
+        yield progress
 
 
 def main() -> None:

@@ -716,3 +716,44 @@ def test_a_damaged_first_frame_after_the_snapshot_reports_the_snapshots_seq_as_t
     report = verify(directory)
     assert not report.healthy
     assert report.last_seq == seq  # applied from the snapshot, not "unknown"
+
+
+# -- walqueue-ctl verify: exit codes and progress ---------------------------------------------
+
+
+def test_walqueue_ctl_verify_of_a_parent_of_queues_exits_11_and_shows_no_progress_when_piped(
+        tmp_path):
+    pytest.importorskip("click")
+    from click.testing import CliRunner
+
+    from walqueue.ctl import cli
+
+    Queue(tmp_path / "orders").close()
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path)])
+    assert result.exit_code == 11, result.output
+    assert "NO QUEUE" in result.stdout and "orders/ holds a queue" in result.stdout
+    assert result.stderr == ""  # CliRunner's stderr is no terminal: no progress bar
+    assert "11  verify: the directory holds no queue" in CliRunner().invoke(cli, ["--help"]).stdout
+    assert CliRunner().invoke(cli, ["verify", str(tmp_path / "orders")]).exit_code == 0
+
+
+def test_walqueue_ctl_verify_draws_a_progress_bar_on_a_terminal(directory, monkeypatch):
+    pytest.importorskip("click")
+    import io
+    import sys
+
+    from walqueue import ctl
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    build_history(directory, compact=True)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with ctl._progress_bar_on_a_terminal("verifying") as progress:
+        assert verify_directory(directory, progress=progress).healthy
+    assert "verifying" in terminal.getvalue() and "100%" in terminal.getvalue()
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with ctl._progress_bar_on_a_terminal("verifying") as progress:
+        assert progress is None
