@@ -669,13 +669,14 @@ def profile(argv: list[str]) -> int:
             if args.target == "small-frame-replay":
                 # Load the snapshot before profiling and hand it to the open,
                 # so that only the replay of the small frames is profiled.
-                import walqueue.queue as queue_module
+                import walqueue.recovery as recovery_module
                 from walqueue.fs import OsFileSystem
                 from walqueue.snapshot import load_snapshot, read_current
-                fs, path = OsFileSystem(), str(scratch / directory)
+                fs = OsFileSystem()
+                path = fs.open_directory(str(scratch / directory))
                 seq, name = read_current(fs, path)
                 state = load_snapshot(fs, path, name, seq)
-                queue_module.load_snapshot = lambda *a, **k: state
+                recovery_module.load_snapshot = lambda *a, **k: state
 
             def run() -> None:
                 Queue(scratch / directory).close()

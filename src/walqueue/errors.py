@@ -87,5 +87,13 @@ class Unavailable(WalQueueError, ConnectionError):
     """
 
 
+class UnsafeDirectoryWarning(UserWarning):
+    """Another user could change the queue directory (see walqueue.fs.check_directory_safety).
+
+    A warning, not an error: SPEC lets any directory be a queue, so the
+    library only says so; walqueued may refuse such a directory.
+    """
+
+
 class InjectedCrash(BaseException):  # noqa: N818 - the name is part of the contract
     """Raised by a test hook to model process death at a named phase."""

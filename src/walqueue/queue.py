@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from . import validation
 from .codec import encode_frame
-from .errors import QueueClosed, QueueLocked
-from .fs import OsFileSystem
+from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
+from .fs import Directory, OsFileSystem, check_directory_safety, open_lock
 from .recovery import plan_recovery
 from .snapshot import CURRENT, CURRENT_TMP, current_frame, snapshot_name, write_snapshot
 from .state import LEASED, MAX_EXPIRE_IDS, Task
@@ -65,12 +66,21 @@ class Queue:
         self._closed = True
         self._active: ActiveSegment | None = None
         self._lock_fd: int | None = None
+        self._dir: Directory | None = None
         self._batch_depth = 0
-        if self._fs.makedirs(self._directory):
+        fs = self._fs
+        if fs.makedirs(self._directory):
             # A new directory's own name must survive a power cut too.
-            self._fs.fsync_directory(os.path.dirname(os.path.abspath(self._directory)))
+            parent = fs.open_directory(os.path.dirname(os.path.abspath(self._directory)))
+            try:
+                fs.fsync_directory(parent)
+            finally:
+                fs.close_directory(parent)
+        for finding in check_directory_safety(self._directory):
+            warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=2)
         self._lock_fd = _take_lock(self._directory)
         try:
+            self._dir = fs.open_directory(self._directory)
             self._recover()
         except BaseException:
             self._release()
@@ -87,7 +97,7 @@ class Queue:
         lists, creating the next segment if no segment is kept, and one
         directory fsync for those names.
         """
-        fs, directory = self._fs, self._directory
+        fs, directory = self._fs, self._dir
         plan = plan_recovery(fs, directory)
         self._state = plan.state
         self._snapshot_seq = plan.snapshot_seq
@@ -102,11 +112,11 @@ class Queue:
         self._sealed = [segment.filename for segment in plan.sealed]
         self._sealed_bytes = sum(segment.size for segment in plan.sealed)
         for name in plan.deletions:
-            fs.unlink(os.path.join(directory, name))
+            fs.unlink(directory, name)
         created = self._active is None
         if created:
             self._active = ActiveSegment(fs, directory, plan.state.last_seq + 1, 0,
-                                         self._preallocate_bytes)
+                                         self._preallocate_bytes, new=True)
         if plan.deletions or created:
             fs.fsync_directory(directory)
 
@@ -324,13 +334,13 @@ class Queue:
             self.compact()
         else:
             self._sync()
-        fs, directory = self._fs, self._directory
-        files = [(name, fs.size(os.path.join(directory, name))) for name in self._sealed]
+        fs, directory = self._fs, self._dir
+        files = [(name, fs.size(directory, name)) for name in self._sealed]
         files.append((self._active.filename, self._active.size))
         if self._snapshot_file is not None:
             for name in (self._snapshot_file, CURRENT):
-                files.append((name, fs.size(os.path.join(directory, name))))
-        return BackupManifest(os.path.abspath(directory), self._state.last_seq, tuple(files))
+                files.append((name, fs.size(directory, name)))
+        return BackupManifest(os.path.abspath(self._directory), self._state.last_seq, tuple(files))
 
     def _compaction_steps(self):
         """The steps of compact(), in the only safe order (SPEC §5).
@@ -351,28 +361,28 @@ class Queue:
             self._active.close()
             self._sealed.append(self._active.filename)
             self._sealed_bytes += self._active.size
-            self._active = ActiveSegment(self._fs, self._directory, seq + 1, 0,
-                                         self._preallocate_bytes)
-            self._fs.fsync_directory(self._directory)
+            self._active = ActiveSegment(self._fs, self._dir, seq + 1, 0,
+                                         self._preallocate_bytes, new=True)
+            self._fs.fsync_directory(self._dir)
         self._call_hook("wal.after_rotate")
 
     def _write_snapshot(self, seq: int) -> None:
         """Write and fsync snapshot-<seq>.snap; CURRENT still names the old one."""
         assert self._state.last_seq == seq
-        write_snapshot(self._fs, self._directory, self._state)
+        write_snapshot(self._fs, self._dir, self._state)
         self._call_hook("snapshot.after_write")
 
     def _publish(self, seq: int) -> None:
         """CURRENT.tmp, fsync, rename over CURRENT, fsync the directory."""
-        fs, directory = self._fs, self._directory
-        fd = fs.create(os.path.join(directory, CURRENT_TMP))
+        fs, directory = self._fs, self._dir
+        fd = fs.create(directory, CURRENT_TMP)  # a crash may have left one: a new file
         try:
             fs.write(fd, current_frame(seq))
             fs.fsync(fd)
         finally:
             fs.close(fd)
         self._call_hook("current.after_write")
-        fs.rename(os.path.join(directory, CURRENT_TMP), os.path.join(directory, CURRENT))
+        fs.rename(directory, CURRENT_TMP, CURRENT)
         fs.fsync_directory(directory)
         self._previous_snapshot_file = self._snapshot_file
         self._snapshot_file, self._snapshot_seq = snapshot_name(seq), seq
@@ -380,13 +390,13 @@ class Queue:
 
     def _delete_covered(self, seq: int) -> None:
         """Delete the sealed segments and the previous snapshot, fsync the directory."""
-        fs, directory = self._fs, self._directory
+        fs, directory = self._fs, self._dir
         for name in self._sealed:
-            fs.unlink(os.path.join(directory, name))
+            fs.unlink(directory, name)
         self._sealed, self._sealed_bytes = [], 0
         previous = self._previous_snapshot_file
         if previous is not None and previous != snapshot_name(seq):
-            fs.unlink(os.path.join(directory, previous))
+            fs.unlink(directory, previous)
         fs.fsync_directory(directory)
         self._call_hook("compact.after_delete")
 
@@ -465,6 +475,9 @@ class Queue:
         active, self._active = self._active, None
         if active is not None:
             active.close()
+        directory, self._dir = getattr(self, "_dir", None), None
+        if directory is not None:
+            self._fs.close_directory(directory)
         lock_fd, self._lock_fd = self._lock_fd, None
         if lock_fd is not None:
             os.close(lock_fd)
@@ -485,7 +498,7 @@ class _Batch:
 
 
 def _take_lock(directory: str) -> int:
-    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    fd = open_lock(directory, LOCK)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

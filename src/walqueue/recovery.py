@@ -24,12 +24,11 @@ Rules this module keeps:
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import dataclass
 
 from .codec import Problems, report_or_raise
 from .errors import CorruptStore, WalQueueError
-from .fs import OsFileSystem
+from .fs import Directory, OsFileSystem
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name, load_snapshot, read_current
 from .state import RECORD_FIELDS, State
 from .wal import SegmentReader, list_segments
@@ -108,7 +107,7 @@ class RecoveryPlan:
         return self.state.last_seq if self.state is not None else self.last_applied
 
 
-def plan_recovery(fs: OsFileSystem, directory: str, *, keep_going: bool = False,
+def plan_recovery(fs: OsFileSystem, directory: Directory, *, keep_going: bool = False,
                   progress=None) -> RecoveryPlan:
     """Read and check the queue directory the way open recovers it; write nothing.
 
@@ -129,7 +128,7 @@ def plan_recovery(fs: OsFileSystem, directory: str, *, keep_going: bool = False,
             gc.enable()
 
 
-def _plan(fs: OsFileSystem, directory: str, problems: Problems | None, progress) -> RecoveryPlan:
+def _plan(fs: OsFileSystem, directory: Directory, problems: Problems | None, progress) -> RecoveryPlan:
     names = sorted(fs.listdir(directory))
     snapshot_seq, snapshot_file = _read_current(fs, directory, problems)
     segments = list_segments(names, problems)
@@ -182,10 +181,13 @@ def _plan(fs: OsFileSystem, directory: str, problems: Problems | None, progress)
                         f"{filename}: frame at offset {offset} (seq {seq}): invalid "
                         f"{record.get('op')!r} record: {error}", file=filename, offset=offset,
                         seq=seq))
-        except OSError as error:
+        except (OSError, CorruptStore) as error:
+            # Keeping going, only reading the file raises here (it cannot be
+            # read, or it is a link): what is in it is unknown.
             if problems is None:
                 raise
-            problems.report(UnreadableFile(filename, error))
+            problems.report(error if isinstance(error, CorruptStore)
+                            else UnreadableFile(filename, error))
             read.append(Segment(first_seq, filename, 0))
             continue
         read.append(Segment(first_seq, filename, reader.tail.offset))
@@ -216,7 +218,7 @@ def _plan(fs: OsFileSystem, directory: str, problems: Problems | None, progress)
         last_applied=last_applied)
 
 
-def _read_current(fs, directory: str, problems: Problems | None) -> tuple[int | None, str | None]:
+def _read_current(fs, directory: Directory, problems: Problems | None) -> tuple[int | None, str | None]:
     """(CURRENT's seq, its snapshot) or (0, None) without CURRENT; (None, None) if unusable."""
     try:
         current = read_current(fs, directory)
@@ -231,7 +233,7 @@ def _read_current(fs, directory: str, problems: Problems | None) -> tuple[int | 
     return (0, None) if current is None else current
 
 
-def _load_state(fs, directory: str, snapshot_seq: int | None, snapshot_file: str | None,
+def _load_state(fs, directory: Directory, snapshot_seq: int | None, snapshot_file: str | None,
                 problems: Problems | None, advance) -> State | None:
     """The state the snapshot holds (a new State without one); None if keeping going finds it unusable."""
     if snapshot_file is None:
@@ -255,12 +257,12 @@ def _load_state(fs, directory: str, snapshot_seq: int | None, snapshot_file: str
 class _Progress:
     """Adds up the bytes the readers report and tells `progress(read, total)`."""
 
-    def __init__(self, fs, directory: str, snapshot_file: str | None, live, progress) -> None:
+    def __init__(self, fs, directory: Directory, snapshot_file: str | None, live, progress) -> None:
         names = ([snapshot_file] if snapshot_file is not None else []) + [name for _, name in live]
         self.total = 0
         for name in names:
             try:
-                self.total += fs.size(os.path.join(directory, name))
+                self.total += fs.size(directory, name)
             except OSError:
                 pass  # reported when recovery reads it
         self.read = 0

@@ -17,12 +17,11 @@ or the new one, never a mix.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 
 from .codec import Problems, complete_frames, encode_frame, report_or_raise
 from .errors import CorruptStore, WalQueueError
-from .fs import OsFileSystem
+from .fs import Directory, OsFileSystem
 from .state import State
 
 FORMAT = 1
@@ -40,11 +39,15 @@ def is_snapshot_name(filename: str) -> bool:
     return _SNAPSHOT_NAME.fullmatch(filename) is not None
 
 
-def write_snapshot(fs: OsFileSystem, directory: str, state: State) -> str:
-    """Write and fsync the snapshot of `state` through its last seq; return its name."""
+def write_snapshot(fs: OsFileSystem, directory: Directory, state: State) -> str:
+    """Write and fsync the snapshot of `state` through its last seq; return its name.
+
+    A file of that name can only be an orphan (a compaction that stopped
+    before publishing it): it is replaced by a new file (fs.create).
+    """
     filename = snapshot_name(state.last_seq)
     count = len(state.tasks)
-    fd = fs.create(os.path.join(directory, filename))
+    fd = fs.create(directory, filename)
     try:
         chunk = [encode_frame({"format": FORMAT, "kind": "walqueue.snapshot",
                                "seq": state.last_seq, "task_count": count})]
@@ -64,7 +67,7 @@ def write_snapshot(fs: OsFileSystem, directory: str, state: State) -> str:
     return filename
 
 
-def load_snapshot(fs: OsFileSystem, directory: str, filename: str, seq: int,
+def load_snapshot(fs: OsFileSystem, directory: Directory, filename: str, seq: int,
                   problems: Problems | None = None, progress=None) -> State:
     """Read the snapshot CURRENT names into a new State. Raises CorruptStore.
 
@@ -73,9 +76,8 @@ def load_snapshot(fs: OsFileSystem, directory: str, filename: str, seq: int,
     not to be trusted if anything was reported. `progress` as for
     codec.scan_frames.
     """
-    path = os.path.join(directory, filename)
     try:
-        data = fs.read(path)
+        data = fs.read(directory, filename)
     except FileNotFoundError:
         raise CorruptStore(f"{CURRENT} names {filename}, which does not exist",
                            file=filename) from None
@@ -153,10 +155,10 @@ def _parse_snapshot(data, filename: str, seq: int, problems: Problems | None = N
     return state
 
 
-def read_current(fs: OsFileSystem, directory: str) -> tuple[int, str] | None:
+def read_current(fs: OsFileSystem, directory: Directory) -> tuple[int, str] | None:
     """(seq, snapshot file name) from CURRENT, or None if there is no CURRENT. Raises CorruptStore."""
     try:
-        data = fs.read(os.path.join(directory, CURRENT))
+        data = fs.read(directory, CURRENT)
     except FileNotFoundError:
         return None
     try:

@@ -51,7 +51,7 @@ import stat
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .fs import read_descriptor
+from .fs import Directory, open_at, open_directory, read_descriptor
 from .recovery import RecoveryPlan, UnreadableFile, plan_recovery
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name
 from .wal import is_segment_name
@@ -197,31 +197,33 @@ class VerifyReport:
 
 
 class _ReadOnlyFiles:
-    """The three file-system calls recovery makes while reading; there is deliberately no way to write.
+    """The file-system calls recovery makes while reading; there is deliberately no way to write.
 
     Passed to `plan_recovery` in place of `OsFileSystem`: if it ever tried
     to write, verify would fail loudly instead of changing the directory.
+    Files are opened as the library opens them (relative to the directory,
+    never through a link), read-only and with O_NOATIME where allowed.
     """
 
-    def listdir(self, path: str) -> list[str]:
-        return os.listdir(path)
+    open_directory = staticmethod(open_directory)
 
-    def size(self, path: str) -> int:
-        return os.stat(path).st_size
+    def close_directory(self, directory: Directory) -> None:
+        os.close(directory.fd)
 
-    def read(self, path: str):
-        return read_descriptor(_open_read_only(path))
+    def listdir(self, directory: Directory) -> list[str]:
+        return os.listdir(directory.fd)
 
+    def size(self, directory: Directory, name: str) -> int:
+        return os.stat(name, dir_fd=directory.fd, follow_symlinks=False).st_size
 
-def _open_read_only(path: str) -> int:
-    flags = os.O_RDONLY | os.O_CLOEXEC
-    noatime = getattr(os, "O_NOATIME", 0)
-    if noatime:
-        try:
-            return os.open(path, flags | noatime)
-        except PermissionError:
-            pass  # O_NOATIME needs ownership of the file; read it anyway
-    return os.open(path, flags)
+    def read(self, directory: Directory, name: str):
+        noatime = getattr(os, "O_NOATIME", 0)
+        if noatime:
+            try:
+                return read_descriptor(open_at(directory, name, os.O_RDONLY | noatime))
+            except PermissionError:
+                pass  # O_NOATIME needs ownership of the file; read it anyway
+        return read_descriptor(open_at(directory, name, os.O_RDONLY))
 
 
 def verify_directory(path: str | os.PathLike, *, progress=None) -> VerifyReport:
@@ -236,12 +238,20 @@ def verify_directory(path: str | os.PathLike, *, progress=None) -> VerifyReport:
     """
     directory = os.fspath(path)
     files = _ReadOnlyFiles()
-    names = sorted(files.listdir(directory))
+    handle = files.open_directory(directory)
+    try:
+        return _verify(files, handle, directory, progress)
+    finally:
+        files.close_directory(handle)
+
+
+def _verify(files: _ReadOnlyFiles, handle: Directory, directory: str, progress) -> VerifyReport:
+    names = sorted(files.listdir(handle))
     total_bytes = 0
     subdirectories = []
     for name in names:
         try:
-            info = os.lstat(os.path.join(directory, name))
+            info = os.stat(name, dir_fd=handle.fd, follow_symlinks=False)
         except OSError:
             continue
         total_bytes += info.st_size
@@ -253,7 +263,7 @@ def verify_directory(path: str | os.PathLike, *, progress=None) -> VerifyReport:
             snapshot=None, segments=0, wal_bytes=0, total_bytes=total_bytes, queue_found=False,
             queue_subdirectories=tuple(name for name in subdirectories
                                        if _holds_a_queue(os.path.join(directory, name))))
-    plan = plan_recovery(files, directory, keep_going=True, progress=progress)
+    plan = plan_recovery(files, handle, keep_going=True, progress=progress)
     problems = [_problem_of(problem) for problem in plan.problems] + _notes(plan, names)
     healthy = not any(problem.severity in (CORRUPT, UNREADABLE) for problem in problems)
     return VerifyReport(

@@ -21,7 +21,6 @@ before appending anything.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import struct
 
@@ -35,7 +34,7 @@ from .codec import (
     scan_frames,
 )
 from .errors import CorruptStore
-from .fs import OsFileSystem
+from .fs import Directory, OsFileSystem
 
 # The largest preallocation step Queue accepts: far beyond any useful step
 # (a few MiB amortize the allocation), small enough not to fill a disk by a typo.
@@ -96,10 +95,10 @@ class SegmentReader:
     sequence is still yielded. `progress` is passed to codec.scan_frames.
     """
 
-    def __init__(self, fs: OsFileSystem, directory: str, first_seq: int, filename: str,
+    def __init__(self, fs: OsFileSystem, directory: Directory, first_seq: int, filename: str,
                  newest: bool, *, problems: Problems | None = None, progress=None) -> None:
-        self.path = os.path.join(directory, filename)
         self.fs = fs
+        self.directory = directory
         self.first_seq = first_seq
         self.filename = filename
         self.newest = newest
@@ -111,7 +110,7 @@ class SegmentReader:
 
     def records(self):
         filename, problems = self.filename, self.problems
-        data = self.fs.read(self.path)
+        data = self.fs.read(self.directory, filename)
         self.file_size = len(data)
         try:
             scanner = scan_frames(data, filename, problems, self.progress)
@@ -208,12 +207,11 @@ class ActiveSegment:
     `size` is always the bytes of complete frames, never the allocation.
     """
 
-    def __init__(self, fs: OsFileSystem, directory: str, first_seq: int, size: int,
-                 preallocate_bytes: int = 0) -> None:
+    def __init__(self, fs: OsFileSystem, directory: Directory, first_seq: int, size: int,
+                 preallocate_bytes: int = 0, *, new: bool = False) -> None:
         self.fs = fs
         self.first_seq = first_seq
         self.filename = segment_name(first_seq)
-        self.path = os.path.join(directory, self.filename)
         self.size = size            # bytes of complete frames
         self.preallocate_bytes = preallocate_bytes
         # The file's length as this segment left it: the frames, plus zeros
@@ -222,10 +220,12 @@ class ActiveSegment:
         # A preallocating segment writes each frame at its offset (pwrite):
         # with O_APPEND it would land after the zeros.
         self.positioned = preallocate_bytes > 0
+        # A new segment is created (it must not exist yet); the newest one
+        # found at open must exist.
         if self.positioned:
-            self.fd = fs.open_write(self.path)
+            self.fd = fs.open_write(directory, self.filename, new=new)
         else:
-            self.fd = fs.open_append(self.path)
+            self.fd = fs.open_append(directory, self.filename, new=new)
         self.unsynced = False
 
     @property
