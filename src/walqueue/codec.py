@@ -301,6 +301,27 @@ def _next_valid_frame(data, start: int, problems: Problems) -> int | None:
     return None
 
 
+def torn_write_length(data, offset: int) -> int | None:
+    """K when the frame at `offset` looks like a write torn inside zeros, else None.
+
+    That is: its length is in bounds and the whole frame lies in the buffer,
+    its digest fails, and after its first K bytes (0 < K < the frame's size)
+    every byte to the end of the buffer is zero -- what a write cut short
+    leaves in preallocated space (docs/failure-model.md).
+    """
+    rest = bytes(data[offset:])
+    written = len(rest.rstrip(b"\x00"))
+    if len(rest) < FRAME_OVERHEAD_BYTES:
+        return None
+    (length,) = _LENGTH.unpack_from(rest, 0)
+    end = LENGTH_BYTES + length + DIGEST_BYTES
+    if not (1 <= length <= MAX_FRAME_BYTES and 0 < written < end <= len(rest)):
+        return None
+    if _sha256(rest[LENGTH_BYTES:end - DIGEST_BYTES]).digest() == rest[end - DIGEST_BYTES:end]:
+        return None
+    return written
+
+
 def _complete_frame_after(data, start: int) -> int | None:
     """The offset of a complete frame with a good digest at or after `start`, if any.
 

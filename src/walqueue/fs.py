@@ -121,15 +121,8 @@ def open_lock(path: str, name: str) -> int:
         os.close(directory.fd)
 
 
-class OsFileSystem:
-    """File operations on the real file system, with short writes handled."""
-
-    def makedirs(self, path: str) -> bool:
-        """Create the directory (and parents) if missing; True if it was created."""
-        if os.path.isdir(path):
-            return False
-        os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
-        return True
+class ReadingFileSystem:
+    """The calls that only read, on the real file system: all that recovery's reading needs."""
 
     def open_directory(self, path: str) -> Directory:
         return open_directory(path)
@@ -147,6 +140,17 @@ class OsFileSystem:
     def read(self, directory: Directory, name: str):
         """The whole file as a bytes-like object (memory-mapped when non-empty)."""
         return read_descriptor(open_at(directory, name, os.O_RDONLY))
+
+
+class OsFileSystem(ReadingFileSystem):
+    """File operations on the real file system, with short writes handled."""
+
+    def makedirs(self, path: str) -> bool:
+        """Create the directory (and parents) if missing; True if it was created."""
+        if os.path.isdir(path):
+            return False
+        os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
+        return True
 
     def open_append(self, directory: Directory, name: str, *, new: bool = False) -> int:
         """Open a file for appending (`new`: create it, and it must not exist); returns a descriptor."""

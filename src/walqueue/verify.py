@@ -51,7 +51,7 @@ import stat
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .fs import Directory, open_at, open_directory, read_descriptor
+from .fs import Directory, ReadingFileSystem, open_at, read_descriptor
 from .recovery import RecoveryPlan, UnreadableFile, plan_recovery
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name
 from .wal import is_segment_name
@@ -196,25 +196,14 @@ class VerifyReport:
         return report
 
 
-class _ReadOnlyFiles:
+class _ReadOnlyFiles(ReadingFileSystem):
     """The file-system calls recovery makes while reading; there is deliberately no way to write.
 
     Passed to `plan_recovery` in place of `OsFileSystem`: if it ever tried
     to write, verify would fail loudly instead of changing the directory.
     Files are opened as the library opens them (relative to the directory,
-    never through a link), read-only and with O_NOATIME where allowed.
+    never through a link), and with O_NOATIME where allowed.
     """
-
-    open_directory = staticmethod(open_directory)
-
-    def close_directory(self, directory: Directory) -> None:
-        os.close(directory.fd)
-
-    def listdir(self, directory: Directory) -> list[str]:
-        return os.listdir(directory.fd)
-
-    def size(self, directory: Directory, name: str) -> int:
-        return os.stat(name, dir_fd=directory.fd, follow_symlinks=False).st_size
 
     def read(self, directory: Directory, name: str):
         noatime = getattr(os, "O_NOATIME", 0)

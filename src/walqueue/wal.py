@@ -20,19 +20,9 @@ before appending anything.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import struct
 
-from .codec import (
-    DIGEST_BYTES,
-    LENGTH_BYTES,
-    MAX_FRAME_BYTES,
-    Problems,
-    Tail,
-    report_or_raise,
-    scan_frames,
-)
+from .codec import Problems, Tail, report_or_raise, scan_frames, torn_write_length
 from .errors import CorruptStore
 from .fs import Directory, OsFileSystem
 
@@ -41,7 +31,6 @@ from .fs import Directory, OsFileSystem
 MAX_PREALLOCATE_BYTES = 1024 * 1024 * 1024
 
 _SEGMENT_NAME = re.compile(r"wal-(\d{20})\.log")
-_LENGTH = struct.Struct(">I")
 
 
 def segment_name(first_seq: int) -> str:
@@ -174,20 +163,14 @@ def _explain_a_write_torn_in_preallocation(data, filename: str, problems: Proble
     problem = problems.found[-1]
     if not isinstance(problem, CorruptStore) or problem.file != filename or problem.offset is None:
         return
-    offset = problem.offset
-    rest = bytes(data[offset:])
-    written = len(rest.rstrip(b"\x00"))
-    (length,) = _LENGTH.unpack_from(rest, 0) if len(rest) >= LENGTH_BYTES else (0,)
-    end = LENGTH_BYTES + length + DIGEST_BYTES
-    if not (1 <= length <= MAX_FRAME_BYTES and 0 < written < end <= len(rest)):
+    written = torn_write_length(data, problem.offset)
+    if written is None:
         return
-    if hashlib.sha256(rest[LENGTH_BYTES:end - DIGEST_BYTES]).digest() == rest[end - DIGEST_BYTES:end]:
-        return  # the digest holds: the damage is something else
     problems.found[-1] = CorruptStore(
         f"{problem}; only its first {written} bytes are non-zero and every byte after them is "
         f"zero: this looks like a write torn inside a preallocated segment (a frame whose sync "
         f"never returned), see docs/failure-model.md, 'A write torn inside preallocated space'",
-        file=filename, offset=offset)
+        file=filename, offset=problem.offset)
 
 
 class ActiveSegment:
