@@ -76,7 +76,11 @@ class Queue:
                 fs.fsync_directory(parent)
             finally:
                 fs.close_directory(parent)
-        for finding in check_directory_safety(self._directory):
+        try:
+            findings = check_directory_safety(self._directory)
+        except OSError:
+            findings = []  # a parent it cannot examine: the warning is advice, open goes on
+        for finding in findings:
             warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=2)
         self._lock_fd = _take_lock(self._directory)
         try:
