@@ -239,8 +239,11 @@ def child_snapshot_recovery(args: dict) -> dict:
       by_phase:    small frames / (open(snapwal) - its own load_snapshot time)
       by_subtract: small frames / (open(snapwal) - open(snap))
     """
-    import walqueue.queue as queue_module
     from walqueue import Queue
+    try:  # the module whose load_snapshot recovery calls
+        import walqueue.recovery as queue_module
+    except ImportError:
+        import walqueue.queue as queue_module
     gc.collect()
     baseline = peak_rss_kib()
     started = time.perf_counter()
@@ -666,13 +669,14 @@ def profile(argv: list[str]) -> int:
             if args.target == "small-frame-replay":
                 # Load the snapshot before profiling and hand it to the open,
                 # so that only the replay of the small frames is profiled.
-                import walqueue.queue as queue_module
+                import walqueue.recovery as recovery_module
                 from walqueue.fs import OsFileSystem
                 from walqueue.snapshot import load_snapshot, read_current
-                fs, path = OsFileSystem(), str(scratch / directory)
+                fs = OsFileSystem()
+                path = fs.open_directory(str(scratch / directory))
                 seq, name = read_current(fs, path)
                 state = load_snapshot(fs, path, name, seq)
-                queue_module.load_snapshot = lambda *a, **k: state
+                recovery_module.load_snapshot = lambda *a, **k: state
 
             def run() -> None:
                 Queue(scratch / directory).close()

@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterator
 from unittest import mock
 
 from walqueue import backup as backup_module
+from walqueue import fs as fs_module
 from walqueue import queue as queue_module
+from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
 from walqueue.codec import encode_frame
 from walqueue.queue import Queue
@@ -54,7 +56,7 @@ def _write_snapshot_without_tombstones(fs, directory, state):
                             "task_count": len(live)})]
     frames += [encode_frame(entry) for entry in live]
     frames.append(encode_frame({"kind": "end", "task_count": len(live)}))
-    fd = fs.create(os.path.join(directory, filename))
+    fd = fs.create(directory, filename)
     try:
         fs.write(fd, b"".join(frames))
         fs.fsync(fd)
@@ -122,9 +124,23 @@ def _sync_without_fdatasync(self):
     _real_sync(self)
 
 
+def _create_truncating(self, directory, name):
+    return fs_module.open_at(directory, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+
+
+@contextlib.contextmanager
+def _patched_open_flags():
+    """Files in the queue directory opened as before issue 12: without O_NOFOLLOW, created
+    without O_EXCL, truncated in place: a link planted there is followed and written through."""
+    with mock.patch.object(fs_module, "_FLAGS", os.O_CLOEXEC), \
+            mock.patch.object(fs_module, "_creating", lambda new: os.O_CREAT), \
+            mock.patch.object(fs_module.OsFileSystem, "create", _create_truncating):
+        yield
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
-        lambda: mock.patch.object(queue_module, "read_current", _newest_snapshot_wins),
+        lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
     "compaction_deletes_before_publishing":
         lambda: mock.patch.object(Queue, "_compaction_steps", _delete_before_publishing),
     "snapshot_drops_lease_state":
@@ -145,6 +161,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(ActiveSegment, "seal", _seal_without_trim),
     "prealloc_no_sync":
         lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
+    "opens_follow_links": _patched_open_flags,
 }
 
 

@@ -28,6 +28,12 @@ fresh extent; the default also tears into a prefix.
 `skip` removes one fsync from the library without copying its code: an
 fsync (or directory fsync) called from a function of that name does nothing.
 
+A directory is named by its path (`open_directory` returns it). Like the
+real seam, creating a file that exists (`new=True`, what O_EXCL refuses) or
+opening a missing one for writing raises, and `create` unlinks the old name
+first. Symbolic links are not simulated: tests/unit/test_links.py shows the
+real seam refusing them.
+
 The directory lock is not simulated: Queue takes it on the real directory.
 """
 
@@ -71,23 +77,33 @@ class SimFileSystem:
         self.durable.setdefault(path, {})
         return created
 
-    def listdir(self, path: str) -> list[str]:
-        return list(self.volatile[path])
+    def open_directory(self, path: str) -> str:
+        # A directory is named by its path; a parent outside the simulation
+        # is already durable (fsync_directory ignores it).
+        return path
 
-    def size(self, path: str) -> int:
-        return len(self._inode(path).content)
+    def close_directory(self, directory: str) -> None:
+        pass
 
-    def read(self, path: str) -> bytes:
-        return bytes(self._inode(path).content)
+    def listdir(self, directory: str) -> list[str]:
+        return list(self.volatile[directory])
 
-    def open_append(self, path: str) -> int:
-        return self._open(path, append=True, truncate=False)
+    def size(self, directory: str, name: str) -> int:
+        return len(self._inode(directory, name).content)
 
-    def open_write(self, path: str) -> int:
-        return self._open(path, append=False, truncate=False)
+    def read(self, directory: str, name: str) -> bytes:
+        return bytes(self._inode(directory, name).content)
 
-    def create(self, path: str) -> int:
-        return self._open(path, append=False, truncate=True)
+    def open_append(self, directory: str, name: str, *, new: bool = False) -> int:
+        return self._open(directory, name, append=True, new=new)
+
+    def open_write(self, directory: str, name: str, *, new: bool = False) -> int:
+        return self._open(directory, name, append=False, new=new)
+
+    def create(self, directory: str, name: str) -> int:
+        # As the real one: unlink the old name, then make a new file (O_EXCL).
+        self.volatile[directory].pop(name, None)
+        return self._open(directory, name, append=False, new=True)
 
     def write(self, fd: int, data: bytes) -> None:
         inode, _ = self.fds[fd]
@@ -140,23 +156,21 @@ class SimFileSystem:
         del inode.content[size:]
         inode.pending.append(("truncate", size))
 
-    def rename(self, source: str, target: str) -> None:
-        source_dir, source_name = os.path.split(source)
-        target_dir, target_name = os.path.split(target)
-        self.volatile[target_dir][target_name] = self.volatile[source_dir].pop(source_name)
+    def rename(self, directory: str, source: str, target: str) -> None:
+        entries = self.volatile[directory]
+        entries[target] = entries.pop(source)
 
-    def unlink(self, path: str) -> None:
-        directory, name = os.path.split(path)
+    def unlink(self, directory: str, name: str) -> None:
         if name not in self.volatile[directory]:
-            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            raise FileNotFoundError(errno.ENOENT, "no such file", os.path.join(directory, name))
         del self.volatile[directory][name]
 
-    def fsync_directory(self, path: str) -> None:
+    def fsync_directory(self, directory: str) -> None:
         if self._skipped("fsync_directory"):
             return
         self.fsyncs += 1
-        if path in self.volatile:  # a parent outside the simulation is already durable
-            self.durable[path] = dict(self.volatile[path])
+        if directory in self.volatile:  # a parent outside the simulation is already durable
+            self.durable[directory] = dict(self.volatile[directory])
 
     # -- power ----------------------------------------------------------
 
@@ -185,22 +199,25 @@ class SimFileSystem:
 
     # -- internals --------------------------------------------------------
 
-    def _inode(self, path: str) -> Inode:
-        directory, name = os.path.split(path)
+    def _inode(self, directory: str, name: str) -> Inode:
         try:
             return self.volatile[directory][name]
         except KeyError:
-            raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+            raise FileNotFoundError(errno.ENOENT, "no such file",
+                                    os.path.join(directory, name)) from None
 
-    def _open(self, path: str, *, append: bool, truncate: bool) -> int:
-        directory, name = os.path.split(path)
+    def _open(self, directory: str, name: str, *, append: bool, new: bool) -> int:
+        # The library never creates a file without O_EXCL, nor opens one it
+        # did not find: keep those rules, so the simulation cannot hide a
+        # breach of them.
         entries = self.volatile[directory]
         inode = entries.get(name)
-        if inode is None:
+        if new:
+            if inode is not None:
+                raise FileExistsError(errno.EEXIST, "file exists", os.path.join(directory, name))
             inode = entries[name] = Inode()
-        elif truncate:
-            del inode.content[:]
-            inode.pending.append(("truncate", 0))
+        elif inode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", os.path.join(directory, name))
         self.next_fd += 1
         self.fds[self.next_fd] = (inode, append)
         return self.next_fd

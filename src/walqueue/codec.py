@@ -37,6 +37,9 @@ from typing import Any, NamedTuple
 from .errors import CorruptStore, InvalidRequest
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+# After a damaged frame a reader that keeps going hashes at most this many
+# body bytes in all while searching for the next valid frame.
+MAX_RESYNC_HASH_BYTES = 256 * 1024 * 1024
 LENGTH_BYTES = 4
 DIGEST_BYTES = 32
 FRAME_OVERHEAD_BYTES = LENGTH_BYTES + DIGEST_BYTES
@@ -97,22 +100,57 @@ class Tail:
     """What follows the last complete frame of a buffer."""
 
     offset: int   # the end of the last complete frame
-    kind: str     # "clean" (nothing), "incomplete", or "zeros"
+    # "clean" (nothing), "incomplete", "zeros", or (only when scanning with
+    # Problems) "damaged": the buffer ends in bytes that hold no valid frame,
+    # and `offset` is the buffer's length.
+    kind: str
+
+
+class Problems:
+    """Where a reader that keeps going puts the corruption it finds (verify's mode).
+
+    A reader handed a Problems reports each CorruptStore here instead of
+    raising it, and goes on: after a damaged frame, `scan_frames` resumes at
+    the next valid frame it can find. `found` lists what was reported, in
+    the order found (recovery adds the files it cannot read); `resumed_at`
+    is (buffer name, offset) of the frame the latest resumption found, so a
+    reader can tell the seqs the damage swallowed from a real gap. Searching
+    hashes at most `resync_budget_bytes` body bytes over a whole run, so a
+    file of garbage is checked in bounded time.
+    """
+
+    def __init__(self, resync_budget_bytes: int = MAX_RESYNC_HASH_BYTES) -> None:
+        self.found: list = []
+        self.resumed_at: tuple[str, int] | None = None
+        self.resync_budget_bytes = resync_budget_bytes
+
+    def report(self, problem) -> None:
+        self.found.append(problem)
+
+
+def report_or_raise(problems: Problems | None, error: CorruptStore) -> None:
+    """Raise `error`; when keeping going (`problems` given), report it and return."""
+    if problems is None:
+        raise error
+    problems.report(error)
 
 
 _CHUNK_FRAMES = 512  # frames whose canonical form is checked with one encoder call
 
 
-def scan_frames(data, name: str):
+def scan_frames(data, name: str, problems: Problems | None = None, progress=None):
     """Yield every complete, valid Frame of `data`, then return its Tail.
 
-    `name` identifies the buffer in error messages. Use as a generator and read
-    the Tail from StopIteration.value, or call `read_frames`.
-    Raises CorruptStore naming `name` and the offset of the first bad frame;
-    every frame before it is yielded first.
+    `name` identifies the buffer in errors. Use as a generator and read the
+    Tail from StopIteration.value. Raises CorruptStore naming `name` and the
+    offset of the first bad frame; every frame before it is yielded first.
+    With `problems`, reports each bad frame there instead and resumes at the
+    next valid frame (see Problems). `progress(byte_count)` is told, every
+    few hundred frames, how many more bytes of `data` have been read.
     """
     size = len(data)
     offset = 0
+    read = 0      # the bytes already told to `progress`
     unpack = _LENGTH.unpack_from
     sha256 = _sha256
     while True:
@@ -122,6 +160,8 @@ def scan_frames(data, name: str):
         chunk: list[Frame] = []
         bodies: list[bytes] = []
         problem: CorruptStore | Tail | None = None
+        damaged_end = None  # the end of a bad frame whose length is intact
+        follower = None     # a complete frame after a damaged length
         while len(chunk) < _CHUNK_FRAMES:
             if offset >= size:
                 problem = Tail(offset, "clean")
@@ -131,12 +171,13 @@ def scan_frames(data, name: str):
                 break
             (length,) = unpack(data, offset)
             if length == 0:
-                problem = (Tail(offset, "zeros") if _all_zero(data, offset) else
-                           CorruptStore(f"{name}: frame at offset {offset} has length 0"))
+                problem = (Tail(offset, "zeros") if _all_zero(data, offset) else CorruptStore(
+                    f"{name}: frame at offset {offset} has length 0", file=name, offset=offset))
                 break
             if length > MAX_FRAME_BYTES:
                 problem = CorruptStore(f"{name}: frame at offset {offset} has length {length}, "
-                                       f"above MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
+                                       f"above MAX_FRAME_BYTES={MAX_FRAME_BYTES}",
+                                       file=name, offset=offset)
                 break
             body_start = offset + LENGTH_BYTES
             end = body_start + length + DIGEST_BYTES
@@ -145,16 +186,20 @@ def scan_frames(data, name: str):
                 problem = Tail(offset, "incomplete") if follower is None else CorruptStore(
                     f"{name}: frame at offset {offset} has length {length}, running past the "
                     f"end of the file, yet a complete frame follows at offset {follower}: "
-                    f"the length is damaged, this is not a torn tail")
+                    f"the length is damaged, this is not a torn tail", file=name, offset=offset)
                 break
             body = data[body_start:body_start + length]
             if sha256(body).digest() != data[end - DIGEST_BYTES:end]:
-                problem = CorruptStore(f"{name}: frame at offset {offset} fails its SHA-256 checksum")
+                problem = CorruptStore(f"{name}: frame at offset {offset} fails its SHA-256 "
+                                       f"checksum", file=name, offset=offset)
+                damaged_end = end
                 break
             try:
                 value = _parse_object(body)
             except CorruptStore as error:
-                problem = CorruptStore(f"{name}: frame at offset {offset} {error}")
+                problem = CorruptStore(f"{name}: frame at offset {offset} {error}",
+                                       file=name, offset=offset)
+                damaged_end = end
                 break
             chunk.append(Frame(offset, end, value))
             bodies.append(body)
@@ -163,12 +208,118 @@ def scan_frames(data, name: str):
             good = _canonical_prefix(chunk, bodies)
             yield from chunk[:good]
             if good < len(chunk):
-                raise CorruptStore(f"{name}: frame at offset {chunk[good].offset} "
-                                   f"is not in canonical JSON form")
+                bad = chunk[good]
+                problem = CorruptStore(f"{name}: frame at offset {bad.offset} is not in "
+                                       f"canonical JSON form", file=name, offset=bad.offset)
+                offset, damaged_end, follower = bad.offset, bad.end, None
         if isinstance(problem, Tail):
+            if progress is not None:
+                progress(size - read)
             return problem
         if problem is not None:
-            raise problem
+            if problems is None:
+                raise problem
+            offset = _resume(data, problem, damaged_end, follower, problems)
+            if offset is None:
+                if progress is not None:
+                    progress(size - read)
+                return Tail(size, "damaged")
+        if progress is not None:
+            progress(offset - read)
+            read = offset
+
+
+def _resume(data, problem: CorruptStore, damaged_end: int | None, follower: int | None,
+            problems: Problems) -> int | None:
+    """Report `problem` and return the offset of the next valid frame after it (None if none).
+
+    A damaged length resumes at the complete frame that proved it damaged.
+    Most other damage is inside one frame whose length is intact, so the
+    frame right after it is tried before searching byte by byte.
+    """
+    name, offset = problem.file, problem.offset
+    message = str(problem)
+    if follower is not None:
+        resume = follower
+    else:
+        resume = damaged_end if damaged_end is not None and _valid_frame_at(data, damaged_end) \
+            else _next_valid_frame(data, offset + 1, problems)
+        if resume is None:
+            message += f"; no valid frame follows in the {len(data) - offset} bytes from there to the end"
+        elif resume != damaged_end:
+            message += f"; the next valid frame starts at offset {resume}"
+    problems.report(CorruptStore(message, file=name, offset=offset))
+    if resume is not None:
+        problems.resumed_at = (name, resume)
+    return resume
+
+
+def _valid_frame_at(data, offset: int) -> bool:
+    """A complete frame that passes every rule of the module header starts at `offset`."""
+    if len(data) - offset < FRAME_OVERHEAD_BYTES + 1:
+        return False
+    (length,) = _LENGTH.unpack_from(data, offset)
+    end = offset + LENGTH_BYTES + length + DIGEST_BYTES
+    if not 1 <= length <= MAX_FRAME_BYTES or end > len(data):
+        return False
+    body = data[offset + LENGTH_BYTES:end - DIGEST_BYTES]
+    if _sha256(body).digest() != data[end - DIGEST_BYTES:end]:
+        return False
+    try:
+        return canonical_json(_parse_object(body)) == body
+    except (CorruptStore, ValueError, TypeError):
+        return False
+
+
+def _next_valid_frame(data, start: int, problems: Problems) -> int | None:
+    """The first offset >= start where a valid frame begins, or None.
+
+    A length prefix is at most MAX_FRAME_BYTES = 0x01000000, so its first
+    byte is 0x00 (or the prefix is exactly 01 00 00 00): only offsets holding
+    such a byte are tried, and canonical JSON never holds a raw zero byte, so
+    inside bodies that leaves few candidates. Spends the problems' budget.
+    """
+    size = len(data)
+    last = size - FRAME_OVERHEAD_BYTES - 1  # a frame of length 1 starting here ends at size
+    largest = _LENGTH.pack(MAX_FRAME_BYTES)
+    offset = start
+    while offset <= last:
+        candidates = [found for found in (data.find(b"\x00", offset, last + 1),
+                                          data.find(largest, offset, last + LENGTH_BYTES))
+                      if 0 <= found <= last]
+        if not candidates:
+            return None
+        offset = min(candidates)
+        (length,) = _LENGTH.unpack_from(data, offset)
+        if 1 <= length <= MAX_FRAME_BYTES and offset + FRAME_OVERHEAD_BYTES + length <= size:
+            if problems.resync_budget_bytes < length:
+                return None
+            problems.resync_budget_bytes -= length
+            if _valid_frame_at(data, offset):
+                return offset
+        offset += 1
+    return None
+
+
+def torn_write_length(data, offset: int) -> int | None:
+    """K when the frame at `offset` looks like a write torn inside zeros, else None.
+
+    That is: its length is in bounds and the whole frame lies in the buffer,
+    its digest fails, and after its first K bytes (0 < K < the frame's size)
+    every byte to the end of the buffer is zero -- what a write cut short
+    leaves in preallocated space (docs/failure-model.md).
+    """
+    rest = bytes(data[offset:])
+    written = len(rest.rstrip(b"\x00"))
+    if len(rest) < FRAME_OVERHEAD_BYTES:
+        return None
+    (length,) = _LENGTH.unpack_from(rest, 0)
+    end = LENGTH_BYTES + length + DIGEST_BYTES
+    if not (1 <= length <= MAX_FRAME_BYTES and 0 < written < end <= len(rest)):
+        return None
+    if _sha256(rest[LENGTH_BYTES:end - DIGEST_BYTES]).digest() == rest[end - DIGEST_BYTES:end]:
+        return None
+    return written
 
 
 def _complete_frame_after(data, start: int) -> int | None:
@@ -239,44 +390,20 @@ def _canonical_prefix(chunk: list[Frame], bodies: list[bytes]) -> int:
     raise AssertionError("a chunk failed the canonical check but none of its frames did")
 
 
-def decode_body(body: bytes, where: str) -> Any:
-    """Decode one frame body, insisting on one canonical JSON object."""
-    try:
-        value = _parse_object(body)
-    except CorruptStore as error:
-        raise CorruptStore(f"{where} {error}") from None
-    try:
-        canonical = canonical_json(value)
-    except (ValueError, TypeError) as error:
-        raise CorruptStore(f"{where} is not valid JSON: {error}") from None
-    if canonical != body:
-        raise CorruptStore(f"{where} is not in canonical JSON form")
-    return value
-
-
-def read_frames(data, name: str) -> tuple[list[Frame], Tail]:
-    """All frames of `data` and its Tail (see scan_frames)."""
-    frames: list[Frame] = []
-    scanner = scan_frames(data, name)
-    while True:
-        try:
-            frames.append(next(scanner))
-        except StopIteration as stop:
-            return frames, stop.value
-
-
 def _all_zero(data, offset: int) -> bool:
     tail = bytes(data[offset:])
     return tail.count(0) == len(tail)
 
 
-def complete_frames(data, name: str):
+def complete_frames(data, name: str, problems: Problems | None = None, progress=None):
     """Yield every frame of `data`, which must end exactly after its last frame.
 
     For files that are written whole and then published (snapshots, CURRENT):
     any incomplete or zero tail there is corruption, never a torn tail.
+    `problems` and `progress` as for scan_frames.
     """
-    tail = yield from scan_frames(data, name)
-    if tail.kind != "clean":
+    tail = yield from scan_frames(data, name, problems, progress)
+    if tail.kind in ("incomplete", "zeros"):
         what = "an incomplete frame" if tail.kind == "incomplete" else "zero bytes"
-        raise CorruptStore(f"{name}: {what} at offset {tail.offset} (the file is torn)")
+        report_or_raise(problems, CorruptStore(f"{name}: {what} at offset {tail.offset} "
+                                               f"(the file is torn)", file=name, offset=tail.offset))

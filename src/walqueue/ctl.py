@@ -33,6 +33,7 @@ to use, and `migrate` creates or upgrades the schema.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -79,6 +80,7 @@ EXIT_NOT_FOUND = 7
 EXIT_UNREADABLE = 8
 EXIT_DEST_NOT_EMPTY = 9
 EXIT_BACKUP_INCOMPLETE = 10
+EXIT_NO_QUEUE = 11
 
 DEFAULT_SOCKET = "/run/walqueue/walqueued.sock"  # where systemd/walqueued.service puts it
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -107,6 +109,8 @@ EXIT_MEANINGS = {
     EXIT_DEST_NOT_EMPTY: "backup: DEST exists and is not an empty directory (nothing written)",
     EXIT_BACKUP_INCOMPLETE: "backup: the copy failed half way; DEST is incomplete (it will not\n"
                             "     open as a queue): delete it and run backup again",
+    EXIT_NO_QUEUE: "verify: the directory holds no queue (empty, or e.g. the parent of\n"
+                   "     queue directories, which it names)",
 }
 
 # The codes of a command that talks to the daemon, before its own.
@@ -1003,7 +1007,7 @@ def migrate(ctl: Ctl, as_json: bool) -> None:
 
 # -- verify (offline) -------------------------------------------------------------
 
-@command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE,
+@command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_NO_QUEUE,
          short_help='Check a queue directory offline.')
 @click.argument("directory", type=click.Path(file_okay=False))
 @json_option("Print the report as one JSON object; errors as JSON on stderr.")
@@ -1014,7 +1018,8 @@ def verify(directory: str, as_json: bool) -> None:
     seq continuity, records valid against the state) and lists every
     problem with its file and offset. Exit 0 when the directory would open
     (a torn tail is reported, not an error), 4 when it is corrupt, 8 when a
-    file cannot be read.
+    file cannot be read, 11 when it holds no queue (it names subdirectories
+    that do). On a terminal a progress bar on stderr shows the bytes read.
 
     Run it on a stopped daemon's directory or on a copy (a live daemon may be
     mid-append, which looks like a torn tail). `python -m walqueue.verify`
@@ -1022,7 +1027,8 @@ def verify(directory: str, as_json: bool) -> None:
     report: docs/operations.md, "Reading verify output".
     """
     try:
-        report = verify_directory(directory)
+        with _progress_bar_on_a_terminal("verifying") as progress:
+            report = verify_directory(directory, progress=progress)
     except FileNotFoundError:
         raise CtlError(f"{display.name(directory)} does not exist; give the daemon's queue "
                        f"directory (e.g. /var/lib/walqueue)", EXIT_UNREADABLE, "Unreadable") from None
@@ -1035,10 +1041,28 @@ def verify(directory: str, as_json: bool) -> None:
     else:
         # File names come from the directory, so they are escaped like names.
         click.echo("\n".join(display.text(line) for line in report.render().splitlines()))
-    if report.corrupt:
-        sys.exit(EXIT_CORRUPT)
-    if report.unreadable:
-        sys.exit(EXIT_UNREADABLE)
+    if report.exit_code() != EXIT_OK:
+        sys.exit(report.exit_code())
+
+
+@contextlib.contextmanager
+def _progress_bar_on_a_terminal(label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress(done, total) callback drawing click's bar on stderr; None unless stderr is a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    with contextlib.ExitStack() as stack:
+        bar = None
+
+        def progress(done: int, total: int) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = stack.enter_context(click.progressbar(length=total, label=label,
+                                                            file=sys.stderr))
+            bar.length = total  # a live owner may have grown a segment
+            bar.update(done - bar.pos)
+
+        yield progress
 
 
 def main() -> None:

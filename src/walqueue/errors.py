@@ -47,7 +47,27 @@ def _rebuild_stale_lease(message, task_id, status, generation):
 
 
 class CorruptStore(WalQueueError):
-    """A file in the queue directory is damaged or not in the expected format."""
+    """A file in the queue directory is damaged or not in the expected format.
+
+    The message names what is at fault; `file` (a name in the queue
+    directory), `offset` (of the frame, in that file) and `seq` (of the
+    record) say the same for a program, each None when it does not apply or
+    is unknown, so nobody has to parse the message.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, offset: int | None = None,
+                 seq: int | None = None) -> None:
+        super().__init__(message)
+        self.file = file
+        self.offset = offset
+        self.seq = seq
+
+    def __reduce__(self):
+        return (_rebuild_corrupt_store, (str(self), self.file, self.offset, self.seq))
+
+
+def _rebuild_corrupt_store(message, file, offset, seq):
+    return CorruptStore(message, file=file, offset=offset, seq=seq)
 
 
 class QueueLocked(WalQueueError):
@@ -64,6 +84,14 @@ class Unavailable(WalQueueError, ConnectionError):
     The base of `walqueue.client.DaemonUnavailable` and
     `walqueue.pg.DatabaseUnavailable` (SPEC §9), so a worker handles either
     through one class. A call that raises it may or may not have taken effect.
+    """
+
+
+class UnsafeDirectoryWarning(UserWarning):
+    """Another user could change the queue directory (see walqueue.fs.check_directory_safety).
+
+    A warning, not an error: SPEC lets any directory be a queue, so the
+    library only says so; walqueued may refuse such a directory.
     """
 
 

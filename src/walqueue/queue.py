@@ -19,29 +19,21 @@ Rules this module keeps:
 from __future__ import annotations
 
 import fcntl
-import gc
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import validation
 from .codec import encode_frame
-from .errors import CorruptStore, QueueClosed, QueueLocked, WalQueueError
-from .fs import OsFileSystem
-from .snapshot import (
-    CURRENT,
-    CURRENT_TMP,
-    current_frame,
-    is_snapshot_name,
-    load_snapshot,
-    read_current,
-    snapshot_name,
-    write_snapshot,
-)
-from .state import LEASED, MAX_EXPIRE_IDS, RECORD_FIELDS, State, Task
+from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
+from .fs import Directory, OsFileSystem, check_directory_safety, open_lock
+from .recovery import plan_recovery
+from .snapshot import CURRENT, CURRENT_TMP, current_frame, snapshot_name, write_snapshot
+from .state import LEASED, MAX_EXPIRE_IDS, Task
 from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
-from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment, SegmentReader, list_segments
+from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment
 
 LOCK = "LOCK"
 PHASES = (
@@ -75,99 +67,63 @@ class Queue:
         self._closed = True
         self._active: ActiveSegment | None = None
         self._lock_fd: int | None = None
+        self._dir: Directory | None = None
         self._batch_depth = 0
         self._compaction: Compaction | None = None
-        if self._fs.makedirs(self._directory):
+        fs = self._fs
+        if fs.makedirs(self._directory):
             # A new directory's own name must survive a power cut too.
-            self._fs.fsync_directory(os.path.dirname(os.path.abspath(self._directory)))
-        self._lock_fd = _take_lock(self._directory)
-        # Recovery builds millions of long-lived objects and no cycles; the
-        # cyclic collector would only rescan them (a third of the time at 1M).
-        collecting = gc.isenabled()
-        gc.disable()
+            parent = fs.open_directory(os.path.dirname(os.path.abspath(self._directory)))
+            try:
+                fs.fsync_directory(parent)
+            finally:
+                fs.close_directory(parent)
         try:
+            findings = check_directory_safety(self._directory)
+        except OSError:
+            findings = []  # a parent it cannot examine: the warning is advice, open goes on
+        for finding in findings:
+            warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=2)
+        self._lock_fd = _take_lock(self._directory)
+        try:
+            self._dir = fs.open_directory(self._directory)
             self._recover()
         except BaseException:
             self._release()
             raise
-        finally:
-            if collecting:
-                gc.enable()
         self._closed = False
 
     # -- recovery -------------------------------------------------------
 
     def _recover(self) -> None:
-        fs, directory = self._fs, self._directory
-        names = fs.listdir(directory)
-        current = read_current(fs, directory)
-        if current is None:
-            state, snapshot_seq, snapshot_file = State(), 0, None
-        else:
-            snapshot_seq, snapshot_file = current
-            state = load_snapshot(fs, directory, snapshot_file, snapshot_seq)
+        """Read the directory (recovery.plan_recovery), then do the writes open may do.
 
-        segments = list_segments(names)
-        # A segment is wholly covered by the snapshot when the next one starts
-        # at or before the snapshot's next seq; it is garbage from a compaction
-        # that stopped before deleting it, so it is neither read nor trusted.
-        covered = [name for index, (_, name) in enumerate(segments[:-1])
-                   if segments[index + 1][0] <= snapshot_seq + 1]
-        live = segments[len(covered):]
-
-        sizes: dict[str, int] = {}
-        reader = None
-        for index, (first_seq, filename) in enumerate(live):
-            expected = snapshot_seq + 1 if reader is None else reader.last_seq + 1
-            if first_seq > expected or (reader is not None and first_seq != expected):
-                raise CorruptStore(f"{filename}: starts at seq {first_seq}, expected seq "
-                                   f"{expected} (a sequence gap)")
-            reader = SegmentReader(fs, directory, first_seq, filename,
-                                   newest=index == len(live) - 1)
-            for offset, record in reader.records():
-                if record["seq"] <= snapshot_seq:
-                    # Covered by the snapshot: not applied, but still a record.
-                    op = record.get("op")
-                    if type(op) is not str or record.keys() != RECORD_FIELDS.get(op, ()):
-                        raise CorruptStore(f"{filename}: frame at offset {offset} (seq "
-                                           f"{record['seq']}) is not a well-formed record")
-                    continue
-                try:
-                    state.apply(record)
-                except WalQueueError as error:
-                    raise CorruptStore(
-                        f"{filename}: frame at offset {offset} (seq {record['seq']}): "
-                        f"invalid {record.get('op')!r} record: {error}") from error
-            sizes[filename] = reader.tail.offset
-
-        # Everything on disk has been checked; from here on, open may write.
-        self._state = state
-        self._snapshot_seq = snapshot_seq
-        self._snapshot_file = snapshot_file
-        self._previous_snapshot_file = snapshot_file
-        garbage = list(covered)
-        if reader is not None and reader.last_seq >= snapshot_seq:
-            newest = live[-1][1]
-            self._active = ActiveSegment(fs, directory, reader.first_seq, sizes[newest],
+        Everything on disk is checked before the first write: truncating the
+        torn tail (then `recover.after_truncate`), deleting what the plan
+        lists, creating the next segment if no segment is kept, and one
+        directory fsync for those names.
+        """
+        fs, directory = self._fs, self._dir
+        plan = plan_recovery(fs, directory)
+        self._state = plan.state
+        self._snapshot_seq = plan.snapshot_seq
+        self._snapshot_file = plan.snapshot_file
+        self._previous_snapshot_file = plan.snapshot_file
+        if plan.active is not None:
+            self._active = ActiveSegment(fs, directory, plan.active.first_seq, plan.active.size,
                                          self._preallocate_bytes)
-            if reader.tail.kind != "clean":
-                self._active.truncate(reader.tail.offset)
+            if plan.torn_tail is not None:
+                self._active.truncate(plan.torn_tail.offset)
                 self._call_hook("recover.after_truncate")
-            self._sealed = [name for _, name in live[:-1]]
-        else:
-            # No segment reaches the snapshot's seq: start the next one.
-            garbage += [name for _, name in live]
-            self._sealed = []
-        self._sealed_bytes = sum(sizes[name] for name in self._sealed)
-        garbage += [name for name in names
-                    if name == CURRENT_TMP or (is_snapshot_name(name) and name != snapshot_file)]
-        for name in garbage:
-            fs.unlink(os.path.join(directory, name))
+        self._sealed = [segment.filename for segment in plan.sealed]
+        self._sealed_bytes = sum(segment.size for segment in plan.sealed)
+        for name in plan.deletions:
+            fs.unlink(directory, name)
         created = self._active is None
         if created:
-            self._active = ActiveSegment(fs, directory, state.last_seq + 1, 0,
-                                         self._preallocate_bytes)
-        if garbage or created:
+            self._active = ActiveSegment(fs, directory, plan.state.last_seq + 1, 0,
+                                         self._preallocate_bytes, new=True)
+        if plan.deletions or created:
             fs.fsync_directory(directory)
 
     # -- public API: writes ---------------------------------------------
@@ -410,13 +366,13 @@ class Queue:
             self.compact()  # refused while a compaction in steps is in progress
         else:
             self._sync()
-        fs, directory = self._fs, self._directory
-        files = [(name, fs.size(os.path.join(directory, name))) for name in self._sealed]
+        fs, directory = self._fs, self._dir
+        files = [(name, fs.size(directory, name)) for name in self._sealed]
         files.append((self._active.filename, self._active.size))
         if self._snapshot_file is not None:
             for name in (self._snapshot_file, CURRENT):
-                files.append((name, fs.size(os.path.join(directory, name))))
-        return BackupManifest(os.path.abspath(directory), self._state.last_seq, tuple(files))
+                files.append((name, fs.size(directory, name)))
+        return BackupManifest(os.path.abspath(self._directory), self._state.last_seq, tuple(files))
 
     # -- compaction in steps (not part of SPEC's API) ---------------------
     # walqueued writes the snapshot from a forked child while it goes on
@@ -463,7 +419,7 @@ class Queue:
         if self._state.last_seq != compaction.seq:
             raise RuntimeError(f"the state is at seq {self._state.last_seq}, not {compaction.seq}: "
                                f"the snapshot must be written from a copy taken at begin_compaction")
-        write_snapshot(self._fs, self._directory, self._state)
+        write_snapshot(self._fs, self._dir, self._state)
 
     def finish_compaction(self, compaction: Compaction) -> int:
         """Publish the written snapshot and delete what it covers; returns its seq.
@@ -501,7 +457,7 @@ class Queue:
         self._check_in_progress(compaction)
         self._compaction = None
         try:
-            self._fs.unlink(os.path.join(self._directory, compaction.snapshot_file))
+            self._fs.unlink(self._dir, compaction.snapshot_file)
         except FileNotFoundError:
             pass
 
@@ -538,28 +494,28 @@ class Queue:
             self._active.close()
             self._sealed.append(self._active.filename)
             self._sealed_bytes += self._active.size
-            self._active = ActiveSegment(self._fs, self._directory, seq + 1, 0,
-                                         self._preallocate_bytes)
-            self._fs.fsync_directory(self._directory)
+            self._active = ActiveSegment(self._fs, self._dir, seq + 1, 0,
+                                         self._preallocate_bytes, new=True)
+            self._fs.fsync_directory(self._dir)
         self._call_hook("wal.after_rotate")
 
     def _write_snapshot(self, seq: int) -> None:
         """Write and fsync snapshot-<seq>.snap; CURRENT still names the old one."""
         assert self._state.last_seq == seq
-        write_snapshot(self._fs, self._directory, self._state)
+        write_snapshot(self._fs, self._dir, self._state)
         self._call_hook("snapshot.after_write")
 
     def _publish(self, seq: int) -> None:
         """CURRENT.tmp, fsync, rename over CURRENT, fsync the directory."""
-        fs, directory = self._fs, self._directory
-        fd = fs.create(os.path.join(directory, CURRENT_TMP))
+        fs, directory = self._fs, self._dir
+        fd = fs.create(directory, CURRENT_TMP)  # a crash may have left one: a new file
         try:
             fs.write(fd, current_frame(seq))
             fs.fsync(fd)
         finally:
             fs.close(fd)
         self._call_hook("current.after_write")
-        fs.rename(os.path.join(directory, CURRENT_TMP), os.path.join(directory, CURRENT))
+        fs.rename(directory, CURRENT_TMP, CURRENT)
         fs.fsync_directory(directory)
         self._previous_snapshot_file = self._snapshot_file
         self._snapshot_file, self._snapshot_seq = snapshot_name(seq), seq
@@ -567,13 +523,13 @@ class Queue:
 
     def _delete_covered(self, seq: int) -> None:
         """Delete the sealed segments and the previous snapshot, fsync the directory."""
-        fs, directory = self._fs, self._directory
+        fs, directory = self._fs, self._dir
         for name in self._sealed:
-            fs.unlink(os.path.join(directory, name))
+            fs.unlink(directory, name)
         self._sealed, self._sealed_bytes = [], 0
         previous = self._previous_snapshot_file
         if previous is not None and previous != snapshot_name(seq):
-            fs.unlink(os.path.join(directory, previous))
+            fs.unlink(directory, previous)
         fs.fsync_directory(directory)
         self._call_hook("compact.after_delete")
 
@@ -652,6 +608,9 @@ class Queue:
         active, self._active = self._active, None
         if active is not None:
             active.close()
+        directory, self._dir = getattr(self, "_dir", None), None
+        if directory is not None:
+            self._fs.close_directory(directory)
         lock_fd, self._lock_fd = self._lock_fd, None
         if lock_fd is not None:
             os.close(lock_fd)
@@ -682,7 +641,7 @@ class _Batch:
 
 
 def _take_lock(directory: str) -> int:
-    fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    fd = open_lock(directory, LOCK)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -20,12 +20,11 @@ before appending anything.
 
 from __future__ import annotations
 
-import os
 import re
 
-from .codec import Frame, Tail, scan_frames
+from .codec import Problems, Tail, report_or_raise, scan_frames, torn_write_length
 from .errors import CorruptStore
-from .fs import OsFileSystem
+from .fs import Directory, OsFileSystem
 
 # The largest preallocation step Queue accepts: far beyond any useful step
 # (a few MiB amortize the allocation), small enough not to fill a disk by a typo.
@@ -38,22 +37,36 @@ def segment_name(first_seq: int) -> str:
     return f"wal-{first_seq:020d}.log"
 
 
+def is_segment_name(filename: str) -> bool:
+    """Named like a segment (wal-<F:020d>.log), whatever F."""
+    return _SEGMENT_NAME.fullmatch(filename) is not None
+
+
 def segment_first_seq(filename: str) -> int | None:
-    """F for a file named like a segment, else None."""
+    """F for a file named like a segment, else None. Raises CorruptStore for F = 0."""
     match = _SEGMENT_NAME.fullmatch(filename)
     if match is None:
         return None
     first_seq = int(match.group(1))
     if first_seq < 1:
-        raise CorruptStore(f"{filename}: a segment cannot start at seq 0 (seqs start at 1)")
+        raise CorruptStore(f"{filename}: a segment cannot start at seq 0 (seqs start at 1)",
+                           file=filename, seq=first_seq)
     return first_seq
 
 
-def list_segments(names) -> list[tuple[int, str]]:
-    """(first seq, file name) of every segment among `names`, oldest first."""
+def list_segments(names, problems: Problems | None = None) -> list[tuple[int, str]]:
+    """(first seq, file name) of every segment among `names`, oldest first.
+
+    Raises CorruptStore for a name recovery rejects; with `problems`,
+    reports it there and leaves the file out.
+    """
     found = []
     for filename in names:
-        first_seq = segment_first_seq(filename)
+        try:
+            first_seq = segment_first_seq(filename)
+        except CorruptStore as error:
+            report_or_raise(problems, error)
+            continue
         if first_seq is not None:
             found.append((first_seq, filename))
     return sorted(found)
@@ -63,58 +76,101 @@ class SegmentReader:
     """Streams the records of one segment, checking rules 1-3 above.
 
     Iterate `records()` for (offset, record) pairs; afterwards `tail` says
-    what followed the last complete frame and `last_seq` is the seq of the
-    last frame (first_seq - 1 for an empty segment). Raises CorruptStore.
+    what followed the last complete frame, `last_seq` is the seq of the
+    last frame (first_seq - 1 for an empty segment) and `file_size` the
+    file's length. Raises CorruptStore.
+    With `problems` (see codec.Problems) it reports instead and goes on: a
+    frame that is not a record is skipped, and a record whose seq breaks the
+    sequence is still yielded. `progress` is passed to codec.scan_frames.
     """
 
-    def __init__(self, fs: OsFileSystem, directory: str, first_seq: int, filename: str,
-                 newest: bool) -> None:
-        self.path = os.path.join(directory, filename)
+    def __init__(self, fs: OsFileSystem, directory: Directory, first_seq: int, filename: str,
+                 newest: bool, *, problems: Problems | None = None, progress=None) -> None:
         self.fs = fs
+        self.directory = directory
         self.first_seq = first_seq
         self.filename = filename
         self.newest = newest
+        self.problems = problems
+        self.progress = progress
         self.last_seq = first_seq - 1
-        self.tail: Tail | None = None
+        self.tail: Tail | None = None   # set once the whole file was read
+        self.file_size = 0
 
     def records(self):
-        filename = self.filename
-        data = self.fs.read(self.path)
+        filename, problems = self.filename, self.problems
+        data = self.fs.read(self.directory, filename)
+        self.file_size = len(data)
         try:
-            scanner = scan_frames(data, filename)
+            scanner = scan_frames(data, filename, problems, self.progress)
             while True:
                 try:
                     frame = next(scanner)
                 except StopIteration as stop:
                     self.tail = stop.value
                     break
-                record = _record_of(frame, filename)
-                if record["seq"] != self.last_seq + 1:
-                    what = "first frame" if frame.offset == 0 else "frame"
-                    raise CorruptStore(f"{filename}: {what} at offset {frame.offset} has seq "
-                                       f"{record['seq']}, expected {self.last_seq + 1}")
+                record = frame.value  # codec guarantees a JSON object
+                seq = record.get("seq")
+                if type(seq) is not int:
+                    report_or_raise(problems, CorruptStore(
+                        f"{filename}: frame at offset {frame.offset} is not a record with a seq",
+                        file=filename, offset=frame.offset))
+                    self.last_seq += 1
+                    continue
+                if seq != self.last_seq + 1:
+                    # Keeping going, a seq beyond the expected one right after
+                    # damage is the damage already reported, not a gap.
+                    if not (seq > self.last_seq + 1 and problems is not None
+                            and problems.resumed_at == (filename, frame.offset)):
+                        what = "first frame" if frame.offset == 0 else "frame"
+                        report_or_raise(problems, CorruptStore(
+                            f"{filename}: {what} at offset {frame.offset} has seq {seq}, "
+                            f"expected {self.last_seq + 1}", file=filename, offset=frame.offset,
+                            seq=seq))
+                    self.last_seq = seq - 1
                 self.last_seq += 1
                 yield frame.offset, record
+            tail = self.tail
+            if tail.kind == "damaged":
+                if self.newest:
+                    _explain_a_write_torn_in_preallocation(data, filename, problems)
+            elif not self.newest:
+                if tail.kind != "clean":
+                    report_or_raise(problems, CorruptStore(
+                        f"{filename}: sealed segment has {_describe(tail)} at offset {tail.offset}",
+                        file=filename, offset=tail.offset))
+                elif tail.offset == 0:
+                    report_or_raise(problems, CorruptStore(
+                        f"{filename}: sealed segment holds no frame", file=filename))
         finally:
             if hasattr(data, "close"):
                 data.close()
-        if not self.newest:
-            if self.tail.kind != "clean":
-                raise CorruptStore(f"{filename}: sealed segment has {_describe(self.tail)} "
-                                   f"at offset {self.tail.offset}")
-            if self.last_seq < self.first_seq:
-                raise CorruptStore(f"{filename}: sealed segment holds no frame")
 
 
 def _describe(tail: Tail) -> str:
     return "an incomplete frame" if tail.kind == "incomplete" else "zero bytes after its last frame"
 
 
-def _record_of(frame: Frame, filename: str) -> dict:
-    record = frame.value
-    if type(record) is not dict or type(record.get("seq")) is not int:
-        raise CorruptStore(f"{filename}: frame at offset {frame.offset} is not a record with a seq")
-    return record
+def _explain_a_write_torn_in_preallocation(data, filename: str, problems: Problems) -> None:
+    """Say so when the newest segment's last problem looks like a write torn inside preallocated space.
+
+    Still corrupt (open raises CorruptStore for it, SPEC §5): a frame whose
+    digest fails, holding some non-zero bytes and then only zeros to the end
+    of the file, is what a power cut leaves when it tears a write into a
+    preallocated segment (docs/failure-model.md). This only adds the
+    reading; whether to cut the segment there is the operator's decision.
+    """
+    problem = problems.found[-1]
+    if not isinstance(problem, CorruptStore) or problem.file != filename or problem.offset is None:
+        return
+    written = torn_write_length(data, problem.offset)
+    if written is None:
+        return
+    problems.found[-1] = CorruptStore(
+        f"{problem}; only its first {written} bytes are non-zero and every byte after them is "
+        f"zero: this looks like a write torn inside a preallocated segment (a frame whose sync "
+        f"never returned), see docs/failure-model.md, 'A write torn inside preallocated space'",
+        file=filename, offset=problem.offset)
 
 
 class ActiveSegment:
@@ -134,12 +190,11 @@ class ActiveSegment:
     `size` is always the bytes of complete frames, never the allocation.
     """
 
-    def __init__(self, fs: OsFileSystem, directory: str, first_seq: int, size: int,
-                 preallocate_bytes: int = 0) -> None:
+    def __init__(self, fs: OsFileSystem, directory: Directory, first_seq: int, size: int,
+                 preallocate_bytes: int = 0, *, new: bool = False) -> None:
         self.fs = fs
         self.first_seq = first_seq
         self.filename = segment_name(first_seq)
-        self.path = os.path.join(directory, self.filename)
         self.size = size            # bytes of complete frames
         self.preallocate_bytes = preallocate_bytes
         # The file's length as this segment left it: the frames, plus zeros
@@ -148,10 +203,12 @@ class ActiveSegment:
         # A preallocating segment writes each frame at its offset (pwrite):
         # with O_APPEND it would land after the zeros.
         self.positioned = preallocate_bytes > 0
+        # A new segment is created (it must not exist yet); the newest one
+        # found at open must exist.
         if self.positioned:
-            self.fd = fs.open_write(self.path)
+            self.fd = fs.open_write(directory, self.filename, new=new)
         else:
-            self.fd = fs.open_append(self.path)
+            self.fd = fs.open_append(directory, self.filename, new=new)
         self.unsynced = False
 
     @property

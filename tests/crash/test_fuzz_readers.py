@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from walqueue import CorruptStore, Queue
 from walqueue.codec import encode_frame
+from walqueue.verify import CORRUPT, verify_directory
 
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -49,13 +50,21 @@ def file_for(directory: Path, kind: str) -> Path:
 
 
 def outcome_of_open(directory: Path) -> str:
-    """Open the directory and say what happened; anything undocumented raises."""
+    """Verify, then open the directory and say what happened; anything undocumented raises."""
+    report = verify_directory(directory)
+    first = next(iter(report.by_severity(CORRUPT)), None)
     try:
         queue = Queue(directory)
     except CorruptStore as error:
         names = {p.name for p in directory.iterdir()} | {"CURRENT"}
-        assert any(name in str(error) for name in names), f"message names no file: {error}"
+        assert error.file in names and error.file in str(error), f"names no file: {error!r}"
+        if error.offset is not None and (directory / error.file).exists():
+            assert 0 <= error.offset <= (directory / error.file).stat().st_size, error
+        assert first is not None, f"verify calls it healthy, open raised {error}"
+        assert (first.file, first.offset, first.seq) == (error.file, error.offset, error.seq), (
+            f"open: {error}; verify: {first}")
         return "corrupt"
+    assert first is None, f"verify calls it corrupt ({first}), yet it opens"
     try:
         stats = queue.stats()
         assert stats.last_seq >= stats.snapshot_seq

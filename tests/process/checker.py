@@ -104,8 +104,8 @@ class _BytesReads:
     """Reads a segment into bytes, never mapping it: a daemon may be truncating it meanwhile."""
 
     @staticmethod
-    def read(path: str) -> bytes:
-        with open(path, "rb") as file:
+    def read(directory: str, name: str) -> bytes:
+        with open(os.path.join(directory, name), "rb") as file:
             return file.read()
 
 

@@ -42,9 +42,11 @@ NO_AUTOMATIC_COMPACTION = ("--compact-wal-bytes", str(2**40))
 def replay(directory, seq: int) -> list[TaskView]:
     """The tasks as of `seq`, rebuilt from `directory`'s snapshot and WAL records."""
     fs = OsFileSystem()
-    snapshot_seq, snapshot_file = read_current(fs, str(directory))
+    handle = fs.open_directory(str(directory))
+    snapshot_seq, snapshot_file = read_current(fs, handle)
     assert snapshot_seq <= seq, "the source was compacted past the backup's seq"
-    state = load_snapshot(fs, str(directory), snapshot_file, snapshot_seq)
+    state = load_snapshot(fs, handle, snapshot_file, snapshot_seq)
+    fs.close_directory(handle)
     for _, name in list_segments(os.listdir(directory)):
         for frame in scan_frames((directory / name).read_bytes(), name):
             record = frame.value

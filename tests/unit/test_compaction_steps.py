@@ -141,9 +141,9 @@ class DiskFull(OsFileSystem):
         self.full = True
         self._snapshot_fds: set[int] = set()
 
-    def create(self, path: str) -> int:
-        fd = super().create(path)
-        if os.path.basename(path).startswith("snapshot-"):
+    def create(self, directory, name: str) -> int:
+        fd = super().create(directory, name)
+        if name.startswith("snapshot-"):
             self._snapshot_fds.add(fd)
         return fd
 

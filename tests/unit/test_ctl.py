@@ -32,7 +32,7 @@ from walqueue.ctl import (
 from walqueue.daemon.recorder import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
-              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE}
+              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, ctl_module.EXIT_NO_QUEUE}
 
 
 class FakeClient:
@@ -360,13 +360,13 @@ def help_codes(text: str) -> list[int]:
 
 def test_the_group_help_lists_every_exit_code_once(run):
     text = run("--help").stdout
-    assert help_codes(text) == list(ctl_module.EXIT_MEANINGS) == list(range(11))
+    assert help_codes(text) == list(ctl_module.EXIT_MEANINGS) == list(range(12))
     assert "_WALQUEUE_CTL_COMPLETE=bash_source" in text
 
 
 @pytest.mark.parametrize("command, own", [
     ("put", {0, 1, 2, 3, 6}), ("get", {0, 1, 2, 3, 7}), ("ack", {0, 1, 2, 3, 5}),
-    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8}),
+    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 11}),
 ])
 def test_each_command_help_lists_its_own_exit_codes(run, command, own):
     text = run(command, "--help").stdout

@@ -77,6 +77,11 @@ def assert_corrupt(directory, filename, *, offset=None, seqs=()):
         assert any(names_number(rest, number) for number in numbers), (
             f"none of {numbers} named in {message!r}"
         )
+    # The same, structured (CorruptStore's fields), so no caller parses the message.
+    error = caught.value
+    assert error.file == filename, (error.file, message)
+    if numbers:
+        assert error.offset in offsets or error.seq in seqs, (error.offset, error.seq, message)
     assert files_without_lock(directory) == before
     return caught.value
 
@@ -770,6 +775,16 @@ def test_a_failed_open_releases_the_lock(directory):
     (directory / WAL1).write_bytes(PREFIX)
     with Queue(directory) as q:
         assert_state_before_final(q)
+
+
+def test_corrupt_store_fields_survive_pickling_and_default_to_none():
+    import pickle
+
+    error = CorruptStore("wal-x: frame at offset 7 (seq 3): bad", file="wal-x", offset=7, seq=3)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.file, copy.offset, copy.seq) == (str(error), "wal-x", 7, 3)
+    bare = CorruptStore("no location")
+    assert (bare.file, bare.offset, bare.seq) == (None, None, None)
 
 
 def test_corrupt_store_is_not_a_value_error():

@@ -15,9 +15,9 @@ class RecordingFileSystem(OsFileSystem):
     def __init__(self) -> None:
         self.synced_directories: list[str] = []
 
-    def fsync_directory(self, path: str) -> None:
-        self.synced_directories.append(path)
-        super().fsync_directory(path)
+    def fsync_directory(self, directory) -> None:
+        self.synced_directories.append(directory.path)
+        super().fsync_directory(directory)
 
 
 def test_a_junk_frame_covered_by_the_snapshot_is_still_corrupt(tmp_path) -> None:

@@ -1,15 +1,15 @@
 """`walqueue.verify`: offline, read-only, and in agreement with recovery.
 
 The central claim: `verify_directory(d)` reports a "corrupt" problem if and
-only if `Queue(d)` raises CorruptStore, and on a directory that opens, its
-summary equals the opened queue's stats. It is checked on hand-made damage
+only if `Queue(d)` raises CorruptStore, its first one at the file and offset
+that CorruptStore names, and on a directory that opens, its summary equals
+the opened queue's stats. It is checked on hand-made damage
 (every problem reported, with file and offset) and by hypothesis on real
 directories whose bytes are flipped, cut, extended, deleted, renamed or
 re-framed with a valid checksum around an invalid record. Every verify call
 is wrapped in a check that no byte, no mtime and no file name changed.
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from walqueue import CorruptStore, InjectedCrash, Queue
-from walqueue.verify import CORRUPT, NOTE, TORN_TAIL, Problem, verify_directory
+from walqueue.verify import CORRUPT, NOTE, TORN_TAIL, verify_directory
 
 from .frames import (
     ack_record,
@@ -49,36 +49,40 @@ def fingerprint(directory: Path) -> dict:
 
 
 def verify(directory: Path):
-    """verify's own checks (no cross-check with the library's recovery, so that
-    they are what is tested against open), asserting that they and the
-    cross-checked default give the same report and that neither changed
-    anything (not even the directory's mtime)."""
+    """verify's report, asserting that it changed nothing (not even the directory's mtime)."""
     before = fingerprint(directory)
     directory_mtime = directory.stat().st_mtime_ns
-    report = verify_directory(directory, cross_check=False)
-    checked = verify_directory(directory)
-    assert checked == report, "verify's checks and the library's recovery disagree"
+    report = verify_directory(directory)
     assert fingerprint(directory) == before
     assert directory.stat().st_mtime_ns == directory_mtime
     return report
 
 
 def open_outcome(directory: Path):
-    """('corrupt', message) or ('ok', stats) of opening the directory."""
+    """('corrupt', the CorruptStore) or ('ok', stats) of opening the directory."""
     try:
         with Queue(directory) as q:
             return "ok", q.stats()
     except CorruptStore as error:
-        return "corrupt", str(error)
+        return "corrupt", error
 
 
 def assert_agrees(directory: Path):
-    """Verify, then open: corrupt iff CorruptStore, and the summary matches the stats."""
+    """Verify, then open: corrupt iff CorruptStore, the first corrupt problem
+    where CorruptStore says, and the summary matches the stats."""
     report = verify(directory)
     sizes = {path.name: path.stat().st_size for path in directory.iterdir() if path.is_file()}
     outcome, detail = open_outcome(directory)
     problems = "\n".join(f"  {p.severity}: {p.what}" for p in report.problems)
     assert report.corrupt == (outcome == "corrupt"), f"open: {outcome} {detail}\nverify:\n{problems}"
+    if outcome == "corrupt":
+        first = report.by_severity(CORRUPT)[0]
+        assert (first.file, first.offset, first.seq) == (detail.file, detail.offset, detail.seq), (
+            f"open: {detail}\nverify:\n{problems}")
+        assert first.file is not None and first.file in str(detail), detail  # the message names it too
+    if not report.queue_found:  # nothing left of the queue: open makes a new, empty one
+        assert outcome == "ok" and detail.last_seq == 0 and not report.problems
+        return report
     if outcome == "ok":
         stats = detail
         counts = {"ready": stats.ready, "leased": stats.leased,
@@ -129,10 +133,43 @@ def test_a_healthy_directory_has_no_problem_and_the_same_summary_as_open(directo
     assert (report.snapshot is not None) == compact
 
 
-def test_verify_creates_no_lock_file_and_an_empty_directory_is_healthy(directory):
+def test_an_empty_directory_is_no_queue_and_verify_creates_no_lock_file(directory):
     report = verify(directory)
-    assert report.healthy and report.counts == dict.fromkeys(["ready", "leased", "completed", "dead"], 0)
+    assert not report.queue_found and not report.healthy and not report.corrupt
+    assert report.exit_code() == 11 and "NO QUEUE" in report.render()
     assert list(directory.iterdir()) == []
+
+
+def test_a_parent_of_queue_directories_is_no_queue_and_names_them(directory):
+    Queue(directory / "orders").close()
+    (directory / "notes.txt").write_text("not a queue file")
+    report = verify(directory)
+    assert not report.queue_found and report.queue_subdirectories == ("orders",)
+    assert f"walqueue-ctl verify {directory / 'orders'}" in report.render()
+    assert report.to_json()["queue_found"] is False
+
+
+def test_a_new_empty_queue_is_healthy(directory):
+    Queue(directory).close()
+    assert sorted(path.name for path in directory.iterdir()) == ["LOCK", wal_name(1)]
+    report = assert_agrees(directory)
+    assert report.healthy and report.problems == () and report.exit_code() == 0
+    assert report.counts == dict.fromkeys(["ready", "leased", "completed", "dead"], 0)
+
+
+def test_progress_counts_every_byte_recovery_reads_up_to_the_total(directory):
+    build_history(directory, compact=True)
+    with Queue(directory) as q:  # a second segment after the snapshot's
+        q.put_many([{"task_id": f"p{i}", "payload": {"i": i}} for i in range(2000)])
+    read = sum(path.stat().st_size for path in directory.iterdir()
+               if path.name.startswith(("wal-", "snapshot-")))
+    calls = []
+    report = verify_directory(directory, progress=lambda done, total: calls.append((done, total)))
+    assert report.healthy
+    assert len(calls) > 2  # within the files too, not only between them
+    assert all(total == read for _, total in calls)
+    dones = [done for done, _ in calls]
+    assert dones == sorted(dones) and dones[-1] == read
 
 
 def test_a_missing_directory_is_an_error_not_a_report(tmp_path):
@@ -195,43 +232,23 @@ def test_python_dash_m_walqueue_verify_needs_only_the_standard_library(directory
     assert main([str(directory / "missing")]) == 8
 
 
-def test_the_cross_check_reports_what_verify_itself_missed(directory, monkeypatch):
-    """A defect in verify's own checks cannot make it call a corrupt directory
-    healthy: the library's recovery, run read-only, has the last word."""
-    from walqueue import verify as verify_module
+def test_the_agreement_check_catches_a_verify_that_reports_another_offset(directory, monkeypatch):
+    """assert_agrees has teeth: a keep-going reader that misplaces a problem fails it."""
+    from walqueue import codec
 
-    (directory / wal_name(1)).write_bytes(frames(R1, ack_record(2, 1, "a", "w", 1)))  # a is not leased
-    honest = verify_directory(directory)
-    assert honest.corrupt
-    blind = verify_module._verify(str(directory))
-    monkeypatch.setattr(verify_module, "_verify", lambda path: dataclasses.replace(
-        blind, problems=(), counts={}))
-    report = verify_directory(directory)
-    (problem,) = report.problems
-    assert report.corrupt and problem.file == wal_name(1) and "please report" in problem.what
-    assert not verify_directory(directory, cross_check=False).corrupt
+    blobs = [bytearray(frame(record)) for record in (R1, R2, R3)]
+    blobs[1][10] ^= 0xFF
+    (directory / wal_name(1)).write_bytes(b"".join(blobs))
+    assert_agrees(directory)
+    real_resume = codec._resume
 
+    def misplaced(data, problem, *args):
+        shifted = CorruptStore(str(problem), file=problem.file, offset=problem.offset + 1)
+        return real_resume(data, shifted, *args)
 
-def test_the_cross_check_overrules_a_false_alarm(directory, monkeypatch):
-    from walqueue import verify as verify_module
-
-    build_history(directory, compact=False)
-    clean = verify_module._verify(str(directory))
-    false_alarm = Problem(CORRUPT, wal_name(1), "imagined damage", 0, None)
-    monkeypatch.setattr(verify_module, "_verify", lambda path: dataclasses.replace(
-        clean, problems=(false_alarm,)))
-    report = verify_directory(directory)
-    assert report.healthy and report.problems[0].severity == NOTE
-    assert "library's recovery accepts" in report.problems[0].what
-
-
-def test_the_cross_check_steps_aside_when_queue_internals_change(directory, monkeypatch):
-    build_history(directory, compact=False)
-    monkeypatch.delattr(Queue, "_recover")
-    report = verify_directory(directory)
-    assert report.healthy
-    (note,) = report.problems
-    assert note.severity == NOTE and "could not run" in note.what
+    monkeypatch.setattr(codec, "_resume", misplaced)
+    with pytest.raises(AssertionError, match="verify"):
+        assert_agrees(directory)
 
 
 # -- torn tails and leftovers are not errors ------------------------------------------------
@@ -699,3 +716,44 @@ def test_a_damaged_first_frame_after_the_snapshot_reports_the_snapshots_seq_as_t
     report = verify(directory)
     assert not report.healthy
     assert report.last_seq == seq  # applied from the snapshot, not "unknown"
+
+
+# -- walqueue-ctl verify: exit codes and progress ---------------------------------------------
+
+
+def test_walqueue_ctl_verify_of_a_parent_of_queues_exits_11_and_shows_no_progress_when_piped(
+        tmp_path):
+    pytest.importorskip("click")
+    from click.testing import CliRunner
+
+    from walqueue.ctl import cli
+
+    Queue(tmp_path / "orders").close()
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path)])
+    assert result.exit_code == 11, result.output
+    assert "NO QUEUE" in result.stdout and "orders/ holds a queue" in result.stdout
+    assert result.stderr == ""  # CliRunner's stderr is no terminal: no progress bar
+    assert "11  verify: the directory holds no queue" in CliRunner().invoke(cli, ["--help"]).stdout
+    assert CliRunner().invoke(cli, ["verify", str(tmp_path / "orders")]).exit_code == 0
+
+
+def test_walqueue_ctl_verify_draws_a_progress_bar_on_a_terminal(directory, monkeypatch):
+    pytest.importorskip("click")
+    import io
+    import sys
+
+    from walqueue import ctl
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    build_history(directory, compact=True)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with ctl._progress_bar_on_a_terminal("verifying") as progress:
+        assert verify_directory(directory, progress=progress).healthy
+    assert "verifying" in terminal.getvalue() and "100%" in terminal.getvalue()
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with ctl._progress_bar_on_a_terminal("verifying") as progress:
+        assert progress is None
