@@ -25,6 +25,7 @@ from walqueue.wal import MAX_PREALLOCATE_BYTES
 from .exits import EXIT_CORRUPT, EXIT_FAILURE, EXIT_LOCKED, DaemonExit
 from .log import log
 from .loop import DEFAULT_HELLO_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, Loop, bind_listener
+from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
 from .metrics_http import ListenError, MetricsEndpoint, parse_listen
 from .systemd import SD_LISTEN_FDS_START, Notifier, activated_listener, open_reporting_progress
 
@@ -38,7 +39,8 @@ DEFAULT_COMPACT_WAL_BYTES = 64 * 1024 * 1024
 # 13-25% it buys per sync is not worth a manual step after a crash by default.
 DEFAULT_PREALLOCATE_WAL_BYTES = 0
 # Descriptors the daemon needs besides its connections (listener, selector,
-# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs).
+# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs, the
+# spare descriptors that refuse a connection on EMFILE, a compaction's files).
 RESERVED_DESCRIPTORS = 32
 
 
@@ -156,10 +158,15 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
                              preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address))
 
 
-def descriptor_budget(max_connections: int) -> int:
-    """Raise the soft RLIMIT_NOFILE as far as needed and allowed; return the usable connection bound."""
+def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
+    """Raise the soft RLIMIT_NOFILE as far as needed and allowed; return the usable connection bound.
+
+    ``other_descriptors`` are what else the daemon may hold at once (the
+    metrics endpoint's listener and scrapes): reserved as the daemon's own.
+    """
+    reserved = RESERVED_DESCRIPTORS + other_descriptors
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max_connections + RESERVED_DESCRIPTORS
+    wanted = max_connections + reserved
     if soft != resource.RLIM_INFINITY and soft < wanted:
         target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         try:
@@ -167,8 +174,8 @@ def descriptor_budget(max_connections: int) -> int:
             soft = target
         except (ValueError, OSError) as exc:
             log.warning("cannot raise the open-file limit to %d: %s", target, exc)
-    if soft != resource.RLIM_INFINITY and soft - RESERVED_DESCRIPTORS < max_connections:
-        usable = max(1, soft - RESERVED_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft - reserved < max_connections:
+        usable = max(1, soft - reserved)
         log.warning("--max-connections %d lowered to %d by the open-file limit %d",
                     max_connections, usable, soft)
         return usable
@@ -182,7 +189,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                     metrics_address: tuple[str, int] | None = None) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
-    max_connections = descriptor_budget(max_connections)
+    metrics_descriptors = 0 if metrics_address is None else METRICS_DESCRIPTORS
+    max_connections = descriptor_budget(max_connections, metrics_descriptors)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
     log.info("opening %s", directory)

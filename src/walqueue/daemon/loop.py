@@ -3,7 +3,8 @@
 One loop turn = one ``select()`` call, on one thread:
 
 1. accept new connections; send what sockets will take; read what arrived
-   and decode it into requests (walqueue.daemon.connection);
+   and decode it into requests (walqueue.daemon.connection); serve the
+   metrics endpoint's sockets (walqueue.daemon.metrics_http);
 2. close connections that did not say hello in time;
 3. apply the turn's requests through the service (walqueue.daemon.service)
    inside ONE batch (walqueue.daemon.commit), so they share one fsync — also
@@ -13,8 +14,9 @@ One loop turn = one ``select()`` call, on one thread:
 4. end waits that timed out; hand the turn's answers to their connections
    only now, after the batch exited without error; send; set each touched
    connection's selector interest;
-5. ping the watchdog, compact if the WAL grew past the threshold, and
-   publish the metrics text if a scrape asked for it.
+5. ping the watchdog, compact if the WAL grew past the threshold, close
+   metrics scrapes past their deadline, and publish the metrics text if a
+   scrape waits for it.
 
 While one batch is fsyncing, the next requests accumulate in the kernel's
 socket buffers and become the next turn's batch, so the batch size adapts
@@ -23,8 +25,8 @@ anyway, so asyncio would add scheduling we cannot use and hide where a turn
 ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
 Timers, without polling: the select timeout is the earliest of the next
-hello deadline, accept resumption, watchdog ping, end of a wait, and the
-service's next due time (a lease deadline, or a task due while reserves
+hello deadline, accept resumption, watchdog ping, end of a wait, a metrics
+scrape's deadline, and the service's next due time (a lease deadline, or a task due while reserves
 wait). Time comes from an injected `Clock`: ``now`` (whole wall seconds,
 never backwards) for leases, monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
@@ -59,6 +61,7 @@ from .connection import (
     ListingBudget,
     peer_credentials,
 )
+from .descriptors import ACCEPT_PAUSE_SECONDS, OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
 from .exits import EXIT_FAILURE, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, DaemonExit
 from .log import log
 from .metrics_http import MetricsEndpoint
@@ -69,7 +72,6 @@ from .systemd import Notifier
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 DRAIN_SECONDS = 5.0
-ACCEPT_PAUSE_SECONDS = 0.5
 # A timer never sleeps longer than this, so a wall clock set backwards far
 # cannot postpone due work indefinitely (the clock rule still decides).
 MAX_TIMER_SECONDS = 60.0
@@ -155,7 +157,7 @@ class Loop:
         self.now = DaemonNow(self.clock)
         self.hello_timeout_seconds = hello_timeout_seconds
         self.compact_wal_bytes = compact_wal_bytes
-        self.metrics_endpoint = metrics_endpoint  # GET /metrics; rendered by this loop only
+        self.metrics_endpoint = metrics_endpoint  # GET /metrics, served and rendered by this loop
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds)
@@ -175,6 +177,8 @@ class Loop:
         self._listings_started = 0
         self._next_watchdog = self.clock.monotonic_seconds()
         self._accept_paused_until: float | None = None
+        self._spare_descriptor = SpareDescriptor()  # spent to refuse a connection on EMFILE
+        self._accept_failures = RateLimitedLog(f"accept failed, pausing accepts for {ACCEPT_PAUSE_SECONDS:g} s")
         self._touched: set[Connection] = set()  # connections with news this turn
         self._deferring: set[Connection] = set()  # connections with deferred requests
         self._receive_buffer = bytearray(MAX_RECV_BYTES)  # one buffer all connections share
@@ -209,7 +213,7 @@ class Loop:
         try:
             self.notifier.notify("READY=1\nSTATUS=serving " + self.directory)
             if self.metrics_endpoint is not None:
-                self.metrics_endpoint.start(self._wake_loop)
+                self.metrics_endpoint.start(self.selector)
             log.info("ready: serving %s", self.directory)
             while not self.stopping:
                 self.one_turn()
@@ -244,11 +248,14 @@ class Loop:
         self.listing_budget.renew()
         self._listings_started = 0
         requests: list[tuple[Connection, protocol.Request]] = []
+        metrics = self.metrics_endpoint
         for key, mask in events:
             if key.data is _LISTENER:
                 self._accept()
             elif key.data is _WAKEUP:
                 self._drain_wakeup()
+            elif metrics is not None and metrics.owns(key.data):
+                metrics.on_event(key.data, mask, clock.monotonic_seconds())
             else:
                 conn: Connection = key.data
                 self._touched.add(conn)
@@ -274,8 +281,10 @@ class Loop:
         self._watchdog()
         if wrote:
             self.commit.maybe_compact()
-        if self.metrics_endpoint is not None and self.metrics_endpoint.wanted:
-            self.metrics_endpoint.publish(render_prometheus(self.report(self.now())))
+        if metrics is not None:
+            metrics.expire(clock.monotonic_seconds())
+            if metrics.wanted:
+                metrics.publish(render_prometheus(self.report(self.now())), clock.monotonic_seconds())
 
     def _expire_hellos(self) -> None:
         """Close connections that did not say hello in time: they hold a slot for nothing."""
@@ -300,6 +309,8 @@ class Loop:
             deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until - monotonic_seconds)
+        if self.metrics_endpoint is not None and (scrape := self.metrics_endpoint.next_deadline()) is not None:
+            deadlines.append(scrape - monotonic_seconds)
         if self.notifier.watchdog_seconds is not None:
             deadlines.append(self._next_watchdog - monotonic_seconds)
         wait_deadline = self.service.next_wait_deadline()
@@ -325,13 +336,6 @@ class Loop:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = self.clock.monotonic_seconds() + self.notifier.watchdog_seconds
 
-    def _wake_loop(self) -> None:
-        """Called from another thread (the metrics endpoint): end the current select."""
-        try:
-            self._wake_write.send(b"\0")
-        except OSError:
-            pass  # buffer full (a wakeup is pending anyway) or shutting down
-
     def _drain_wakeup(self) -> None:
         try:
             while self._wake_read.recv(4096):
@@ -348,11 +352,16 @@ class Loop:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                # EMFILE and friends: the listener stays readable, so stop
-                # watching it for a moment instead of spinning on it.
-                log.error("accept failed, pausing accepts for %.1f s: %s", ACCEPT_PAUSE_SECONDS, exc)
+                # No descriptor left: refuse the waiting connection and keep
+                # serving (never a failed write). Otherwise the listener stays
+                # readable, so stop watching it for a moment instead of spinning.
+                monotonic_seconds = self.clock.monotonic_seconds()
+                if exc.errno in OUT_OF_DESCRIPTORS and self._spare_descriptor.refuse_one(
+                        self.listener, monotonic_seconds, exc):
+                    continue
+                self._accept_failures.event(monotonic_seconds, str(exc))
                 self.selector.unregister(self.listener)
-                self._accept_paused_until = self.clock.monotonic_seconds() + ACCEPT_PAUSE_SECONDS
+                self._accept_paused_until = monotonic_seconds + ACCEPT_PAUSE_SECONDS
                 return
             sock.setblocking(False)
             credentials = peer_credentials(sock)
@@ -554,6 +563,7 @@ class Loop:
                 pass
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
+        self._spare_descriptor.close()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()
@@ -561,6 +571,7 @@ class Loop:
 
     def close_without_serving(self) -> None:
         """Release what __init__ made, for a Loop whose run() never ran (tests); the queue stays open."""
+        self._spare_descriptor.close()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()
