@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from walqueue import Queue
+from walqueue import InvalidRequest, Queue
 from walqueue import protocol as p
 from walqueue.client import Client, DaemonUnavailable
 
@@ -570,3 +570,36 @@ def test_the_directory_and_its_files_carry_no_world_access_even_under_umask_0(ma
         assert mode == 0o640, f"{name} has mode {mode:04o}"
     assert stat.S_IMODE(os.stat(daemon.socket_path).st_mode) == 0o660
     assert daemon.terminate() == 0
+
+
+# -- old data the wire cannot carry (issue 12 item 3) --------------------------------------
+
+
+def test_a_task_the_wire_cannot_carry_does_not_take_innocent_leases_with_it(make_daemon, workdir):
+    # Written before the library refused integers beyond 64 bits: a crafted
+    # frame, as an old walqueue would have written it. Once, encoding the
+    # reserve answer failed as a whole: the innocent tasks leased with the
+    # poisoned one were handed to no one (with max_attempts=1, dead unrun).
+    from tests.unit import frames
+
+    directory = workdir / "queue"
+    directory.mkdir(mode=0o750)
+    tasks = [frames.put_task("a-poison", {"n": 2**70}, max_attempts=2)]
+    tasks += [frames.put_task(f"b-innocent-{number}", {"n": number}, max_attempts=1) for number in range(3)]
+    (directory / frames.wal_name(1)).write_bytes(frames.frame(frames.put_record(1, *tasks)))
+    daemon = make_daemon(directory=directory)
+    with Client(daemon.socket_path, retry_seconds=0) as client:
+        leases = client.reserve("w", limit=3, lease_seconds=60)
+        # The poisoned task is leased (as written) but left out of the answer;
+        # another due task takes its place.
+        assert [lease.task_id for lease in leases] == [f"b-innocent-{n}" for n in range(3)], leases
+        for lease in leases:
+            client.ack(lease)
+        stats = client.stats()
+        assert (stats.completed, stats.leased, stats.ready) == (3, 1, 0), stats
+        assert client.reserve("w", limit=5) == []  # nothing due: the poison's lease runs on
+        with pytest.raises(InvalidRequest, match="cannot be sent"):
+            client.get("a-poison")
+    daemon.wait_for_log("a-poison")
+    log = daemon.log()
+    assert "write failed" not in log and "Traceback" not in log, log

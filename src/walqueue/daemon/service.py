@@ -170,22 +170,19 @@ class ParkedReserves:
         return dropped
 
 
-def chunked(request_id: int, items: list, message_type: type) -> list:
-    """Split a list answer into messages of at most CHUNK_BUDGET_BYTES of items each.
-
-    Raises what encoding raises (ENCODING_ERRORS) for an item msgpack cannot carry.
-    """
+def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> list:
+    """Split a list answer (its items already encoded) into messages of at most
+    CHUNK_BUDGET_BYTES of items each."""
     if not items:
         return [message_type(request_id, [])]
     chunks: list[list[protocol.Raw]] = [[]]
     size = 0
     for item in items:
-        encoded = protocol.encode_value(item)
-        if chunks[-1] and size + len(encoded) > protocol.CHUNK_BUDGET_BYTES:
+        if chunks[-1] and size + len(item) > protocol.CHUNK_BUDGET_BYTES:
             chunks.append([])
             size = 0
-        chunks[-1].append(protocol.Raw(encoded))
-        size += len(encoded)
+        chunks[-1].append(item)
+        size += len(item)
     last = len(chunks) - 1
     return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
 
@@ -395,16 +392,38 @@ class Service:
                 "wait for one to be answered or use another connection"
             )
 
-    def _lease_due(self, worker: str, lease_seconds: int, limit: int) -> list[Lease]:
-        """Lease up to ``limit`` due tasks, or nothing while paused.
+    def _lease_due(self, worker: str, lease_seconds: int, limit: int) -> list[protocol.Raw]:
+        """Lease up to ``limit`` due tasks, or nothing while paused; the leases encoded for the wire.
 
         Every reserve (new, parked, or the reserve half of a combined request)
         goes through here, so pausing is this one check. Paused, a reserve
         writes nothing either; expired leases are still reaped on time (`reap`).
+
+        A lease the wire cannot carry (a payload integer beyond 64 bits, only
+        in data written before the library refused them) is left out of the
+        answer and logged, and another due task is leased in its place: one
+        such task never costs the others their lease. Its own lease, written
+        like any other, ends on time as if its worker had died, so it uses an
+        attempt per lease and ends dead (docs/guarantees.md).
         """
         if self.paused:
             return []
-        return self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds, limit=limit)
+        encoded: list[protocol.Raw] = []
+        while len(encoded) < limit:
+            leases = self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds,
+                                        limit=limit - len(encoded))
+            carried = 0
+            for lease in leases:
+                try:
+                    encoded.append(protocol.Raw(protocol.encode_value(lease)))
+                    carried += 1
+                except ENCODING_ERRORS as exc:
+                    log.error("task %s leased to %s but not handed out: the wire cannot carry its "
+                              "payload (%s); its lease ends at %d", one_line(repr(lease.task_id)),
+                              one_line(repr(worker)), exc, lease.deadline)
+            if carried == len(leases):  # all carried, or nothing was due
+                break
+        return encoded
 
     # -- answers -------------------------------------------------------------------------
 
@@ -420,15 +439,8 @@ class Service:
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
 
-    def _answer_leases(self, peer: Peer, request_id: int, leases: list[Lease]) -> None:
-        if len(leases) <= 1:  # one lease always fits one message: no need to measure it
-            messages = [protocol.Leases(request_id, leases)]
-        else:
-            try:
-                messages = chunked(request_id, leases, protocol.Leases)
-            except ENCODING_ERRORS as exc:
-                messages = [self._unencodable(peer, request_id, exc)]
-        self._answer(peer, request_id, messages)
+    def _answer_leases(self, peer: Peer, request_id: int, leases: list[protocol.Raw]) -> None:
+        self._answer(peer, request_id, chunked(request_id, leases, protocol.Leases))
 
     @staticmethod
     def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> protocol.Error:
