@@ -603,3 +603,53 @@ def test_a_task_the_wire_cannot_carry_does_not_take_innocent_leases_with_it(make
     daemon.wait_for_log("a-poison")
     log = daemon.log()
     assert "write failed" not in log and "Traceback" not in log, log
+
+
+# -- requests built to be costly to refuse (issue 12 item 4) ---------------------------------
+
+# Generous: the daemon answers the bystander in milliseconds; scripts/bench_hostile.py
+# measures the p99 (under 50 ms) on a quiet machine.
+BYSTANDER_P99_BOUND_SECONDS = 0.5
+BYSTANDER_MAX_BOUND_SECONDS = 2.5
+
+
+def test_requests_built_to_be_costly_are_refused_cheaply_while_a_bystander_is_served(make_daemon, workdir):
+    # Once: a put of ~17.8M empty lists took 2.6 GiB and stalled the loop 25.7 s;
+    # an undecodable body of 17M arrays took 1.3 GiB to find its id; a
+    # 600,000-item put_many took 9.3 s to refuse while a bystander waited 9.2 s.
+    from .hostile_requests import HOSTILE, quantile
+
+    daemon = make_daemon()
+    baseline = rss_bytes(daemon.pid)
+    report_path = workdir / "bystander.json"
+    with open(report_path, "w") as report:
+        bystander = subprocess.Popen([sys.executable, "-m", "tests.process.hostile_requests",
+                                      daemon.socket_path, "8"], stdout=report, env=child_env(), cwd=REPO)
+    peak = baseline
+    try:
+        sock = greeted(daemon.socket_path)
+        request_id = 100
+        for _ in range(2):
+            for kind, build in HOSTILE.items():
+                request_id += 1
+                sock.sendall(build(request_id))
+                answer = read_message(sock)
+                assert isinstance(answer, p.Error) and not answer.fatal, (kind, answer)
+                assert answer.id == request_id and "refused before decoding" in answer.message, answer
+                peak = max(peak, rss_bytes(daemon.pid))
+        sock.sendall(p.encode(p.Stats(id=1)))  # the connection stays usable
+        assert isinstance(read_message(sock), p.StatsOk)
+        sock.close()
+        assert bystander.wait(60) == 0
+    finally:
+        if bystander.poll() is None:
+            bystander.kill()
+            bystander.wait(10)
+    outcome = json.loads(report_path.read_text())
+    latencies = outcome["latencies"]
+    print(f"bystander: {len(latencies)} calls, p99 {quantile(latencies, 0.99) * 1000:.1f} ms, "
+          f"max {max(latencies) * 1000:.1f} ms; daemon RSS {baseline / MIB:.0f} -> {peak / MIB:.0f} MiB")
+    assert outcome["errors"] == 0
+    assert quantile(latencies, 0.99) < BYSTANDER_P99_BOUND_SECONDS, latencies
+    assert max(latencies) < BYSTANDER_MAX_BOUND_SECONDS
+    assert peak - baseline < 64 * MIB, f"RSS rose {(peak - baseline) / MIB:.0f} MiB"

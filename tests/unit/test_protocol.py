@@ -263,3 +263,97 @@ def test_a_manifest_round_trips_to_the_library_value():
     assert answer == wire and p.manifest_from_wire(answer) == manifest
     state = p.decode_response(p.encode(p.PauseState(id=8, paused=True))[4:])
     assert state == p.PauseState(id=8, paused=True)
+
+
+# -- cheap bounds before decoding (issue 12 item 4) ---------------------------------------
+
+
+def read_requests(stream: bytes, read_bytes: int) -> list:
+    """Feed ``stream`` to the daemon's reader in reads of ``read_bytes``: the requests and refusals."""
+    reader = p.FrameReader(request_bounds=True)
+    found = []
+    for start in range(0, len(stream), read_bytes):
+        reader.feed(stream[start:start + read_bytes])
+        while True:
+            try:
+                body = reader.next_body()
+            except p.RequestRefused as refused:
+                found.append(refused)
+                continue
+            if body is None:
+                break
+            found.append(p.decode_request(body))
+    assert reader.buffered_bytes == 0
+    return found
+
+
+def test_container_headers_are_an_upper_bound_counted_cheaply():
+    assert p.container_header_bound(msgspec.msgpack.encode({"a": [[], {}], "я": "я"})) == 4 + 2  # four containers, two bytes 0x8f of "я"
+
+
+def test_a_body_of_millions_of_empty_lists_is_refused_while_it_arrives_and_the_stream_goes_on():
+    # Once such a put took 2.6 GiB and 25.7 s to be refused for its size.
+    payload = {"lists": [[] for _ in range(p.MAX_CONTAINER_HEADERS + 1)]}
+    stream = p.encode(p.Put(id=9, task_id="t", payload=payload)) + p.encode(p.Stats(id=10))
+    refused, stats = read_requests(stream, 256 * 1024)
+    assert isinstance(refused, p.RequestRefused) and refused.args[1] == 9
+    assert "refused before decoding" in refused.args[0] and str(p.MAX_CONTAINER_HEADERS) in refused.args[0]
+    assert stats == p.Stats(id=10)
+
+
+def test_a_body_just_within_the_container_bound_is_decoded():
+    payload = {"lists": [[] for _ in range(p.MAX_CONTAINER_HEADERS - 3)]}
+    (put,) = read_requests(p.encode(p.Put(id=9, task_id="t", payload=payload)), 1 << 20)
+    assert len(put.payload["lists"]) == p.MAX_CONTAINER_HEADERS - 3
+
+
+def test_a_put_many_that_cannot_fit_one_wal_frame_is_refused_by_its_item_count():
+    items = [p.PutItem(task_id="t", payload={})] * (p.MAX_PUT_MANY_ITEMS + 1)
+    stream = p.encode(p.PutMany(id=11, requests=items))
+    (refused,) = read_requests(stream, 64 * 1024)
+    assert isinstance(refused, p.RequestRefused) and refused.args[1] == 11
+    assert f"put_many of {p.MAX_PUT_MANY_ITEMS + 1} items" in refused.args[0]
+    (fitting,) = read_requests(p.encode(p.PutMany(id=12, requests=items[:p.MAX_PUT_MANY_ITEMS])), 1 << 20)
+    assert len(fitting.requests) == p.MAX_PUT_MANY_ITEMS
+
+
+def test_the_client_s_reader_applies_no_request_bounds():
+    payload = {"lists": [[] for _ in range(p.MAX_CONTAINER_HEADERS + 1)]}
+    reader = p.FrameReader()
+    reader.feed(p.encode(p.Put(id=9, task_id="t", payload=payload)))
+    assert reader.next_body() is not None
+
+
+def test_the_smallest_put_task_is_what_the_put_many_bound_assumes():
+    import json
+
+    smallest = {"available_at": 0, "key": "k", "max_attempts": 1, "payload": {}, "task_id": "t"}
+    encoded = json.dumps(smallest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert len(encoded) + len(",") == p.MIN_PUT_TASK_JSON_BYTES
+
+
+@pytest.mark.parametrize("body, expected", [
+    (msgspec.msgpack.encode({"type": "get", "id": 7, "task_id": 5}), {"type": "get", "id": 7, "task_id": 5}),
+    (msgspec.msgpack.encode({"id": 2**40, "type": "x", "flag": True, "f": 1.5, "n": None, "b": b"\0"}),
+     {"id": 2**40, "type": "x", "flag": None, "f": None, "n": None, "b": None}),
+    (msgspec.msgpack.encode({"type": "put_many", "id": 3, "requests": [1, 2, 3], "after": 1}),
+     {"type": "put_many", "id": 3, "requests": 3}),
+    (msgspec.msgpack.encode({"type": "put", "payload": {"id": 1}, "id": 4}), {"type": "put"}),
+    (msgspec.msgpack.encode([1, 2]), {}),
+    (b"\x82\xa4type", {}),  # cut short: what could be read
+    (b"", {}),
+])
+def test_peeking_reads_only_the_leading_scalar_fields(body, expected):
+    assert p.peek_fields(body) == expected
+
+
+def test_the_id_of_an_undecodable_body_is_found_without_decoding_the_body(monkeypatch):
+    # Once the id peek decoded the whole body: 17M empty arrays cost 1.3 GiB.
+    body = b"\x82" + msgspec.msgpack.encode("id") + b"\x05" + msgspec.msgpack.encode("junk") \
+        + b"\xdd" + struct.pack(">I", 17_000_000) + b"\x90" * 17_000_000
+    decode = msgspec.msgpack.decode
+    monkeypatch.setattr(msgspec.msgpack, "decode", None)  # the peek must not decode anything
+    assert p._peek_id(body) == 5
+    monkeypatch.setattr(msgspec.msgpack, "decode", decode)
+    (refused,) = read_requests(p.frame(body), 4 << 20)
+    assert isinstance(refused, p.RequestRefused) and refused.args[1] == 5

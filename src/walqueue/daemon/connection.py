@@ -39,7 +39,7 @@ import walqueue
 from walqueue import protocol
 
 from .log import log, one_line
-from .service import ListingInterrupted
+from .service import ListingInterrupted, Refused
 
 SERVER_NAME = "walqueued/1"
 RECV_BYTES = 256 * 1024
@@ -90,7 +90,8 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
 class Connection:
     sock: socket.socket
     name: str
-    reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(protocol.MAX_HELLO_BYTES))
+    reader: protocol.FrameReader = field(
+        default_factory=lambda: protocol.FrameReader(protocol.MAX_HELLO_BYTES, request_bounds=True))
     out: bytearray = field(default_factory=bytearray)
     greeted: bool = False
     protocol_version: int = protocol.PROTOCOL_VERSION  # the one its hello announced (service.Peer)
@@ -146,6 +147,12 @@ class Connection:
                         budget.waiting.add(self)
                     return
                 request = protocol.decode_request(body)
+            except protocol.RequestRefused as exc:
+                if exc.args[1] is None or not self.greeted:
+                    raise ConnectionFault(exc.args[1], str(exc.args[0])) from exc
+                # Framing is intact: only this request is refused, in its turn.
+                requests.append((self, Refused(exc.args[1], str(exc.args[0]))))
+                continue
             except protocol.ProtocolError as exc:
                 request_id = exc.args[1] if len(exc.args) > 1 else None
                 raise ConnectionFault(request_id, str(exc.args[0])) from exc

@@ -88,6 +88,15 @@ class ListingInterrupted(Exception):
     """A lazily produced ``tasks`` answer outlived the Queue it was reading."""
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request a cheap bound refused before decoding (protocol.RequestRefused): answered
+    InvalidRequest ``message`` in its turn, like any request's error."""
+
+    id: int
+    message: str
+
+
 @dataclass(eq=False, slots=True)
 class Answer:
     peer: Peer
@@ -235,6 +244,7 @@ class Service:
             protocol.BackupBegin: self._backup_begin,
             protocol.BackupEnd: self._backup_end,
             protocol.DaemonStatsReq: self._daemon_stats,
+            Refused: self._refused,
         }
 
     # -- a turn --------------------------------------------------------------------
@@ -552,6 +562,10 @@ class Service:
     def _daemon_stats(self, peer: Peer, request: protocol.DaemonStatsReq) -> None:
         stats = protocol.daemon_stats_to_wire(self._report(self.now), peer.protocol_version)
         self._answer(peer, request.id, [protocol.DaemonStatsOk(id=request.id, stats=stats)])
+
+    @staticmethod
+    def _refused(peer: Peer, request: Refused) -> None:
+        raise InvalidRequest(request.message)
 
     def _listing(self, request_id: int, status: str | None) -> Iterator:
         """The ``tasks`` answer, produced lazily as the client reads it.
