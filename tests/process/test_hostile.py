@@ -653,3 +653,30 @@ def test_requests_built_to_be_costly_are_refused_cheaply_while_a_bystander_is_se
     assert quantile(latencies, 0.99) < BYSTANDER_P99_BOUND_SECONDS, latencies
     assert max(latencies) < BYSTANDER_MAX_BOUND_SECONDS
     assert peak - baseline < 64 * MIB, f"RSS rose {(peak - baseline) / MIB:.0f} MiB"
+
+
+# -- frames left half-sent on many connections (issue 12 item 5) ---------------------------
+
+
+def test_idle_half_sent_frames_cannot_block_a_bystander_s_large_put_many(make_daemon):
+    # Once the input budget counted declared bytes and a frame in progress had
+    # no deadline: fifteen connections that sent a ~17 MiB length prefix and
+    # one byte held the budget for ever, and a bystander's 1.5 MB put_many
+    # failed after 16.8 s with "[Errno 11] Resource temporarily unavailable".
+    daemon = make_daemon()
+    idle = []
+    try:
+        for _ in range(15):
+            sock = greeted(daemon.socket_path)
+            sock.sendall(struct.pack(">I", p.MAX_BODY_BYTES) + b"\x85")
+            idle.append(sock)
+        requests = [{"task_id": f"big-{index:05d}", "payload": {"pad": "x" * 60}} for index in range(15_000)]
+        with Client(daemon.socket_path, timeout=30, retry_seconds=0) as bystander:
+            bystander.stats()
+            started = time.monotonic()
+            assert len(bystander.put_many(requests)) == 15_000
+            elapsed = time.monotonic() - started
+        assert elapsed < 5.0, f"the bystander's put_many took {elapsed:.1f} s"
+    finally:
+        for sock in idle:
+            sock.close()

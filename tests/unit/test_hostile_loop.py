@@ -11,6 +11,9 @@ from __future__ import annotations
 import errno
 import selectors
 import socket
+import struct
+
+import pytest
 
 from walqueue import protocol as p
 from walqueue.daemon import loop as loop_module
@@ -91,3 +94,25 @@ def test_the_refusal_log_is_rate_limited_and_counts_what_it_left_out(caplog):
         listener.close()
     finally:
         spare.close()
+
+
+def test_a_frame_left_half_sent_is_cut_at_its_deadline_with_an_error_saying_why(served):  # noqa: F811
+    from walqueue.daemon.connection import FRAME_GRACE_SECONDS, MIN_FRAME_BYTES_PER_SECOND
+
+    loop, clock, connect = served
+    slow, bystander = connect(), connect()
+    length = 2 * MIN_FRAME_BYTES_PER_SECOND
+    slow.sock.sendall(struct.pack(">I", length) + b"\x85")
+    loop.one_turn()
+    deadline = FRAME_GRACE_SECONDS + length / MIN_FRAME_BYTES_PER_SECOND
+    assert loop.timer_seconds() == pytest.approx(deadline)
+    clock.advance(deadline - 0.5)
+    slow.sock.sendall(b"\x00" * 1000)  # more bytes do not move the deadline
+    loop.one_turn()
+    bystander.send(p.Stats(id=1))
+    assert isinstance(bystander.answer(1), p.StatsOk)
+    clock.advance(0.5)
+    loop.one_turn()
+    error = slow.answer(None)
+    assert error.fatal and "not received in time" in error.message and "1005 bytes arrived" in error.message
+    assert loop.frame_deadlines.next_deadline() is None

@@ -5,7 +5,8 @@ One loop turn = one ``select()`` call, on one thread:
 1. accept new connections; send what sockets will take; read what arrived
    and decode it into requests (walqueue.daemon.connection); serve the
    metrics endpoint's sockets (walqueue.daemon.metrics_http);
-2. close connections that did not say hello in time;
+2. close connections that did not say hello, or send the frame they began,
+   in time;
 3. apply the turn's requests through the service (walqueue.daemon.service)
    inside ONE batch (walqueue.daemon.commit), so they share one fsync — also
    the daemon's own work that is due: the expiry of leases whose deadline
@@ -25,8 +26,8 @@ anyway, so asyncio would add scheduling we cannot use and hide where a turn
 ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
 Timers, without polling: the select timeout is the earliest of the next
-hello deadline, accept resumption, watchdog ping, end of a wait, a metrics
-scrape's deadline, and the service's next due time (a lease deadline, or a task due while reserves
+hello deadline, frame deadline, accept resumption, watchdog ping, end of a
+wait, a metrics scrape's deadline, and the service's next due time (a lease deadline, or a task due while reserves
 wait). Time comes from an injected `Clock`: ``now`` (whole wall seconds,
 never backwards) for leases, monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
@@ -57,8 +58,10 @@ from .connection import (
     MAX_RECV_BYTES,
     Connection,
     ConnectionFault,
+    FrameDeadlines,
     InputBudget,
     ListingBudget,
+    late_frame_message,
     peer_credentials,
 )
 from .descriptors import ACCEPT_PAUSE_SECONDS, OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
@@ -173,6 +176,7 @@ class Loop:
         self.turn = 0
         self.stopping = False
         self.input_budget = InputBudget()
+        self.frame_deadlines = FrameDeadlines()
         self.listing_budget = ListingBudget()
         self._listings_started = 0
         self._next_watchdog = self.clock.monotonic_seconds()
@@ -265,11 +269,13 @@ class Loop:
                     self._receive(conn, requests)
         self.turn += 1
         self._expire_hellos()
+        self._expire_frames()
         wrote = self._apply(requests)
         self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
         for conn in list(self.input_budget.waiting):
             if self.input_budget.admit(conn):
+                self.frame_deadlines.track(conn, clock.monotonic_seconds())
                 self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
@@ -300,6 +306,13 @@ class Loop:
             else:
                 return
 
+    def _expire_frames(self) -> None:
+        """Close connections whose frame in progress is past its deadline, saying why."""
+        for conn in self.frame_deadlines.expired(self.clock.monotonic_seconds()):
+            if not conn.closing:
+                self.input_budget.release(conn)  # what it sent holds no room any more
+                self._fatal(conn, None, late_frame_message(conn))
+
     def _timeout(self) -> float | None:
         if any(conn.can_resume() for conn in self._deferring):
             return 0.0  # deferred requests can go now: no event will announce it
@@ -311,6 +324,8 @@ class Loop:
             deadlines.append(self._accept_paused_until - monotonic_seconds)
         if self.metrics_endpoint is not None and (scrape := self.metrics_endpoint.next_deadline()) is not None:
             deadlines.append(scrape - monotonic_seconds)
+        if (frame := self.frame_deadlines.next_deadline()) is not None:
+            deadlines.append(frame - monotonic_seconds)
         if self.notifier.watchdog_seconds is not None:
             deadlines.append(self._next_watchdog - monotonic_seconds)
         wait_deadline = self.service.next_wait_deadline()
@@ -443,6 +458,7 @@ class Loop:
             conn.decode(requests, self.input_budget)
         except ConnectionFault as fault:
             self._fatal(conn, fault.request_id, fault.message)
+        self.frame_deadlines.track(conn, self.clock.monotonic_seconds())
 
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
