@@ -33,7 +33,9 @@ speaks every version in ``DAEMON_PROTOCOL_VERSIONS`` and answers each
 connection in the version its hello announced, omitting the fields that
 version lacks (``omit_defaults``), so a version-1 client gets exactly
 version 1's bytes. Version 2 adds the daemon's walqueue version to
-``HelloOk`` and ``DaemonStats``.
+``HelloOk`` and ``DaemonStats``; version 3 adds the clock's steps and offset
+to ``DaemonStats``. A new request type needs no new version: a daemon that
+does not know it answers a fatal ``InvalidRequest`` (undecodable request).
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
@@ -66,8 +68,9 @@ from walqueue import (
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1  # what this package's clients announce
-DAEMON_PROTOCOL_VERSIONS = (1, 2)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
+CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -262,15 +265,27 @@ class BackupEnd(_Message, tag="backup_end"):
     id: int
 
 
+class ForceRelease(_Message, tag="force_release"):
+    """End the current leases of ``task_ids`` now, whoever holds them (an operator's command).
+
+    Each is written as an ordinary ``release`` record with the task's current
+    worker and generation (delay 0); answered ``TaskIds`` (duplicates dropped).
+    Every task must be leased, else ``InvalidRequest`` and nothing is written.
+    """
+
+    id: int
+    task_ids: list[str]
+
+
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
-    | AckReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq
+    | AckReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
 )
 
 # Requests that may append to the WAL; the others only read state. (Resume
 # serves parked reserves; BackupBegin compacts a queue never compacted.)
 WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckReserve, Resume,
-                    BackupBegin)
+                    BackupBegin, ForceRelease)
 
 
 # -- values carried by answers ------------------------------------------------
@@ -307,6 +322,10 @@ class DaemonStats:
     last_recovery_seconds: float
     directory: str
     version: str = ""  # the daemon's walqueue.__version__ (protocol version 2; "" for version 1)
+    # Protocol version 3 (0 for earlier ones): wall-clock steps seen since start, and the wall
+    # clock minus the daemon's own clock, which leases follow (walqueue.daemon.clock).
+    clock_steps_total: int = 0
+    clock_offset_seconds: float = 0.0
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
@@ -763,6 +782,8 @@ def daemon_stats_to_wire(stats: DaemonStats, protocol_version: int) -> WireDaemo
     fields = {name: getattr(stats, name) for name in WireDaemonStats.__struct_fields__}
     if protocol_version < VERSION_REPORTING_VERSION:
         fields["version"] = ""  # equal to the default: omitted
+    if protocol_version < CLOCK_REPORTING_VERSION:
+        fields["clock_steps_total"], fields["clock_offset_seconds"] = 0, 0.0
     return WireDaemonStats(**fields)
 
 

@@ -18,6 +18,7 @@ import pytest
 from walqueue import protocol as p
 from walqueue.daemon import loop as loop_module
 from walqueue.daemon.descriptors import LOG_INTERVAL_SECONDS, SpareDescriptor
+from walqueue.metrics import render_prometheus
 
 from .test_loop import Client, served  # noqa: F401 (a fixture)
 
@@ -116,3 +117,68 @@ def test_a_frame_left_half_sent_is_cut_at_its_deadline_with_an_error_saying_why(
     error = slow.answer(None)
     assert error.fatal and "not received in time" in error.message and "1005 bytes arrived" in error.message
     assert loop.frame_deadlines.next_deadline() is None
+
+
+# -- the clock (issue 12 item 6) --------------------------------------------------------------
+
+YEAR_SECONDS = 365 * 24 * 3600
+
+
+def test_a_wall_clock_step_neither_stretches_nor_cuts_a_lease(served):  # noqa: F811
+    # Once now = max(int(wall), last_now): a clock set a year ahead ended every
+    # lease at once, then gave new leases a year's length until real time caught up.
+    loop, clock, connect = served
+    client = connect()
+    client.send(p.Put(id=1, task_id="before", payload={}), p.Put(id=2, task_id="during", payload={}),
+                p.Reserve(id=3, worker="w", lease_seconds=30))
+    client.answer(1), client.answer(2)
+    (before,) = client.answer(3).leases
+    clock.wall += YEAR_SECONDS  # the wall clock jumps a year ahead...
+    clock.monotonic += 10
+    client.send(p.Reserve(id=4, worker="w", lease_seconds=30))
+    (during,) = client.answer(4).leases
+    assert during.deadline == before.deadline + 10, "a lease taken during the jump lasts 30 s, not a year"
+    assert loop.queue.get("before").status == "leased", "the jump did not end the earlier lease"
+    clock.wall -= YEAR_SECONDS + 3600  # ...and is set back, past the true time
+    clock.advance(19.5)
+    loop.one_turn()
+    assert loop.queue.get("before").status == "leased"
+    clock.advance(0.5)  # 30 s of real time after the first lease was granted
+    loop.one_turn()
+    assert loop.queue.get("before").status == "ready" and loop.queue.get("during").status == "leased"
+    clock.advance(10)
+    loop.one_turn()
+    assert loop.queue.get("during").status == "ready"
+    report = loop.report(loop.now())
+    assert report.clock_steps_total == 2
+    assert report.clock_offset_seconds == pytest.approx(-3600 - 10)  # the wall clock stood still 10 s
+    assert "walqueue_clock_steps_total 2" in render_prometheus(report)
+
+
+def test_force_release_ends_current_leases_by_task_id_with_ordinary_release_records(served):  # noqa: F811
+    from tests.unit.frames import wal_records
+
+    loop, clock, connect = served
+    operator = connect()
+    operator.send(p.Put(id=1, task_id="a", payload={}), p.Put(id=2, task_id="b", payload={}, max_attempts=1),
+                  p.Put(id=3, task_id="idle", payload={}),
+                  p.Reserve(id=4, worker="w1", lease_seconds=YEAR_SECONDS, limit=2))
+    for request_id in (1, 2, 3):
+        operator.answer(request_id)
+    leases = {lease.task_id: lease for lease in operator.answer(4).leases}
+    last_seq = loop.queue.stats().last_seq
+    # Not leased (or unknown): refused, nothing written.
+    operator.send(p.ForceRelease(id=5, task_ids=["a", "idle"]), p.ForceRelease(id=6, task_ids=["nope"]))
+    for request_id, status in ((5, "ready"), (6, "unknown")):
+        error = operator.answer(request_id)
+        assert error.error == "InvalidRequest" and f"is {status}, not leased" in error.message, error
+    assert loop.queue.stats().last_seq == last_seq
+    operator.send(p.ForceRelease(id=7, task_ids=["a", "b", "a"]))
+    assert operator.answer(7) == p.TaskIds(id=7, task_ids=["a", "b"])
+    assert (loop.queue.get("a").status, loop.queue.get("b").status) == ("ready", "dead")
+    releases = wal_records(loop.directory)[-2:]
+    assert [(r["op"], r["task_id"], r["worker"], r["generation"], r["delay"]) for r in releases] == [
+        ("release", task_id, "w1", leases[task_id].generation, 0) for task_id in ("a", "b")]
+    # The worker that held it has lost it, as after any release.
+    operator.send(p.Ack(id=8, task_id="a", worker="w1", generation=leases["a"].generation))
+    assert operator.answer(8).error == "StaleLease"

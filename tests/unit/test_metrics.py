@@ -286,6 +286,8 @@ EXPECTED_FAMILIES = {
     "walqueue_uptime_seconds": "gauge",
     "walqueue_start_time_seconds": "gauge",
     "walqueue_last_recovery_duration_seconds": "gauge",
+    "walqueue_clock_steps": "counter",
+    "walqueue_clock_offset_seconds": "gauge",
 }
 
 

@@ -1,5 +1,6 @@
 """The wire protocol on bytes alone: framing bounds, round trips, errors, garbage."""
 
+import dataclasses
 import struct
 
 import msgspec
@@ -187,11 +188,21 @@ def test_version_2_answers_carry_the_daemon_version_and_version_1_gets_the_old_b
     answer = p.HelloOk(id=1, version=2, server="walqueued/1", max_body_bytes=5, walqueue_version="9.9.9")
     assert p.decode_response(p.encode(answer)[4:]).walqueue_version == "9.9.9"
     stats = sample_daemon_stats()
-    old_layout = {name: getattr(stats, name) for name in p.WireDaemonStats.__struct_fields__[:-1]}
+    version_1_fields = p.WireDaemonStats.__struct_fields__[:p.WireDaemonStats.__struct_fields__.index("version")]
+    old_layout = {name: getattr(stats, name) for name in version_1_fields}
     old_layout["queue"] = msgspec.structs.asdict(p.WireStats(*[getattr(stats.queue, name) for name in
                                                               p.WireStats.__struct_fields__]))
     assert msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 1)) == msgspec.msgpack.encode(old_layout)
     assert p.daemon_stats_to_wire(stats, 2).version == "9.9.9"
+    version_2 = msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 2))
+    assert b"clock_steps_total" not in version_2 and b"clock_offset_seconds" not in version_2
+
+
+def test_version_3_daemon_stats_carry_the_clock_steps_and_offset():
+    stats = dataclasses.replace(sample_daemon_stats(), clock_steps_total=2, clock_offset_seconds=-3600.5)
+    wire = p.daemon_stats_to_wire(stats, 3)
+    assert p.daemon_stats_from_wire(msgspec.msgpack.decode(msgspec.msgpack.encode(wire),
+                                                           type=p.WireDaemonStats)) == stats
 
 
 def sample_daemon_stats() -> p.DaemonStats:

@@ -28,8 +28,9 @@ ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 Timers, without polling: the select timeout is the earliest of the next
 hello deadline, frame deadline, accept resumption, watchdog ping, end of a
 wait, a metrics scrape's deadline, and the service's next due time (a lease deadline, or a task due while reserves
-wait). Time comes from an injected `Clock`: ``now`` (whole wall seconds,
-never backwards) for leases, monotonic seconds for waits and timers.
+wait). Time comes from an injected `Clock`: ``now`` (whole seconds on the
+monotonic clock from a wall-clock anchor at start, never backwards:
+walqueue.daemon.clock) for leases, monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
 
 A bug (any exception but the ones the service and the commit handle) stops
@@ -39,6 +40,7 @@ dropped, and the daemon exits non-zero for its supervisor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import selectors
 import signal
@@ -199,10 +201,12 @@ class Loop:
 
     def report(self, now: int) -> protocol.DaemonStats:
         """The daemon's full report at ``now``."""
-        return self.recorder.report(
+        report = self.recorder.report(
             self.service.queue, now=now, connections=len(self.connections),
             parked_reserves=self.service.parked.live, paused=self.service.paused,
             compact_wal_bytes=self.compact_wal_bytes, directory=self.directory)
+        return dataclasses.replace(report, clock_steps_total=self.now.steps,
+                                   clock_offset_seconds=self.now.offset_seconds)
 
     # -- main loop -------------------------------------------------------------
 
@@ -338,8 +342,8 @@ class Loop:
                 # never spin on it.
                 deadlines.append(1.0)
             else:
-                # +1 ms so int(wall seconds) has reached `due` on waking.
-                deadlines.append(due - self.clock.wall_seconds() + 0.001)
+                # +1 ms so the daemon's whole seconds have reached `due` on waking.
+                deadlines.append(due - self.now.seconds() + 0.001)
         if not deadlines:
             return None
         return min(MAX_TIMER_SECONDS, max(0.0, min(deadlines)))

@@ -68,6 +68,7 @@ REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
 # What encoding an answer can raise for a value msgpack cannot carry.
 ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
 MAX_PARKED_PER_CONNECTION = 64
+MAX_FORCE_RELEASE_TASKS = 10_000  # one release frame each, all in one turn
 
 
 class Peer(Protocol):
@@ -244,6 +245,7 @@ class Service:
             protocol.BackupBegin: self._backup_begin,
             protocol.BackupEnd: self._backup_end,
             protocol.DaemonStatsReq: self._daemon_stats,
+            protocol.ForceRelease: self._force_release,
             Refused: self._refused,
         }
 
@@ -562,6 +564,35 @@ class Service:
     def _daemon_stats(self, peer: Peer, request: protocol.DaemonStatsReq) -> None:
         stats = protocol.daemon_stats_to_wire(self._report(self.now), peer.protocol_version)
         self._answer(peer, request.id, [protocol.DaemonStatsOk(id=request.id, stats=stats)])
+
+    def _force_release(self, peer: Peer, request: protocol.ForceRelease) -> None:
+        """End the listed tasks' current leases now, as their workers' releases would (delay 0).
+
+        For the operator after a wall-clock jump at start, or a worker that
+        will never come back. Every task is checked before anything is
+        written: InvalidRequest (nothing written) if one is not leased.
+        """
+        task_ids = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
+                                      for index, task_id in enumerate(request.task_ids)))
+        if len(task_ids) > MAX_FORCE_RELEASE_TASKS:
+            raise InvalidRequest(f"force_release of {len(task_ids)} tasks: at most "
+                                 f"{MAX_FORCE_RELEASE_TASKS} a request")
+        leases = []
+        for task_id in task_ids:
+            view = self.queue.get(task_id)
+            if view is None or view.status != "leased":
+                status = "unknown" if view is None else view.status
+                raise InvalidRequest(f"task {task_id!r} is {status}, not leased: there is no lease to release")
+            leases.append(Lease(task_id=task_id, worker=view.worker, generation=view.generation,
+                                deadline=view.deadline, attempts=view.attempts, payload={}))
+        for lease in leases:
+            self.queue.release(lease, now=self.now)
+            log.warning("lease of task %s (worker %s, generation %d, deadline %d) released by force by %s",
+                        one_line(repr(lease.task_id)), one_line(repr(lease.worker)), lease.generation,
+                        lease.deadline, peer.name)
+        self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
+        if self.parked:
+            self.serve_parked()
 
     @staticmethod
     def _refused(peer: Peer, request: Refused) -> None:
