@@ -182,3 +182,29 @@ def test_force_release_ends_current_leases_by_task_id_with_ordinary_release_reco
     # The worker that held it has lost it, as after any release.
     operator.send(p.Ack(id=8, task_id="a", worker="w1", generation=leases["a"].generation))
     assert operator.answer(8).error == "StaleLease"
+
+
+# -- many connections closing with parked reserves (issue 12 item 8) ------------------------
+
+
+def test_closing_a_thousand_connections_with_64_waits_each_costs_each_its_own_waits():
+    # Once every close scanned every parked reserve: 1,000 closing connections
+    # with 64 waits each stalled a bystander 1.8 s (64 million checks).
+    import time
+
+    from walqueue.daemon.service import Parked, ParkedReserves
+
+    from .test_service import FakePeer
+
+    parked = ParkedReserves()
+    peers = [FakePeer(f"p{index}") for index in range(1000)]
+    for number in range(64):
+        for peer in peers:
+            parked.add(Parked(peer, p.Reserve(id=number, worker="w", wait=30), 30.0 + number, 1))
+    started = time.perf_counter()
+    for peer in peers:
+        dropped = parked.drop_peer(peer)
+        assert [entry.request.id for entry in dropped] == list(range(64)) and peer.parked == 0
+    elapsed = time.perf_counter() - started
+    assert not parked and parked.head() is None and parked.next_deadline() is None
+    assert elapsed < 1.0, f"dropping 64,000 waits took {elapsed:.2f} s"  # O(all) each: ~10 s here

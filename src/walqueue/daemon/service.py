@@ -115,16 +115,20 @@ class Parked:
 
 
 class ParkedReserves:
-    """Waiting reserves: arrival order for serving, a heap of deadlines for the timer.
+    """Waiting reserves: arrival order for serving, a heap of deadlines for the timer,
+    and each peer's own entries.
 
     Entries leave by being marked done (served, expired, dropped); done
     entries are skipped lazily, so serving the head, finding the next deadline
-    and expiring waits cost O(log n), not O(n), per loop turn.
+    and expiring waits cost O(log n), not O(n), per loop turn, and dropping a
+    closed peer's waits costs O(its own), not O(all parked).
     """
 
     def __init__(self) -> None:
         self._arrivals: deque[Parked] = deque()
         self._deadlines: list[tuple[float, int, Parked]] = []
+        # id(peer) -> its live entries in arrival order (by id: a peer need not be hashable).
+        self._by_peer: dict[int, dict[Parked, None]] = {}
         self._counter = 0
         self.live = 0
 
@@ -135,6 +139,7 @@ class ParkedReserves:
         self._arrivals.append(entry)
         self._counter += 1
         heapq.heappush(self._deadlines, (entry.deadline_seconds, self._counter, entry))
+        self._by_peer.setdefault(id(entry.peer), {})[entry] = None
         entry.peer.parked += 1
         self.live += 1
 
@@ -142,6 +147,10 @@ class ParkedReserves:
         entry.done = True
         entry.peer.parked -= 1
         self.live -= 1
+        own = self._by_peer[id(entry.peer)]
+        del own[entry]
+        if not own:
+            del self._by_peer[id(entry.peer)]
         if len(self._arrivals) > 2 * self.live + 64:
             self._arrivals = deque(e for e in self._arrivals if not e.done)
             self._deadlines = [item for item in self._deadlines if not item[2].done]
@@ -175,6 +184,13 @@ class ParkedReserves:
     def drop(self, predicate: Callable[[Parked], bool]) -> list[Parked]:
         """Finish and return the live entries matching ``predicate`` (O(n); rare events)."""
         dropped = [entry for entry in self._arrivals if not entry.done and predicate(entry)]
+        for entry in dropped:
+            self._finish(entry)
+        return dropped
+
+    def drop_peer(self, peer: Peer) -> list[Parked]:
+        """Finish and return ``peer``'s live entries, in arrival order: O(its own)."""
+        dropped = list(self._by_peer.get(id(peer), ()))
         for entry in dropped:
             self._finish(entry)
         return dropped
@@ -357,9 +373,8 @@ class Service:
 
     def end_waits(self, peer: Peer) -> None:
         """Answer a peer's parked reserves with no leases (it closed, or the daemon stops)."""
-        if peer.parked:
-            for entry in self.parked.drop(lambda entry: entry.peer is peer):
-                self._answer(peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
+        for entry in self.parked.drop_peer(peer):
+            self._answer(peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
 
     def end_all_waits(self) -> None:
         """Answer every parked reserve with no leases: the daemon is stopping."""
@@ -368,8 +383,7 @@ class Service:
 
     def drop_waits(self, peer: Peer) -> None:
         """Drop a peer's parked reserves unanswered: it is being closed."""
-        if peer.parked:
-            self.parked.drop(lambda entry: entry.peer is peer)
+        self.parked.drop_peer(peer)
 
     def forget(self, peer: Peer) -> None:
         """Drop everything the service holds for a closed peer: its waits, its backup pin."""
