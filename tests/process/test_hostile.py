@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -680,3 +681,33 @@ def test_idle_half_sent_frames_cannot_block_a_bystander_s_large_put_many(make_da
     finally:
         for sock in idle:
             sock.close()
+
+
+# -- a directory a restart cannot fix (issue 12 item 8) ------------------------------------
+
+
+def test_a_directory_in_place_of_current_tmp_stops_the_start_with_exit_5(make_daemon, workdir):
+    # Once exit 1, which Restart=on-failure retried for ever.
+    with Queue(workdir / "queue") as queue:
+        queue.put("a", {})
+    (workdir / "queue" / "CURRENT.tmp").mkdir()
+    daemon = make_daemon(start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 5, daemon.log()
+    assert "CURRENT.tmp" in daemon.log() and "restarting will not help" in daemon.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) for a private read-only mount")
+def test_a_read_only_file_system_at_start_exits_5(workdir):
+    directory = workdir / "queue"
+    with Queue(directory) as queue:
+        queue.put("a", {})
+    script = (f"mount --bind {directory} {directory} && mount -o remount,ro,bind {directory} && "
+              f"exec {sys.executable} -m walqueue.daemon.cli serve {directory} --socket {workdir}/wq.sock")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True,
+                            env=child_env(), cwd=REPO, timeout=60)
+    if "mount:" in result.stderr:
+        pytest.skip(f"no private mounts here: {result.stderr.strip()}")
+    assert result.returncode == 5, result.stderr
+    assert "Read-only file system" in result.stderr and "restarting will not help" in result.stderr

@@ -22,7 +22,14 @@ import walqueue
 from walqueue import CorruptStore, QueueLocked
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
-from .exits import EXIT_CORRUPT, EXIT_FAILURE, EXIT_LOCKED, DaemonExit
+from .exits import (
+    EXIT_CORRUPT,
+    EXIT_DIRECTORY_UNUSABLE,
+    EXIT_FAILURE,
+    EXIT_LOCKED,
+    DaemonExit,
+    open_failure_code,
+)
 from .log import log
 from .loop import DEFAULT_HELLO_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, Loop, bind_listener
 from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
@@ -64,14 +71,18 @@ def _parse_mode(value: str) -> int:
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
-  1  failure: cannot open the directory, bind the socket or listen on the
-     --metrics-listen address, or reopening the queue after a failed write
-     failed; or an unexpected error (a bug: its traceback is logged)
+  1  failure: cannot open the directory for a passing reason (e.g. EIO,
+     EMFILE), bind the socket or listen on the --metrics-listen address, or
+     reopening the queue after a failed write failed; or an unexpected error
+     (a bug: its traceback is logged)
   2  usage error (a bad --metrics-listen, or a non-loopback one without
      --metrics-allow-remote, included); the socket path is not a socket;
      a descriptor passed by systemd is not a Unix stream socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
+  5  the directory cannot be used as it is: read-only file system, no
+     permission, an entry of the wrong type (e.g. CURRENT.tmp a directory),
+     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5)
 """
 
 
@@ -205,8 +216,13 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
         log.error("cannot open %s: %s", directory, exc)
         return EXIT_CORRUPT
     except OSError as exc:
-        log.error("cannot open %s: %s", directory, exc)
-        return EXIT_FAILURE
+        code = open_failure_code(exc)
+        if code == EXIT_DIRECTORY_UNUSABLE:
+            log.error("cannot open %s: %s; restarting will not help: fix the directory or its file "
+                      "system (exit %d)", directory, exc, code)
+        else:
+            log.error("cannot open %s: %s", directory, exc)
+        return code
     recovery_seconds = time.monotonic() - started
     log.info("recovered %s in %.3f s: %s (walqueue %s)", directory, recovery_seconds, queue.stats(),
              walqueue.__version__)
