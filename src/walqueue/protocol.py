@@ -723,14 +723,92 @@ def early_refusal(prefix: bytes, length: int) -> str | None:
     return None
 
 
-def decode_request(body: bytes) -> Request:
-    """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``."""
+def _header(body: bytes, offset: int) -> tuple[str, Any, int]:
+    """("map" | "array", entry count, offset of the first entry) or ("scalar", value, end)."""
+    first = body[offset]
+    if 0x80 <= first <= 0x8F:
+        return "map", first & 0x0F, offset + 1
+    if 0x90 <= first <= 0x9F:
+        return "array", first & 0x0F, offset + 1
+    if first in (0xDC, 0xDD, 0xDE, 0xDF):
+        size = 2 if first in (0xDC, 0xDE) else 4
+        kind = "array" if first in (0xDC, 0xDD) else "map"
+        return kind, int.from_bytes(body[offset + 1:offset + 1 + size], "big"), offset + 1 + size
+    scalar = _scalar(body, offset)
+    if scalar is None:
+        raise ValueError(f"no msgpack value at offset {offset}")
+    value, end = scalar
+    if value is None:  # compare keys of other types by their bytes
+        value = bytes(body[offset:end])
+    return "scalar", value, end
+
+
+def duplicate_key(body: bytes) -> tuple[str, Any] | None:
+    """(where, key) for the first map in the msgpack ``body`` with a key twice, or None.
+
+    ``where`` is "the request" for the top-level map, else its path, such as
+    ``request['payload']['a']``.
+
+    A walk over every value, in Python: the slow path, taken only when the
+    cheap signal in `decode_request` says the body may hold one.
+    """
+    # One frame per open map or array: [values left, keys seen (a map) or None, label in parent, index].
+    stack: list[list] = []
+    offset = 0
     try:
-        return _request_decoder.decode(body)
+        while True:
+            while stack and stack[-1][0] == 0:
+                stack.pop()
+            if offset and not stack:
+                return None
+            label: Any = None
+            if stack:
+                frame = stack[-1]
+                frame[0] -= 1
+                if frame[1] is not None:
+                    if frame[3] % 2 == 0:  # a key
+                        kind, key, offset = _header(body, offset)
+                        frame[3] += 1
+                        if kind != "scalar":
+                            raise ValueError("a map or array as a key")
+                        if key in frame[1]:
+                            path = "".join(f"[{item[2]!r}]" for item in stack[1:])
+                            return ("the request" if len(stack) == 1 else "request" + path), key
+                        frame[1].add(key)
+                        frame[4] = key  # the label of the value that follows
+                        continue
+                    label = frame[4]
+                else:
+                    label = frame[3]
+                frame[3] += 1
+            kind, count, offset = _header(body, offset)
+            if kind == "map":
+                stack.append([2 * count, set(), label, 0, None])
+            elif kind == "array":
+                stack.append([count, None, label, 0, None])
+    except (ValueError, IndexError):
+        return None  # not msgpack after all: msgspec decided otherwise, and is the judge
+
+
+def decode_request(body: bytes) -> Request:
+    """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``.
+
+    msgspec lets the last of two equal keys win; a request or payload with a
+    key twice is refused instead (RequestRefused). The cheap signal: this
+    package's clients send exactly what msgspec encodes for the decoded
+    request, so only a body that differs from its re-encoding is walked.
+    """
+    try:
+        request = _request_decoder.decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
         # msgspec raises RecursionError for deeply nested input: still the
         # peer's fault, never the daemon's end.
         raise ProtocolError(f"undecodable request: {exc}", _peek_id(body)) from exc
+    if _encoder.encode(request) != body and (duplicate := duplicate_key(body)) is not None:
+        where, key = duplicate
+        raise RequestRefused(f"key {key!r} appears twice in {where}: a map must not repeat a key "
+                             f"(the last one would silently win)", request.id)
+    return request
 
 
 def decode_response(body: bytes) -> Response:

@@ -368,3 +368,51 @@ def test_the_id_of_an_undecodable_body_is_found_without_decoding_the_body(monkey
     monkeypatch.setattr(msgspec.msgpack, "decode", decode)
     (refused,) = read_requests(p.frame(body), 4 << 20)
     assert isinstance(refused, p.RequestRefused) and refused.args[1] == 5
+
+
+# -- duplicate keys (issue 12 item 8) -------------------------------------------------------------
+
+
+def raw_map(*pairs) -> bytes:
+    """A msgpack map with exactly these (key, encoded value) pairs, duplicates included."""
+    assert len(pairs) < 16
+    return bytes([0x80 | len(pairs)]) + b"".join(msgspec.msgpack.encode(key) + value for key, value in pairs)
+
+
+def enc(value) -> bytes:
+    return msgspec.msgpack.encode(value)
+
+
+TWICE_K = raw_map(("k", enc(1)), ("k", enc(2)))
+TWICE_X = raw_map(("x", enc(1)), ("y", enc(2)), ("x", enc(3)))
+TWICE_Z = raw_map(("z", enc({})), ("z", enc([])))
+ITEM = raw_map(("task_id", enc("t")), ("payload", TWICE_Z))
+
+
+@pytest.mark.parametrize("body, where, key", [
+    (raw_map(("type", enc("get")), ("id", enc(1)), ("task_id", enc("a")), ("task_id", enc("b"))),
+     "the request", "task_id"),
+    (raw_map(("type", enc("put")), ("id", enc(1)), ("task_id", enc("a")), ("payload", TWICE_K)),
+     "request['payload']", "k"),
+    (raw_map(("type", enc("put")), ("id", enc(1)), ("task_id", enc("a")),
+             ("payload", raw_map(("a", b"\x92" + enc(1) + TWICE_X)))),
+     "request['payload']['a'][1]", "x"),
+    (raw_map(("type", enc("put_many")), ("id", enc(1)), ("requests", b"\x91" + ITEM)),
+     "request['requests'][0]['payload']", "z"),
+])
+def test_a_key_twice_in_a_request_or_a_payload_is_refused_naming_where(body, where, key):
+    # msgspec lets the last of two equal keys win: a put once stored {"k": 2} from {"k": 1, "k": 2}.
+    with pytest.raises(p.RequestRefused) as refused:
+        p.decode_request(body)
+    message, request_id = refused.value.args
+    assert f"key {key!r} appears twice in {where}" in message and request_id == 1, message
+
+
+def test_bodies_this_package_encodes_skip_the_walk_and_others_are_walked(monkeypatch):
+    walked = []
+    real = p.duplicate_key
+    monkeypatch.setattr(p, "duplicate_key", lambda body: walked.append(body) or real(body))
+    put = p.Put(id=5, task_id="t", payload={"a": [1, {"b": 2.5}], "c": None})
+    assert p.decode_request(p.encode(put)[4:]) == put and walked == []
+    reordered = enc({"payload": {"a": 1}, "id": 6, "task_id": "t", "type": "put"})  # other encoders
+    assert p.decode_request(reordered).payload == {"a": 1} and walked == [reordered]
