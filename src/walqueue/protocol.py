@@ -13,7 +13,11 @@ A frame is valid if and only if:
    are in, BEFORE any of the body is buffered;
 2. its body decodes as exactly one of the tagged ``Struct``s below (the tag is
    the ``"type"`` field), with no unknown fields and every field of the
-   declared type.
+   declared type;
+3. (a request, as the daemon reads it) it passes the request bounds: at most
+   MAX_CONTAINER_HEADERS possible map or array headers, a put_many of at
+   most MAX_PUT_MANY_ITEMS items, no map with a key twice. A request that
+   fails one is refused alone (``RequestRefused``); the stream goes on.
 
 The first request on a connection is ``Hello`` carrying ``PROTOCOL_VERSION``;
 every request carries a client-chosen integer ``id`` that its answer (or
@@ -119,7 +123,8 @@ class ProtocolError(Exception):
 
 
 class RequestRefused(ProtocolError):
-    """A well-framed request refused by a cheap bound before decoding: ``args`` = (message, id).
+    """A well-framed request refused by a request bound (a cheap one checked before decoding,
+    or a map with a key twice): ``args`` = (message, id).
 
     With an id, only that request is answered ``InvalidRequest``; the
     connection stays. Without one it is fatal like any ProtocolError.

@@ -27,8 +27,8 @@ ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
 Timers, without polling: the select timeout is the earliest of the next
 hello deadline, frame deadline, accept resumption, watchdog ping, end of a
-wait, a metrics scrape's deadline, and the service's next due time (a lease deadline, or a task due while reserves
-wait). Time comes from an injected `Clock`: ``now`` (whole seconds on the
+wait, a metrics scrape's deadline, and the service's next due time (a lease
+deadline, or a task due while reserves wait). Time comes from an injected `Clock`: ``now`` (whole seconds on the
 monotonic clock from a wall-clock anchor at start, never backwards:
 walqueue.daemon.clock) for leases, monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
@@ -77,8 +77,8 @@ from .systemd import Notifier
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 DRAIN_SECONDS = 5.0
-# A timer never sleeps longer than this, so a wall clock set backwards far
-# cannot postpone due work indefinitely (the clock rule still decides).
+# A timer never sleeps longer than this: a safety net, should a due time ever
+# be computed wrongly, not something the loop relies on.
 MAX_TIMER_SECONDS = 60.0
 
 _LISTENER = object()
