@@ -711,3 +711,20 @@ def test_a_read_only_file_system_at_start_exits_5(workdir):
         pytest.skip(f"no private mounts here: {result.stderr.strip()}")
     assert result.returncode == 5, result.stderr
     assert "Read-only file system" in result.stderr and "restarting will not help" in result.stderr
+
+
+def test_a_payload_with_a_key_twice_is_refused_and_nothing_is_stored(daemon):
+    # msgspec lets the last of two equal keys win: this put once stored {"k": 2}.
+    def entry(key: str, value) -> bytes:
+        return p.encode_value(key) + p.encode_value(value)
+
+    payload = b"\x82" + entry("k", 1) + entry("k", 2)
+    body = (b"\x84" + entry("type", "put") + entry("id", 5) + entry("task_id", "twice")
+            + p.encode_value("payload") + payload)
+    sock = greeted(daemon.socket_path)
+    sock.sendall(p.frame(body) + p.encode(p.Get(id=6, task_id="twice")))
+    refused, answer = read_message(sock), read_message(sock)
+    assert isinstance(refused, p.Error) and not refused.fatal and refused.id == 5, refused
+    assert "key 'k' appears twice in request['payload']" in refused.message
+    assert answer == p.TaskOk(id=6, task=None)
+    sock.close()
