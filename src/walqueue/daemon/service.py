@@ -91,7 +91,7 @@ class ListingInterrupted(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """A request a cheap bound refused before decoding (protocol.RequestRefused): answered
+    """A request the protocol's request bounds refused (protocol.RequestRefused): answered
     InvalidRequest ``message`` in its turn, like any request's error."""
 
     id: int
@@ -586,16 +586,16 @@ class Service:
         will never come back. Every task is checked before anything is
         written: InvalidRequest (nothing written) if one is not leased.
         """
+        if len(request.task_ids) > MAX_FORCE_RELEASE_TASKS:
+            raise InvalidRequest(f"force_release of {len(request.task_ids)} task ids: at most "
+                                 f"{MAX_FORCE_RELEASE_TASKS} a request")
         task_ids = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
                                       for index, task_id in enumerate(request.task_ids)))
-        if len(task_ids) > MAX_FORCE_RELEASE_TASKS:
-            raise InvalidRequest(f"force_release of {len(task_ids)} tasks: at most "
-                                 f"{MAX_FORCE_RELEASE_TASKS} a request")
         leases = []
         for task_id in task_ids:
             view = self.queue.get(task_id)
-            if view is None or view.status != "leased":
-                status = "unknown" if view is None else view.status
+            if view is None or view.status != "leased" or view.deadline <= self.now:
+                status = "unknown" if view is None else "expired" if view.status == "leased" else view.status
                 raise InvalidRequest(f"task {task_id!r} is {status}, not leased: there is no lease to release")
             leases.append(Lease(task_id=task_id, worker=view.worker, generation=view.generation,
                                 deadline=view.deadline, attempts=view.attempts, payload={}))
