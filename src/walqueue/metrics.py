@@ -134,4 +134,10 @@ def render_prometheus(stats: DaemonStats) -> str:
     out.gauge(PREFIX + "last_recovery_duration_seconds",
               "Duration of the last recovery (opening the queue at start or after a write failure).",
               stats.last_recovery_seconds)
+    out.counter(PREFIX + "clock_steps_total",
+                "Wall-clock steps of more than 2 s seen since start (leases follow the daemon's own clock).",
+                stats.clock_steps_total)
+    out.gauge(PREFIX + "clock_offset_seconds",
+              "The wall clock minus the daemon's clock, which advances with the monotonic clock.",
+              stats.clock_offset_seconds)
     return "\n".join(out.lines) + "\n"

@@ -13,7 +13,11 @@ A frame is valid if and only if:
    are in, BEFORE any of the body is buffered;
 2. its body decodes as exactly one of the tagged ``Struct``s below (the tag is
    the ``"type"`` field), with no unknown fields and every field of the
-   declared type.
+   declared type;
+3. (a request, as the daemon reads it) it passes the request bounds: at most
+   MAX_CONTAINER_HEADERS possible map or array headers, a put_many of at
+   most MAX_PUT_MANY_ITEMS items, no map with a key twice. A request that
+   fails one is refused alone (``RequestRefused``); the stream goes on.
 
 The first request on a connection is ``Hello`` carrying ``PROTOCOL_VERSION``;
 every request carries a client-chosen integer ``id`` that its answer (or
@@ -33,7 +37,9 @@ speaks every version in ``DAEMON_PROTOCOL_VERSIONS`` and answers each
 connection in the version its hello announced, omitting the fields that
 version lacks (``omit_defaults``), so a version-1 client gets exactly
 version 1's bytes. Version 2 adds the daemon's walqueue version to
-``HelloOk`` and ``DaemonStats``.
+``HelloOk`` and ``DaemonStats``; version 3 adds the clock's steps and offset
+to ``DaemonStats``. A new request type needs no new version: a daemon that
+does not know it answers a fatal ``InvalidRequest`` (undecodable request).
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
@@ -66,8 +72,9 @@ from walqueue import (
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1  # what this package's clients announce
-DAEMON_PROTOCOL_VERSIONS = (1, 2)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
+CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -78,6 +85,29 @@ MAX_HELLO_BYTES = 4096
 # this many bytes (well below MAX_BODY_BYTES, so a reader never buffers a
 # huge body just to get the first tasks of a listing).
 CHUNK_BUDGET_BYTES = 1024 * 1024
+# Cheap bounds checked BEFORE a body is decoded, so one request cannot make the
+# daemon build millions of objects (or stall its loop doing so) only to be
+# refused afterwards. Decoding builds one Python object per msgpack map or
+# array (~60-150 bytes from 1 byte of body), and every map or array starts with
+# one of the bytes below: their count in a body bounds the containers from
+# above (bytes inside strings and numbers count too, e.g. UTF-8 continuation
+# bytes, so dense non-ASCII text of about 1 MiB and more can reach it).
+MAX_CONTAINER_HEADERS = 1024 * 1024
+_CONTAINER_HEADER_BYTES = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+_OTHER_BYTES = bytes(byte for byte in range(256) if byte not in _CONTAINER_HEADER_BYTES)
+# A put_many writes all its new tasks in one WAL frame; the smallest task is
+# 72 bytes of JSON and a comma, so more items than this can never fit (even
+# identical duplicates, which collapse, count: the bound is on the request).
+MIN_PUT_TASK_JSON_BYTES = 73
+MAX_PUT_MANY_ITEMS = MAX_FRAME_BYTES // MIN_PUT_TASK_JSON_BYTES
+# Bodies below this cannot hold more put_many items than allowed (an item is at
+# least 20 bytes of msgpack) nor more container headers: the request bounds
+# look only at larger ones, and at their first PEEK_PREFIX_BYTES for the fields.
+PEEK_MIN_BODY_BYTES = 1024 * 1024
+PEEK_PREFIX_BYTES = 4096
+# The id of an undecodable body is looked for among at most this many leading
+# fields of its top-level map, skipping only scalar values: O(1), whatever the body.
+MAX_PEEK_FIELDS = 8
 
 _LENGTH = struct.Struct(">I")
 # An already encoded value placed inside a message (the items of a chunked list answer).
@@ -89,6 +119,15 @@ class ProtocolError(Exception):
 
     Never crosses the wire under this name: the server answers it as a fatal
     ``InvalidRequest`` (the peer's code misused the protocol).
+    """
+
+
+class RequestRefused(ProtocolError):
+    """A well-framed request refused by a request bound (a cheap one checked before decoding,
+    or a map with a key twice): ``args`` = (message, id).
+
+    With an id, only that request is answered ``InvalidRequest``; the
+    connection stays. Without one it is fatal like any ProtocolError.
     """
 
 
@@ -231,15 +270,27 @@ class BackupEnd(_Message, tag="backup_end"):
     id: int
 
 
+class ForceRelease(_Message, tag="force_release"):
+    """End the current leases of ``task_ids`` now, whoever holds them (an operator's command).
+
+    Each is written as an ordinary ``release`` record with the task's current
+    worker and generation (delay 0); answered ``TaskIds`` (duplicates dropped).
+    Every task must be leased, else ``InvalidRequest`` and nothing is written.
+    """
+
+    id: int
+    task_ids: list[str]
+
+
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
-    | AckReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq
+    | AckReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
 )
 
 # Requests that may append to the WAL; the others only read state. (Resume
 # serves parked reserves; BackupBegin compacts a queue never compacted.)
 WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckReserve, Resume,
-                    BackupBegin)
+                    BackupBegin, ForceRelease)
 
 
 # -- values carried by answers ------------------------------------------------
@@ -276,6 +327,10 @@ class DaemonStats:
     last_recovery_seconds: float
     directory: str
     version: str = ""  # the daemon's walqueue.__version__ (protocol version 2; "" for version 1)
+    # Protocol version 3 (0 for earlier ones): wall-clock steps seen since start, and the wall
+    # clock minus the daemon's own clock, which leases follow (walqueue.daemon.clock).
+    clock_steps_total: int = 0
+    clock_offset_seconds: float = 0.0
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
@@ -459,6 +514,11 @@ def encode_value(value: Any) -> bytes:
     return _encoder.encode(value)
 
 
+def container_header_bound(data: bytes | bytearray) -> int:
+    """How many bytes of ``data`` could start a msgpack map or array (an upper bound on containers)."""
+    return len(data.translate(None, _OTHER_BYTES))
+
+
 class FrameReader:
     """Splits a byte stream into message bodies, enforcing the length bound.
 
@@ -466,19 +526,34 @@ class FrameReader:
     complete body or None. A length of 0 or above ``max_body_bytes`` raises
     ProtocolError as soon as its 4 bytes have arrived, so at most one
     bounded body is ever buffered.
+
+    With ``request_bounds`` (the daemon's side) a large body is also checked
+    against the cheap request bounds WHILE it arrives (`early_refusal` once
+    its leading bytes are in, the container headers counted as each byte
+    arrives, once): past one, ``next_body`` raises RequestRefused at once,
+    and the rest of that body is discarded as it arrives, never buffered.
     """
 
-    def __init__(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, max_body_bytes: int = MAX_BODY_BYTES, *, request_bounds: bool = False) -> None:
         self._buffer = bytearray()
         self.max_body_bytes = max_body_bytes  # may be raised, e.g. after a hello
+        self._request_bounds = request_bounds
+        self._peeked = False  # the body in progress had its leading fields checked
+        self._counted_bytes = 0  # of the body in progress, the bytes whose headers were counted
+        self._counted_headers = 0  # the container headers among them
+        self._skipping_bytes = 0  # what is left of a refused body, discarded as it arrives
 
     def pending_length(self) -> int | None:
         """The length of the frame being received, once its 4-byte prefix is in."""
-        if len(self._buffer) < LENGTH_PREFIX_BYTES:
+        if self._skipping_bytes or len(self._buffer) < LENGTH_PREFIX_BYTES:
             return None
         return _LENGTH.unpack_from(self._buffer)[0]
 
     def feed(self, data: bytes) -> None:
+        if self._skipping_bytes:
+            skipped = min(len(data), self._skipping_bytes)
+            self._skipping_bytes -= skipped
+            data = data[skipped:]
         self._buffer += data
 
     @property
@@ -487,14 +562,20 @@ class FrameReader:
 
     def wanted_bytes(self) -> int:
         """How many more bytes complete the frame being read (at least 1)."""
+        if self._skipping_bytes:
+            return self._skipping_bytes
         if len(self._buffer) < LENGTH_PREFIX_BYTES:
             return LENGTH_PREFIX_BYTES - len(self._buffer)
         (length,) = _LENGTH.unpack_from(self._buffer)
         return max(1, LENGTH_PREFIX_BYTES + length - len(self._buffer))
 
     def next_body(self) -> bytes | None:
-        """Return the next complete body, or None. Raises ProtocolError on a bad length."""
-        if len(self._buffer) < LENGTH_PREFIX_BYTES:
+        """Return the next complete body, or None.
+
+        Raises ProtocolError on a bad length, RequestRefused for a body past a
+        cheap request bound (the stream goes on after it).
+        """
+        if self._skipping_bytes or len(self._buffer) < LENGTH_PREFIX_BYTES:
             return None
         (length,) = _LENGTH.unpack_from(self._buffer)
         if length == 0 or length > self.max_body_bytes:
@@ -502,34 +583,237 @@ class FrameReader:
                 f"frame length {length} is outside 1..{self.max_body_bytes} bytes"
             )
         end = LENGTH_PREFIX_BYTES + length
+        if self._request_bounds and length >= PEEK_MIN_BODY_BYTES:
+            self._check_request_bounds(length, min(len(self._buffer), end))
         if len(self._buffer) < end:
             return None
         body = bytes(self._buffer[LENGTH_PREFIX_BYTES:end])
         del self._buffer[:end]
+        self._peeked, self._counted_bytes, self._counted_headers = False, 0, 0
         return body
+
+    def _check_request_bounds(self, length: int, available: int) -> None:
+        """Check what arrived of a large body; refuse it (and skip the rest) past a bound."""
+        received = available - LENGTH_PREFIX_BYTES
+        refusal = None
+        if not self._peeked and received >= min(length, PEEK_PREFIX_BYTES):
+            self._peeked = True
+            refusal = early_refusal(self._prefix(), length)
+        if refusal is None and length > MAX_CONTAINER_HEADERS and received > self._counted_bytes:
+            start = LENGTH_PREFIX_BYTES + self._counted_bytes
+            self._counted_headers += container_header_bound(self._buffer[start:available])
+            self._counted_bytes = received
+            if self._counted_headers > MAX_CONTAINER_HEADERS:
+                refusal = (f"request of {length} bytes refused before decoding: more than "
+                           f"{MAX_CONTAINER_HEADERS} of its bytes may start a msgpack map or array "
+                           f"(0x80-0x9f, 0xdc-0xdf; bytes of non-ASCII text count too): send fewer or "
+                           f"smaller items")
+        if refusal is None:
+            return
+        request_id = _peek_id(self._prefix())
+        del self._buffer[:available]
+        self._skipping_bytes = LENGTH_PREFIX_BYTES + length - available
+        self._peeked, self._counted_bytes, self._counted_headers = False, 0, 0
+        raise RequestRefused(refusal, request_id)
+
+    def _prefix(self) -> bytes:
+        return bytes(self._buffer[LENGTH_PREFIX_BYTES:LENGTH_PREFIX_BYTES + PEEK_PREFIX_BYTES])
+
+
+# msgpack's scalar formats by first byte: how many bytes follow the first
+# byte before the value's own data, and for strings/bins/exts how many of
+# those give the data's length (fixed-size values: (size, 0)).
+_SCALAR_SIZES = {0xC0: (0, 0), 0xC2: (0, 0), 0xC3: (0, 0), 0xCA: (4, 0), 0xCB: (8, 0),
+                 0xCC: (1, 0), 0xCD: (2, 0), 0xCE: (4, 0), 0xCF: (8, 0), 0xD0: (1, 0), 0xD1: (2, 0),
+                 0xD2: (4, 0), 0xD3: (8, 0), 0xD4: (2, 0), 0xD5: (3, 0), 0xD6: (5, 0), 0xD7: (9, 0),
+                 0xD8: (17, 0), 0xD9: (1, 1), 0xDA: (2, 2), 0xDB: (4, 4), 0xC4: (1, 1), 0xC5: (2, 2),
+                 0xC6: (4, 4), 0xC7: (2, 1), 0xC8: (3, 2), 0xC9: (5, 4)}
+
+
+def _scalar(body: bytes, offset: int) -> tuple[Any, int] | None:
+    """The scalar at ``offset`` (str, int or None for any other scalar) and the offset after it;
+    None if a map or array (or nothing) starts there."""
+    if offset >= len(body):
+        return None
+    first = body[offset]
+    if first <= 0x7F:
+        return first, offset + 1
+    if first >= 0xE0:
+        return first - 0x100, offset + 1
+    if 0xA0 <= first <= 0xBF:
+        end = offset + 1 + (first & 0x1F)
+        return body[offset + 1:end].decode("utf-8", "replace"), end
+    if first not in _SCALAR_SIZES:
+        return None
+    size, length_bytes = _SCALAR_SIZES[first]
+    start = offset + 1
+    if length_bytes:
+        data_length = int.from_bytes(body[start:start + length_bytes], "big")
+        end = start + size + data_length
+        if first in (0xD9, 0xDA, 0xDB):
+            return body[start + length_bytes:end].decode("utf-8", "replace"), end
+        return None, end
+    if 0xCC <= first <= 0xD3:
+        return int.from_bytes(body[start:start + size], "big", signed=first >= 0xD0), start + size
+    return None, start + size
+
+
+def _container_length(body: bytes, offset: int) -> int | None:
+    """The element count of the msgpack array at ``offset``, or None if none starts there."""
+    if offset >= len(body):
+        return None
+    first = body[offset]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    if first in (0xDC, 0xDD):
+        size = 2 if first == 0xDC else 4
+        return int.from_bytes(body[offset + 1:offset + 1 + size], "big")
+    return None
+
+
+def peek_fields(body: bytes) -> dict[str, Any]:
+    """The scalar fields leading the body's top-level map, in O(1) whatever the body.
+
+    Reads at most MAX_PEEK_FIELDS fields and stops at the first value that is
+    not a scalar; an array value is recorded as its element count (so a
+    put_many's ``requests`` count is known without decoding its items).
+    Nothing else of the body is looked at, so a huge or hostile body costs
+    what its first few fields cost. Best effort: returns what it could read.
+    """
+    fields: dict[str, Any] = {}
+    if not body:
+        return fields
+    first = body[0]
+    if 0x80 <= first <= 0x8F:
+        count, offset = first & 0x0F, 1
+    elif first in (0xDE, 0xDF):
+        size = 2 if first == 0xDE else 4
+        count, offset = int.from_bytes(body[1:1 + size], "big"), 1 + size
+    else:
+        return fields
+    for _ in range(min(count, MAX_PEEK_FIELDS)):
+        key = _scalar(body, offset)
+        if key is None or not isinstance(key[0], str):
+            break
+        name, offset = key
+        value = _scalar(body, offset)
+        if value is None:
+            elements = _container_length(body, offset)
+            if elements is not None:
+                fields[name] = elements
+            break
+        fields[name], offset = value
+    return fields
 
 
 def _peek_id(body: bytes) -> int | None:
     """Best effort: the integer ``id`` of an undecodable message, for its error answer."""
-    try:
-        value = msgspec.msgpack.decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    if isinstance(value, dict):
-        candidate = value.get("id")
-        if type(candidate) is int and 0 <= candidate < 2**64:
-            return candidate
+    candidate = peek_fields(body).get("id")
+    if type(candidate) is int and 0 <= candidate < 2**64:
+        return candidate
     return None
 
 
-def decode_request(body: bytes) -> Request:
-    """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``."""
+def early_refusal(prefix: bytes, length: int) -> str | None:
+    """Why a request body of ``length`` bytes starting with ``prefix`` is refused unread, or None.
+
+    Today: a put_many of more items than one WAL frame can hold.
+    """
+    fields = peek_fields(prefix)
+    items = fields.get("requests")
+    if fields.get("type") == "put_many" and type(items) is int and items > MAX_PUT_MANY_ITEMS:
+        return (f"put_many of {items} items refused before decoding: one transaction is one WAL frame "
+                f"of at most {MAX_FRAME_BYTES} bytes, which holds at most {MAX_PUT_MANY_ITEMS} tasks; "
+                f"split it into several put_many calls")
+    return None
+
+
+def _header(body: bytes, offset: int) -> tuple[str, Any, int]:
+    """("map" | "array", entry count, offset of the first entry) or ("scalar", value, end)."""
+    first = body[offset]
+    if 0x80 <= first <= 0x8F:
+        return "map", first & 0x0F, offset + 1
+    if 0x90 <= first <= 0x9F:
+        return "array", first & 0x0F, offset + 1
+    if first in (0xDC, 0xDD, 0xDE, 0xDF):
+        size = 2 if first in (0xDC, 0xDE) else 4
+        kind = "array" if first in (0xDC, 0xDD) else "map"
+        return kind, int.from_bytes(body[offset + 1:offset + 1 + size], "big"), offset + 1 + size
+    scalar = _scalar(body, offset)
+    if scalar is None:
+        raise ValueError(f"no msgpack value at offset {offset}")
+    value, end = scalar
+    if value is None:  # compare keys of other types by their bytes
+        value = bytes(body[offset:end])
+    return "scalar", value, end
+
+
+def duplicate_key(body: bytes) -> tuple[str, Any] | None:
+    """(where, key) for the first map in the msgpack ``body`` with a key twice, or None.
+
+    ``where`` is "the request" for the top-level map, else its path, such as
+    ``request['payload']['a']``.
+
+    A walk over every value, in Python: the slow path, taken only when the
+    cheap signal in `decode_request` says the body may hold one.
+    """
+    # One frame per open map or array: [values left, keys seen (a map) or None, label in parent, index].
+    stack: list[list] = []
+    offset = 0
     try:
-        return _request_decoder.decode(body)
+        while True:
+            while stack and stack[-1][0] == 0:
+                stack.pop()
+            if offset and not stack:
+                return None
+            label: Any = None
+            if stack:
+                frame = stack[-1]
+                frame[0] -= 1
+                if frame[1] is not None:
+                    if frame[3] % 2 == 0:  # a key
+                        kind, key, offset = _header(body, offset)
+                        frame[3] += 1
+                        if kind != "scalar":
+                            raise ValueError("a map or array as a key")
+                        if key in frame[1]:
+                            path = "".join(f"[{item[2]!r}]" for item in stack[1:])
+                            return ("the request" if len(stack) == 1 else "request" + path), key
+                        frame[1].add(key)
+                        frame[4] = key  # the label of the value that follows
+                        continue
+                    label = frame[4]
+                else:
+                    label = frame[3]
+                frame[3] += 1
+            kind, count, offset = _header(body, offset)
+            if kind == "map":
+                stack.append([2 * count, set(), label, 0, None])
+            elif kind == "array":
+                stack.append([count, None, label, 0, None])
+    except (ValueError, IndexError):
+        return None  # not msgpack after all: msgspec decided otherwise, and is the judge
+
+
+def decode_request(body: bytes) -> Request:
+    """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``.
+
+    msgspec lets the last of two equal keys win; a request or payload with a
+    key twice is refused instead (RequestRefused). The cheap signal: this
+    package's clients send exactly what msgspec encodes for the decoded
+    request, so only a body that differs from its re-encoding is walked.
+    """
+    try:
+        request = _request_decoder.decode(body)
     except (msgspec.DecodeError, RecursionError) as exc:
         # msgspec raises RecursionError for deeply nested input: still the
         # peer's fault, never the daemon's end.
         raise ProtocolError(f"undecodable request: {exc}", _peek_id(body)) from exc
+    if _encoder.encode(request) != body and (duplicate := duplicate_key(body)) is not None:
+        where, key = duplicate
+        raise RequestRefused(f"key {key!r} appears twice in {where}: a map must not repeat a key "
+                             f"(the last one would silently win)", request.id)
+    return request
 
 
 def decode_response(body: bytes) -> Response:
@@ -581,6 +865,8 @@ def daemon_stats_to_wire(stats: DaemonStats, protocol_version: int) -> WireDaemo
     fields = {name: getattr(stats, name) for name in WireDaemonStats.__struct_fields__}
     if protocol_version < VERSION_REPORTING_VERSION:
         fields["version"] = ""  # equal to the default: omitted
+    if protocol_version < CLOCK_REPORTING_VERSION:
+        fields["clock_steps_total"], fields["clock_offset_seconds"] = 0, 0.0
     return WireDaemonStats(**fields)
 
 

@@ -5,10 +5,12 @@
 import asyncio
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -229,3 +231,107 @@ def test_fsyncs_match_the_durable_syncs_and_a_failed_write_is_counted(make_daemo
         report = client.daemon_stats()
         assert report.write_failures_total == 1 and report.fsyncs_total == 6
         assert report.queue.ready == 3 and report.queue.leased == 2  # reopened from disk
+
+
+# -- the endpoint under abuse (issue 12 item 2) ---------------------------------------
+
+SMALL_DESCRIPTOR_LIMIT = 64
+TRICKLE_SECONDS = 1.0
+
+
+def limit_descriptors() -> None:
+    """preexec_fn: the daemon starts with a small open-file limit, so exhausting it is cheap."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (SMALL_DESCRIPTOR_LIMIT, SMALL_DESCRIPTOR_LIMIT))
+
+
+class Trickler:
+    """Scrapes begun and never finished: connects, then one more byte on each every second."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sockets: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._trickle)
+        self.thread.start()
+
+    def connect(self, count: int, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        for _ in range(count):
+            if time.monotonic() > deadline:
+                return
+            sock = socket.socket()
+            sock.settimeout(1.0)
+            try:
+                sock.connect(("127.0.0.1", self.port))
+                sock.sendall(b"G")
+            except OSError:
+                sock.close()
+                continue
+            self.sockets.append(sock)
+
+    def _trickle(self) -> None:
+        while not self.stop.wait(TRICKLE_SECONDS):
+            for sock in list(self.sockets):
+                try:
+                    sock.send(b"E")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(HTTP_SECONDS)
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_many_idle_metrics_connections_cannot_exhaust_the_daemon_s_descriptors(make_daemon):
+    # Once a thread per scrape held a descriptor each, its timeout renewed by
+    # every byte: trickling connections took every descriptor, the next
+    # compaction failed with EMFILE, so did the reopen, and walqueued exited 1.
+    port = free_port()
+    daemon = make_daemon("--metrics-listen", f"127.0.0.1:{port}", "--max-connections", "16",
+                         start=False)
+    daemon.start(popen_kwargs={"preexec_fn": limit_descriptors})
+    trickler = Trickler(port)
+    try:
+        trickler.connect(2 * SMALL_DESCRIPTOR_LIMIT, seconds=30)
+        with Client(daemon.socket_path, timeout=HTTP_SECONDS, retry_seconds=0) as client:
+            for number in range(10):
+                client.put(f"t{number}", {"n": number})
+                client.compact()  # creates files: needs free descriptors
+            assert client.stats().ready == 10
+        assert daemon.proc.poll() is None, daemon.log()
+    finally:
+        trickler.close()
+    # Once the idle ones are gone a scrape is served again.
+    wait_until(lambda: http("GET", f"http://127.0.0.1:{port}/metrics")[0] == 200, FIGURE_SECONDS,
+               "a scrape served after the idle connections closed", interval=0.2)
+    log = daemon.log()
+    assert daemon.terminate() == 0, log
+    assert "write failed" not in log and "Traceback" not in log and "reopen" not in log
+
+
+def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_total_deadline(make_daemon):
+    # A timeout renewed by every byte let one byte every few seconds hold a
+    # scrape slot for ever; the deadline counts from the accept.
+    from walqueue.daemon.metrics_http import REQUEST_DEADLINE_SECONDS
+
+    port = free_port()
+    make_daemon("--metrics-listen", f"127.0.0.1:{port}")
+    with socket.create_connection(("127.0.0.1", port), timeout=HTTP_SECONDS) as sock:
+        started = time.monotonic()
+        closed_after = None
+        for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"x" * 100:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed_after = time.monotonic() - started
+                break
+            readable, _, _ = select.select([sock], [], [], 0.25)
+            if readable and sock.recv(4096) == b"":
+                closed_after = time.monotonic() - started
+                break
+        assert closed_after is not None, "the trickling scrape was never cut off"
+    assert REQUEST_DEADLINE_SECONDS <= closed_after < REQUEST_DEADLINE_SECONDS + 5, closed_after

@@ -9,7 +9,7 @@ import walqueue
 from walqueue import protocol
 from walqueue.daemon import connection as connection_module
 from walqueue.daemon.connection import (
-    MAX_ADMITTED_INPUT_BYTES,
+    LARGE_FRAME_BYTES,
     OUTPUT_HIGH_WATER_BYTES,
     Connection,
     ConnectionFault,
@@ -26,16 +26,28 @@ def a_connection(length=None):
     return conn
 
 
-def test_large_frames_are_admitted_only_while_they_fit_in_the_input_budget():
+def test_the_input_budget_counts_received_bytes_not_declared_ones():
+    # Declaring a length costs nothing: fifteen idle 17 MiB prefixes once held
+    # the whole budget. Only what arrived counts.
     budget = InputBudget()
-    size = MAX_ADMITTED_INPUT_BYTES // 2 + 1  # two do not fit together
-    first, second, small = a_connection(size), a_connection(size), a_connection(100)
-    assert budget.admit(first) and first.admitted == size
-    assert not budget.admit(second) and second.admitted == 0
-    assert budget.admit(small) and small.admitted == 0  # small frames need no room
-    first.reader = protocol.FrameReader()  # its frame completed
-    assert budget.admit(first) and budget.admitted_total == 0
-    assert budget.admit(second) and budget.admitted_total == size
+    idle = [a_connection(protocol.MAX_BODY_BYTES) for _ in range(15)]
+    assert all(budget.admit(conn) for conn in idle)
+    assert budget.admitted_total == 15 * 14  # prefix and ten bytes each
+    assert budget.admit(a_connection(LARGE_FRAME_BYTES))
+
+
+def test_a_full_budget_lets_only_the_oldest_large_frame_read_on():
+    budget = InputBudget(max_bytes=30)
+    oldest, second, small = a_connection(LARGE_FRAME_BYTES), a_connection(LARGE_FRAME_BYTES), a_connection(100)
+    assert budget.admit(oldest) and budget.admit(second)  # 14 + 14 received: room left
+    second.reader.feed(b"y" * 10)
+    assert not budget.admit(second) and second.input_waiting and second in budget.waiting
+    oldest.reader.feed(b"y" * 10)
+    assert budget.admit(oldest), "the oldest frame always reads on, so one completes"
+    assert budget.admit(small), "small frames need no room"
+    oldest.reader = protocol.FrameReader()  # its frame completed
+    assert budget.admit(oldest) and budget.admitted_total == 24
+    assert budget.admit(second) and not second.input_waiting and not budget.waiting
     budget.release(second)
     assert budget.admitted_total == 0
 

@@ -109,13 +109,14 @@ def served(tmp_path):
 
 
 def test_the_clock_is_whole_seconds_and_never_goes_backwards():
-    clock = FakeClock()
+    clock = FakeClock(wall_seconds=100.9)
     now = DaemonNow(clock)
     readings = []
-    for wall in (100.9, 99.2, 101.0, 50.0):
-        clock.wall = wall
+    for monotonic, wall in ((0.0, 100.9), (0.05, 99.2), (0.1, 101.0), (0.2, 50.0), (1.1, 102.0)):
+        clock.monotonic, clock.wall = monotonic, wall
         readings.append(now())
-    assert readings == [100, 100, 101, 101]
+    # It follows the monotonic clock from the wall clock at start, whatever the wall clock does after.
+    assert readings == [100, 100, 101, 101, 102]
 
 
 def test_a_waiting_reserve_is_woken_by_a_put_from_another_connection(served):

@@ -286,6 +286,8 @@ EXPECTED_FAMILIES = {
     "walqueue_uptime_seconds": "gauge",
     "walqueue_start_time_seconds": "gauge",
     "walqueue_last_recovery_duration_seconds": "gauge",
+    "walqueue_clock_steps": "counter",
+    "walqueue_clock_offset_seconds": "gauge",
 }
 
 
@@ -413,41 +415,107 @@ def test_a_remote_listen_address_needs_the_explicit_flag():
     assert parse_listen("0.0.0.0:9464", allow_remote=True) == ("0.0.0.0", 9464)
 
 
-# -- the endpoint's hand-over between the HTTP thread and the loop ---------------------
+# -- the endpoint, served from the loop's selector -----------------------------------
 
 
-def test_a_scrape_wakes_the_loop_and_gets_what_it_publishes(monkeypatch):
-    import threading
+class EndpointDriver:
+    """A MetricsEndpoint on its own selector, driven turn by turn as the loop does."""
 
+    def __init__(self) -> None:
+        import selectors
+
+        from walqueue.daemon import metrics_http
+
+        self.endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)
+        self.selector = selectors.DefaultSelector()
+        self.endpoint.start(self.selector)
+        self.monotonic = 0.0
+        self.renders = 0
+
+    def turn(self) -> None:
+        for key, mask in self.selector.select(0.05):
+            assert self.endpoint.owns(key.data)
+            self.endpoint.on_event(key.data, mask, self.monotonic)
+        self.endpoint.expire(self.monotonic)
+        if self.endpoint.wanted:
+            self.renders += 1
+            self.endpoint.publish(f"text {self.renders}\n", self.monotonic)
+
+    def scrape(self, request: bytes = b"GET /metrics HTTP/1.0\r\n\r\n"):
+        import socket
+
+        sock = socket.create_connection(self.endpoint.address, timeout=5)
+        sock.sendall(request)
+        return sock
+
+    def answer(self, sock) -> bytes:
+        sock.setblocking(False)
+        data = b""
+        for _ in range(100):
+            self.turn()
+            try:
+                chunk = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                sock.close()
+                return data
+            data += chunk
+        raise AssertionError(f"no complete answer in 100 turns: {data!r}")
+
+    def close(self) -> None:
+        self.endpoint.close()
+        self.selector.close()
+
+
+@pytest.fixture
+def endpoint_driver():
+    driver = EndpointDriver()
+    yield driver
+    driver.close()
+
+
+def test_scrapes_within_a_second_share_one_render(endpoint_driver):
+    driver = endpoint_driver
+    assert driver.answer(driver.scrape()).endswith(b"\r\n\r\ntext 1\n")
+    assert driver.answer(driver.scrape()).endswith(b"text 1\n") and driver.renders == 1
+    driver.monotonic += 1.0
+    answer = driver.answer(driver.scrape(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"))
+    assert answer.startswith(b"HTTP/1.0 200 OK\r\n") and answer.endswith(b"text 2\n")
+    assert b"Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n" in answer
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET / HTTP/1.0\r\n\r\n", b"404"),
+    (b"POST /metrics HTTP/1.0\r\n\r\n", b"405"),
+    (b"HEAD /metrics HTTP/1.0\r\n\r\n", b"405"),
+    (b"nonsense\r\n\r\n", b"400"),
+    (b"GET /metrics HTTP/1.0\r\nX: " + b"y" * 9000, b"431"),
+])
+def test_anything_but_get_metrics_is_answered_with_its_error(endpoint_driver, request_bytes, status):
+    answer = endpoint_driver.answer(endpoint_driver.scrape(request_bytes))
+    assert answer.startswith(b"HTTP/1.0 " + status), answer
+    assert endpoint_driver.renders == 0
+
+
+def test_scrapes_beyond_the_bound_are_refused_and_each_has_a_total_deadline(endpoint_driver):
     from walqueue.daemon import metrics_http
 
-    endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)
-    try:
-        wakes = []
-
-        def loop_turn():  # what Server._one_turn does when woken
-            wakes.append(endpoint.wanted)
-            endpoint.publish(f"text {len(wakes)}\n")
-
-        endpoint._wake = lambda: threading.Thread(target=loop_turn).start()
-        assert endpoint.text() == "text 1\n" and wakes == [True] and endpoint.wanted is False
-        assert endpoint.text() == "text 1\n" and len(wakes) == 1  # fresh: no second render
-        monkeypatch.setattr(metrics_http, "FRESH_SECONDS", 0.0)
-        assert endpoint.text() == "text 2\n"
-        # A loop too busy to answer: the scrape gets the last text after its wait.
-        monkeypatch.setattr(metrics_http, "RENDER_WAIT_SECONDS", 0.05)
-        endpoint._wake = lambda: None
-        assert endpoint.text() == "text 2\n" and endpoint.wanted is True
-    finally:
-        endpoint.close()
-
-
-def test_before_any_render_a_busy_loop_means_no_text(monkeypatch):
-    from walqueue.daemon import metrics_http
-
-    monkeypatch.setattr(metrics_http, "RENDER_WAIT_SECONDS", 0.05)
-    endpoint = metrics_http.MetricsEndpoint("127.0.0.1", 0)
-    try:
-        assert endpoint.text() is None
-    finally:
-        endpoint.close()
+    driver = endpoint_driver
+    idle = [driver.scrape(b"G") for _ in range(metrics_http.MAX_CONNECTIONS)]
+    for _ in range(5):
+        driver.turn()
+    assert driver.answer(driver.scrape()).startswith(b"HTTP/1.0 503")
+    # More bytes do not extend a deadline: it counts from the accept.
+    for sock in idle:
+        sock.sendall(b"ET")
+    driver.monotonic += metrics_http.REQUEST_DEADLINE_SECONDS - 0.1
+    driver.turn()
+    assert driver.endpoint.next_deadline() is not None
+    driver.monotonic += 0.1
+    driver.turn()
+    assert driver.endpoint.next_deadline() is None
+    for sock in idle:
+        assert sock.recv(100) == b""  # closed by the endpoint
+        sock.close()
+    assert driver.answer(driver.scrape()).endswith(b"text 1\n")

@@ -1,5 +1,6 @@
 """The wire protocol on bytes alone: framing bounds, round trips, errors, garbage."""
 
+import dataclasses
 import struct
 
 import msgspec
@@ -187,11 +188,21 @@ def test_version_2_answers_carry_the_daemon_version_and_version_1_gets_the_old_b
     answer = p.HelloOk(id=1, version=2, server="walqueued/1", max_body_bytes=5, walqueue_version="9.9.9")
     assert p.decode_response(p.encode(answer)[4:]).walqueue_version == "9.9.9"
     stats = sample_daemon_stats()
-    old_layout = {name: getattr(stats, name) for name in p.WireDaemonStats.__struct_fields__[:-1]}
+    version_1_fields = p.WireDaemonStats.__struct_fields__[:p.WireDaemonStats.__struct_fields__.index("version")]
+    old_layout = {name: getattr(stats, name) for name in version_1_fields}
     old_layout["queue"] = msgspec.structs.asdict(p.WireStats(*[getattr(stats.queue, name) for name in
                                                               p.WireStats.__struct_fields__]))
     assert msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 1)) == msgspec.msgpack.encode(old_layout)
     assert p.daemon_stats_to_wire(stats, 2).version == "9.9.9"
+    version_2 = msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 2))
+    assert b"clock_steps_total" not in version_2 and b"clock_offset_seconds" not in version_2
+
+
+def test_version_3_daemon_stats_carry_the_clock_steps_and_offset():
+    stats = dataclasses.replace(sample_daemon_stats(), clock_steps_total=2, clock_offset_seconds=-3600.5)
+    wire = p.daemon_stats_to_wire(stats, 3)
+    assert p.daemon_stats_from_wire(msgspec.msgpack.decode(msgspec.msgpack.encode(wire),
+                                                           type=p.WireDaemonStats)) == stats
 
 
 def sample_daemon_stats() -> p.DaemonStats:
@@ -263,3 +274,145 @@ def test_a_manifest_round_trips_to_the_library_value():
     assert answer == wire and p.manifest_from_wire(answer) == manifest
     state = p.decode_response(p.encode(p.PauseState(id=8, paused=True))[4:])
     assert state == p.PauseState(id=8, paused=True)
+
+
+# -- cheap bounds before decoding (issue 12 item 4) ---------------------------------------
+
+
+def read_requests(stream: bytes, read_bytes: int) -> list:
+    """Feed ``stream`` to the daemon's reader in reads of ``read_bytes``: the requests and refusals."""
+    reader = p.FrameReader(request_bounds=True)
+    found = []
+    for start in range(0, len(stream), read_bytes):
+        reader.feed(stream[start:start + read_bytes])
+        while True:
+            try:
+                body = reader.next_body()
+            except p.RequestRefused as refused:
+                found.append(refused)
+                continue
+            if body is None:
+                break
+            found.append(p.decode_request(body))
+    assert reader.buffered_bytes == 0
+    return found
+
+
+def test_container_headers_are_an_upper_bound_counted_cheaply():
+    assert p.container_header_bound(msgspec.msgpack.encode({"a": [[], {}], "я": "я"})) == 4 + 2  # four containers, two bytes 0x8f of "я"
+
+
+def test_a_body_of_millions_of_empty_lists_is_refused_while_it_arrives_and_the_stream_goes_on():
+    # Once such a put took 2.6 GiB and 25.7 s to be refused for its size.
+    payload = {"lists": [[] for _ in range(p.MAX_CONTAINER_HEADERS + 1)]}
+    stream = p.encode(p.Put(id=9, task_id="t", payload=payload)) + p.encode(p.Stats(id=10))
+    refused, stats = read_requests(stream, 256 * 1024)
+    assert isinstance(refused, p.RequestRefused) and refused.args[1] == 9
+    assert "refused before decoding" in refused.args[0] and str(p.MAX_CONTAINER_HEADERS) in refused.args[0]
+    assert stats == p.Stats(id=10)
+
+
+def test_a_body_just_within_the_container_bound_is_decoded():
+    payload = {"lists": [[] for _ in range(p.MAX_CONTAINER_HEADERS - 3)]}
+    (put,) = read_requests(p.encode(p.Put(id=9, task_id="t", payload=payload)), 1 << 20)
+    assert len(put.payload["lists"]) == p.MAX_CONTAINER_HEADERS - 3
+
+
+def test_a_put_many_that_cannot_fit_one_wal_frame_is_refused_by_its_item_count():
+    items = [p.PutItem(task_id="t", payload={})] * (p.MAX_PUT_MANY_ITEMS + 1)
+    stream = p.encode(p.PutMany(id=11, requests=items))
+    (refused,) = read_requests(stream, 64 * 1024)
+    assert isinstance(refused, p.RequestRefused) and refused.args[1] == 11
+    assert f"put_many of {p.MAX_PUT_MANY_ITEMS + 1} items" in refused.args[0]
+    (fitting,) = read_requests(p.encode(p.PutMany(id=12, requests=items[:p.MAX_PUT_MANY_ITEMS])), 1 << 20)
+    assert len(fitting.requests) == p.MAX_PUT_MANY_ITEMS
+
+
+def test_the_client_s_reader_applies_no_request_bounds():
+    payload = {"lists": [[] for _ in range(p.MAX_CONTAINER_HEADERS + 1)]}
+    reader = p.FrameReader()
+    reader.feed(p.encode(p.Put(id=9, task_id="t", payload=payload)))
+    assert reader.next_body() is not None
+
+
+def test_the_smallest_put_task_is_what_the_put_many_bound_assumes():
+    import json
+
+    smallest = {"available_at": 0, "key": "k", "max_attempts": 1, "payload": {}, "task_id": "t"}
+    encoded = json.dumps(smallest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert len(encoded) + len(",") == p.MIN_PUT_TASK_JSON_BYTES
+
+
+@pytest.mark.parametrize("body, expected", [
+    (msgspec.msgpack.encode({"type": "get", "id": 7, "task_id": 5}), {"type": "get", "id": 7, "task_id": 5}),
+    (msgspec.msgpack.encode({"id": 2**40, "type": "x", "flag": True, "f": 1.5, "n": None, "b": b"\0"}),
+     {"id": 2**40, "type": "x", "flag": None, "f": None, "n": None, "b": None}),
+    (msgspec.msgpack.encode({"type": "put_many", "id": 3, "requests": [1, 2, 3], "after": 1}),
+     {"type": "put_many", "id": 3, "requests": 3}),
+    (msgspec.msgpack.encode({"type": "put", "payload": {"id": 1}, "id": 4}), {"type": "put"}),
+    (msgspec.msgpack.encode([1, 2]), {}),
+    (b"\x82\xa4type", {}),  # cut short: what could be read
+    (b"", {}),
+])
+def test_peeking_reads_only_the_leading_scalar_fields(body, expected):
+    assert p.peek_fields(body) == expected
+
+
+def test_the_id_of_an_undecodable_body_is_found_without_decoding_the_body(monkeypatch):
+    # Once the id peek decoded the whole body: 17M empty arrays cost 1.3 GiB.
+    body = b"\x82" + msgspec.msgpack.encode("id") + b"\x05" + msgspec.msgpack.encode("junk") \
+        + b"\xdd" + struct.pack(">I", 17_000_000) + b"\x90" * 17_000_000
+    decode = msgspec.msgpack.decode
+    monkeypatch.setattr(msgspec.msgpack, "decode", None)  # the peek must not decode anything
+    assert p._peek_id(body) == 5
+    monkeypatch.setattr(msgspec.msgpack, "decode", decode)
+    (refused,) = read_requests(p.frame(body), 4 << 20)
+    assert isinstance(refused, p.RequestRefused) and refused.args[1] == 5
+
+
+# -- duplicate keys (issue 12 item 8) -------------------------------------------------------------
+
+
+def raw_map(*pairs) -> bytes:
+    """A msgpack map with exactly these (key, encoded value) pairs, duplicates included."""
+    assert len(pairs) < 16
+    return bytes([0x80 | len(pairs)]) + b"".join(msgspec.msgpack.encode(key) + value for key, value in pairs)
+
+
+def enc(value) -> bytes:
+    return msgspec.msgpack.encode(value)
+
+
+TWICE_K = raw_map(("k", enc(1)), ("k", enc(2)))
+TWICE_X = raw_map(("x", enc(1)), ("y", enc(2)), ("x", enc(3)))
+TWICE_Z = raw_map(("z", enc({})), ("z", enc([])))
+ITEM = raw_map(("task_id", enc("t")), ("payload", TWICE_Z))
+
+
+@pytest.mark.parametrize("body, where, key", [
+    (raw_map(("type", enc("get")), ("id", enc(1)), ("task_id", enc("a")), ("task_id", enc("b"))),
+     "the request", "task_id"),
+    (raw_map(("type", enc("put")), ("id", enc(1)), ("task_id", enc("a")), ("payload", TWICE_K)),
+     "request['payload']", "k"),
+    (raw_map(("type", enc("put")), ("id", enc(1)), ("task_id", enc("a")),
+             ("payload", raw_map(("a", b"\x92" + enc(1) + TWICE_X)))),
+     "request['payload']['a'][1]", "x"),
+    (raw_map(("type", enc("put_many")), ("id", enc(1)), ("requests", b"\x91" + ITEM)),
+     "request['requests'][0]['payload']", "z"),
+])
+def test_a_key_twice_in_a_request_or_a_payload_is_refused_naming_where(body, where, key):
+    # msgspec lets the last of two equal keys win: a put once stored {"k": 2} from {"k": 1, "k": 2}.
+    with pytest.raises(p.RequestRefused) as refused:
+        p.decode_request(body)
+    message, request_id = refused.value.args
+    assert f"key {key!r} appears twice in {where}" in message and request_id == 1, message
+
+
+def test_bodies_this_package_encodes_skip_the_walk_and_others_are_walked(monkeypatch):
+    walked = []
+    real = p.duplicate_key
+    monkeypatch.setattr(p, "duplicate_key", lambda body: walked.append(body) or real(body))
+    put = p.Put(id=5, task_id="t", payload={"a": [1, {"b": 2.5}], "c": None})
+    assert p.decode_request(p.encode(put)[4:]) == put and walked == []
+    reordered = enc({"payload": {"a": 1}, "id": 6, "task_id": "t", "type": "put"})  # other encoders
+    assert p.decode_request(reordered).payload == {"a": 1} and walked == [reordered]

@@ -104,6 +104,7 @@ requests = st.one_of(
     st.builds(p.BackupBegin, id=integers),
     st.builds(p.BackupEnd, id=integers),
     st.builds(p.DaemonStatsReq, id=integers),
+    st.builds(p.ForceRelease, id=integers, task_ids=st.lists(texts, max_size=3)),
 )
 
 lease_values = st.builds(p.WireLease, task_id=texts, worker=texts, generation=integers, deadline=integers,

@@ -22,9 +22,17 @@ import walqueue
 from walqueue import CorruptStore, QueueLocked
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
-from .exits import EXIT_CORRUPT, EXIT_FAILURE, EXIT_LOCKED, DaemonExit
+from .exits import (
+    EXIT_CORRUPT,
+    EXIT_DIRECTORY_UNUSABLE,
+    EXIT_FAILURE,
+    EXIT_LOCKED,
+    DaemonExit,
+    open_failure_code,
+)
 from .log import log
 from .loop import DEFAULT_HELLO_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, Loop, bind_listener
+from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
 from .metrics_http import ListenError, MetricsEndpoint, parse_listen
 from .systemd import SD_LISTEN_FDS_START, Notifier, activated_listener, open_reporting_progress
 
@@ -38,7 +46,8 @@ DEFAULT_COMPACT_WAL_BYTES = 64 * 1024 * 1024
 # 13-25% it buys per sync is not worth a manual step after a crash by default.
 DEFAULT_PREALLOCATE_WAL_BYTES = 0
 # Descriptors the daemon needs besides its connections (listener, selector,
-# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs).
+# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs, the
+# spare descriptors that refuse a connection on EMFILE, a compaction's files).
 RESERVED_DESCRIPTORS = 32
 
 
@@ -62,14 +71,18 @@ def _parse_mode(value: str) -> int:
 EXIT_CODES_HELP = """\b
 Exit codes:
   0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
-  1  failure: cannot open the directory, bind the socket or listen on the
-     --metrics-listen address, or reopening the queue after a failed write
-     failed; or an unexpected error (a bug: its traceback is logged)
+  1  failure: cannot open the directory for a passing reason (e.g. EIO,
+     EMFILE), bind the socket or listen on the --metrics-listen address, or
+     reopening the queue after a failed write failed; or an unexpected error
+     (a bug: its traceback is logged)
   2  usage error (a bad --metrics-listen, or a non-loopback one without
      --metrics-allow-remote, included); the socket path is not a socket;
      a descriptor passed by systemd is not a Unix stream socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
+  5  the directory cannot be used as it is: read-only file system, no
+     permission, an entry of the wrong type (e.g. CURRENT.tmp a directory),
+     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5)
 """
 
 
@@ -156,10 +169,15 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
                              preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address))
 
 
-def descriptor_budget(max_connections: int) -> int:
-    """Raise the soft RLIMIT_NOFILE as far as needed and allowed; return the usable connection bound."""
+def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
+    """Raise the soft RLIMIT_NOFILE as far as needed and allowed; return the usable connection bound.
+
+    ``other_descriptors`` are what else the daemon may hold at once (the
+    metrics endpoint's listener and scrapes): reserved as the daemon's own.
+    """
+    reserved = RESERVED_DESCRIPTORS + other_descriptors
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = max_connections + RESERVED_DESCRIPTORS
+    wanted = max_connections + reserved
     if soft != resource.RLIM_INFINITY and soft < wanted:
         target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         try:
@@ -167,8 +185,8 @@ def descriptor_budget(max_connections: int) -> int:
             soft = target
         except (ValueError, OSError) as exc:
             log.warning("cannot raise the open-file limit to %d: %s", target, exc)
-    if soft != resource.RLIM_INFINITY and soft - RESERVED_DESCRIPTORS < max_connections:
-        usable = max(1, soft - RESERVED_DESCRIPTORS)
+    if soft != resource.RLIM_INFINITY and soft - reserved < max_connections:
+        usable = max(1, soft - reserved)
         log.warning("--max-connections %d lowered to %d by the open-file limit %d",
                     max_connections, usable, soft)
         return usable
@@ -182,7 +200,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                     metrics_address: tuple[str, int] | None = None) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
-    max_connections = descriptor_budget(max_connections)
+    metrics_descriptors = 0 if metrics_address is None else METRICS_DESCRIPTORS
+    max_connections = descriptor_budget(max_connections, metrics_descriptors)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
     log.info("opening %s", directory)
@@ -197,8 +216,13 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
         log.error("cannot open %s: %s", directory, exc)
         return EXIT_CORRUPT
     except OSError as exc:
-        log.error("cannot open %s: %s", directory, exc)
-        return EXIT_FAILURE
+        code = open_failure_code(exc)
+        if code == EXIT_DIRECTORY_UNUSABLE:
+            log.error("cannot open %s: %s; restarting will not help: fix the directory or its file "
+                      "system (exit %d)", directory, exc, code)
+        else:
+            log.error("cannot open %s: %s", directory, exc)
+        return code
     recovery_seconds = time.monotonic() - started
     log.info("recovered %s in %.3f s: %s (walqueue %s)", directory, recovery_seconds, queue.stats(),
              walqueue.__version__)

@@ -12,11 +12,18 @@ Bounds, and why:
 
 * Before its hello a connection may make the daemon buffer at most
   ``protocol.MAX_HELLO_BYTES``; after it, one body of ``MAX_BODY_BYTES``.
-* Large frames being received share one `InputBudget`: a frame of at least
-  LARGE_FRAME_BYTES is read only once its whole body fits in what is left of
-  MAX_ADMITTED_INPUT_BYTES (or nothing else is admitted), so half-sent
-  frames cannot add up to max-connections x 17 MiB; admitted frames always
-  complete.
+* Large frames being received share one `InputBudget` of
+  MAX_ADMITTED_INPUT_BYTES, which counts the bytes RECEIVED of each frame of
+  at least LARGE_FRAME_BYTES in progress (declaring a length costs a peer
+  nothing, so it reserves nothing): while the received bytes fill the
+  budget, only the oldest such frame is read on, so half-sent frames cannot
+  add up to max-connections x 17 MiB and some frame always completes.
+* A frame in progress has a deadline (`FrameDeadlines`): once its length
+  prefix is in, its body must arrive within FRAME_GRACE_SECONDS plus its
+  length at MIN_FRAME_BYTES_PER_SECOND (time spent waiting for room in the
+  budget does not count), else the connection gets a fatal error saying so.
+  A connection trickling bytes cannot hold a buffer, or the oldest place in
+  the budget, for ever.
 * Deferral: a connection whose unsent answers reach the high-water mark, or
   that had MAX_REQUESTS_PER_TURN_PER_CONNECTION requests applied in this
   turn, has its further requests kept in ``deferred``, in order, for a later
@@ -29,6 +36,7 @@ fatal ``InvalidRequest`` after the answers already due, and closes.
 
 from __future__ import annotations
 
+import heapq
 import selectors
 import socket
 import struct
@@ -39,7 +47,7 @@ import walqueue
 from walqueue import protocol
 
 from .log import log, one_line
-from .service import ListingInterrupted
+from .service import ListingInterrupted, Refused
 
 SERVER_NAME = "walqueued/1"
 RECV_BYTES = 256 * 1024
@@ -48,6 +56,8 @@ OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
 MAX_REQUESTS_PER_TURN_PER_CONNECTION = 1024
 LARGE_FRAME_BYTES = 1024 * 1024
 MAX_ADMITTED_INPUT_BYTES = 256 * 1024 * 1024
+FRAME_GRACE_SECONDS = 10.0
+MIN_FRAME_BYTES_PER_SECOND = 1024 * 1024
 # Listings cost the loop real time (sorting every id, encoding views), so a
 # turn starts at most this many and encodes at most this many listing bytes
 # across all connections; the rest continue in the next turns, which come
@@ -90,7 +100,8 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
 class Connection:
     sock: socket.socket
     name: str
-    reader: protocol.FrameReader = field(default_factory=lambda: protocol.FrameReader(protocol.MAX_HELLO_BYTES))
+    reader: protocol.FrameReader = field(
+        default_factory=lambda: protocol.FrameReader(protocol.MAX_HELLO_BYTES, request_bounds=True))
     out: bytearray = field(default_factory=bytearray)
     greeted: bool = False
     protocol_version: int = protocol.PROTOCOL_VERSION  # the one its hello announced (service.Peer)
@@ -105,8 +116,9 @@ class Connection:
     turn_requests: int = 0  # requests of it applied in that turn
     answer_bytes: int = 0  # encoded answer bytes the service produced for it (service.Peer)
     delivered_bytes: int = 0  # of those, the ones moved into out or backlog
-    admitted: int = 0  # body bytes of its large frame in progress, counted in the InputBudget
+    admitted: int = 0  # bytes received of its large frame in progress, counted in the InputBudget
     input_waiting: bool = False  # its large frame waits for room in the input budget
+    frame_deadline_seconds: float | None = None  # monotonic: when its frame in progress must be in
     closed: bool = False
     parked: int = 0  # its waiting reserves (service.Peer)
     events: int = 0  # the selector events it is registered for
@@ -141,11 +153,15 @@ class Connection:
             try:
                 body = self.reader.next_body()
                 if body is None:
-                    if not budget.admit(self):
-                        self.input_waiting = True
-                        budget.waiting.add(self)
+                    budget.admit(self)
                     return
                 request = protocol.decode_request(body)
+            except protocol.RequestRefused as exc:
+                if exc.args[1] is None or not self.greeted:
+                    raise ConnectionFault(exc.args[1], str(exc.args[0])) from exc
+                # Framing is intact: only this request is refused, in its turn.
+                requests.append((self, Refused(exc.args[1], str(exc.args[0]))))
+                continue
             except protocol.ProtocolError as exc:
                 request_id = exc.args[1] if len(exc.args) > 1 else None
                 raise ConnectionFault(request_id, str(exc.args[0])) from exc
@@ -304,28 +320,35 @@ class Connection:
 
 
 class InputBudget:
-    """The body bytes of large frames in progress, across all connections (module docstring)."""
+    """The bytes received of large frames in progress, across all connections (module docstring)."""
 
     def __init__(self, max_bytes: int = MAX_ADMITTED_INPUT_BYTES) -> None:
         self.max_bytes = max_bytes
         self.admitted_total = 0  # sum of Connection.admitted
         self.waiting: set[Connection] = set()  # connections with input_waiting
+        self._receiving: dict[Connection, None] = {}  # large frames in progress, oldest first
 
     def admit(self, connection: Connection) -> bool:
-        """Count the connection's large frame in progress, if it fits.
+        """Count what the connection received of its large frame in progress; may it read more?
 
-        Returns False if it does not fit: read nothing more from it for now.
+        Returns False while the received bytes of all large frames fill the
+        budget and this frame is not the oldest: read nothing more from it
+        for now (`waiting`).
         """
         length = connection.reader.pending_length()
-        wanted = length if length is not None and length >= LARGE_FRAME_BYTES else 0
-        if wanted != connection.admitted:
-            # The frame counted before has completed (or none was counted).
-            self.admitted_total -= connection.admitted
-            connection.admitted = 0
-            if wanted and self.admitted_total and self.admitted_total + wanted > self.max_bytes:
-                return False
-            connection.admitted = wanted
-            self.admitted_total += wanted
+        large = length is not None and length >= LARGE_FRAME_BYTES
+        received = connection.reader.buffered_bytes if large else 0
+        self.admitted_total += received - connection.admitted
+        connection.admitted = received
+        if not large:
+            self._receiving.pop(connection, None)
+        elif connection not in self._receiving:
+            self._receiving[connection] = None
+        if large and self.admitted_total >= self.max_bytes and next(iter(self._receiving)) is not connection:
+            if not connection.input_waiting:
+                connection.input_waiting = True
+                self.waiting.add(connection)
+            return False
         connection.input_waiting = False
         self.waiting.discard(connection)
         return True
@@ -335,3 +358,59 @@ class InputBudget:
         self.admitted_total -= connection.admitted
         connection.admitted = 0
         self.waiting.discard(connection)
+        self._receiving.pop(connection, None)
+
+
+class FrameDeadlines:
+    """When each connection's frame in progress must have arrived (module docstring).
+
+    A heap of (deadline, number, connection); an entry whose connection has
+    completed that frame, closed, or got a later deadline is skipped lazily.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Connection]] = []
+        self._count = 0
+
+    def track(self, connection: Connection, monotonic_seconds: float) -> None:
+        """Start, keep or end the deadline of the connection's frame in progress."""
+        remaining = connection.reader.wanted_bytes() if connection.reader.pending_length() else 0
+        if not remaining or connection.closing:
+            connection.frame_deadline_seconds = None
+        elif connection.input_waiting:
+            connection.frame_deadline_seconds = None  # waiting for the budget is the daemon's doing
+        elif connection.frame_deadline_seconds is None:
+            deadline = monotonic_seconds + FRAME_GRACE_SECONDS + remaining / MIN_FRAME_BYTES_PER_SECOND
+            connection.frame_deadline_seconds = deadline
+            self._count += 1
+            heapq.heappush(self._heap, (deadline, self._count, connection))
+
+    def _live_head(self) -> tuple[float, int, Connection] | None:
+        while self._heap:
+            deadline, _, connection = self._heap[0]
+            if connection.closed or connection.frame_deadline_seconds != deadline:
+                heapq.heappop(self._heap)
+                continue
+            return self._heap[0]
+        return None
+
+    def next_deadline(self) -> float | None:
+        head = self._live_head()
+        return None if head is None else head[0]
+
+    def expired(self, monotonic_seconds: float) -> list[Connection]:
+        """The connections whose frame in progress is past its deadline (their deadlines end)."""
+        late = []
+        while (head := self._live_head()) is not None and head[0] <= monotonic_seconds:
+            heapq.heappop(self._heap)
+            head[2].frame_deadline_seconds = None
+            late.append(head[2])
+        return late
+
+
+def late_frame_message(connection: Connection) -> str:
+    """The fatal error for a frame not received in time: what the daemon needs, in numbers."""
+    length = connection.reader.pending_length() or 0
+    return (f"frame of {length} bytes not received in time: {connection.reader.buffered_bytes} bytes "
+            f"arrived; once its length prefix is in, a frame must arrive within "
+            f"{FRAME_GRACE_SECONDS:g} s plus {MIN_FRAME_BYTES_PER_SECOND} bytes per second of its length")

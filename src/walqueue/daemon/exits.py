@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
 EXIT_CORRUPT = 4
+# The directory cannot be used as it is, and starting again will not change
+# that: an operator must act (units: RestartPreventExitStatus=3 4 5).
+EXIT_DIRECTORY_UNUSABLE = 5
+# What opening the directory raises when the fault is in the directory or its
+# file system, not in the moment: a read-only mount, a permission, an entry of
+# the wrong type (CURRENT.tmp a directory), a full disk.
+OPERATOR_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+                             errno.ELOOP, errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT})
+
+
+def open_failure_code(exc: OSError) -> int:
+    """The exit code for an OSError from opening the directory at start."""
+    return EXIT_DIRECTORY_UNUSABLE if exc.errno in OPERATOR_ERRNOS else EXIT_FAILURE
 
 
 class DaemonExit(Exception):

@@ -3,8 +3,10 @@
 One loop turn = one ``select()`` call, on one thread:
 
 1. accept new connections; send what sockets will take; read what arrived
-   and decode it into requests (walqueue.daemon.connection);
-2. close connections that did not say hello in time;
+   and decode it into requests (walqueue.daemon.connection); serve the
+   metrics endpoint's sockets (walqueue.daemon.metrics_http);
+2. close connections that did not say hello, or send the frame they began,
+   in time;
 3. apply the turn's requests through the service (walqueue.daemon.service)
    inside ONE batch (walqueue.daemon.commit), so they share one fsync — also
    the daemon's own work that is due: the expiry of leases whose deadline
@@ -13,8 +15,9 @@ One loop turn = one ``select()`` call, on one thread:
 4. end waits that timed out; hand the turn's answers to their connections
    only now, after the batch exited without error; send; set each touched
    connection's selector interest;
-5. ping the watchdog, compact if the WAL grew past the threshold, and
-   publish the metrics text if a scrape asked for it.
+5. ping the watchdog, compact if the WAL grew past the threshold, close
+   metrics scrapes past their deadline, and publish the metrics text if a
+   scrape waits for it.
 
 While one batch is fsyncing, the next requests accumulate in the kernel's
 socket buffers and become the next turn's batch, so the batch size adapts
@@ -23,10 +26,11 @@ anyway, so asyncio would add scheduling we cannot use and hide where a turn
 ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
 Timers, without polling: the select timeout is the earliest of the next
-hello deadline, accept resumption, watchdog ping, end of a wait, and the
-service's next due time (a lease deadline, or a task due while reserves
-wait). Time comes from an injected `Clock`: ``now`` (whole wall seconds,
-never backwards) for leases, monotonic seconds for waits and timers.
+hello deadline, frame deadline, accept resumption, watchdog ping, end of a
+wait, a metrics scrape's deadline, and the service's next due time (a lease
+deadline, or a task due while reserves wait). Time comes from an injected `Clock`: ``now`` (whole seconds on the
+monotonic clock from a wall-clock anchor at start, never backwards:
+walqueue.daemon.clock) for leases, monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
 
 A bug (any exception but the ones the service and the commit handle) stops
@@ -36,6 +40,7 @@ dropped, and the daemon exits non-zero for its supervisor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import selectors
 import signal
@@ -55,10 +60,13 @@ from .connection import (
     MAX_RECV_BYTES,
     Connection,
     ConnectionFault,
+    FrameDeadlines,
     InputBudget,
     ListingBudget,
+    late_frame_message,
     peer_credentials,
 )
+from .descriptors import ACCEPT_PAUSE_SECONDS, OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
 from .exits import EXIT_FAILURE, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, DaemonExit
 from .log import log
 from .metrics_http import MetricsEndpoint
@@ -69,9 +77,8 @@ from .systemd import Notifier
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 DRAIN_SECONDS = 5.0
-ACCEPT_PAUSE_SECONDS = 0.5
-# A timer never sleeps longer than this, so a wall clock set backwards far
-# cannot postpone due work indefinitely (the clock rule still decides).
+# A timer never sleeps longer than this: a safety net, should a due time ever
+# be computed wrongly, not something the loop relies on.
 MAX_TIMER_SECONDS = 60.0
 
 _LISTENER = object()
@@ -155,7 +162,7 @@ class Loop:
         self.now = DaemonNow(self.clock)
         self.hello_timeout_seconds = hello_timeout_seconds
         self.compact_wal_bytes = compact_wal_bytes
-        self.metrics_endpoint = metrics_endpoint  # GET /metrics; rendered by this loop only
+        self.metrics_endpoint = metrics_endpoint  # GET /metrics, served and rendered by this loop
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds)
@@ -171,10 +178,13 @@ class Loop:
         self.turn = 0
         self.stopping = False
         self.input_budget = InputBudget()
+        self.frame_deadlines = FrameDeadlines()
         self.listing_budget = ListingBudget()
         self._listings_started = 0
         self._next_watchdog = self.clock.monotonic_seconds()
         self._accept_paused_until: float | None = None
+        self._spare_descriptor = SpareDescriptor()  # spent to refuse a connection on EMFILE
+        self._accept_failures = RateLimitedLog(f"accept failed, pausing accepts for {ACCEPT_PAUSE_SECONDS:g} s")
         self._touched: set[Connection] = set()  # connections with news this turn
         self._deferring: set[Connection] = set()  # connections with deferred requests
         self._receive_buffer = bytearray(MAX_RECV_BYTES)  # one buffer all connections share
@@ -191,10 +201,12 @@ class Loop:
 
     def report(self, now: int) -> protocol.DaemonStats:
         """The daemon's full report at ``now``."""
-        return self.recorder.report(
+        report = self.recorder.report(
             self.service.queue, now=now, connections=len(self.connections),
             parked_reserves=self.service.parked.live, paused=self.service.paused,
             compact_wal_bytes=self.compact_wal_bytes, directory=self.directory)
+        return dataclasses.replace(report, clock_steps_total=self.now.steps,
+                                   clock_offset_seconds=self.now.offset_seconds)
 
     # -- main loop -------------------------------------------------------------
 
@@ -209,7 +221,7 @@ class Loop:
         try:
             self.notifier.notify("READY=1\nSTATUS=serving " + self.directory)
             if self.metrics_endpoint is not None:
-                self.metrics_endpoint.start(self._wake_loop)
+                self.metrics_endpoint.start(self.selector)
             log.info("ready: serving %s", self.directory)
             while not self.stopping:
                 self.one_turn()
@@ -244,11 +256,14 @@ class Loop:
         self.listing_budget.renew()
         self._listings_started = 0
         requests: list[tuple[Connection, protocol.Request]] = []
+        metrics = self.metrics_endpoint
         for key, mask in events:
             if key.data is _LISTENER:
                 self._accept()
             elif key.data is _WAKEUP:
                 self._drain_wakeup()
+            elif metrics is not None and metrics.owns(key.data):
+                metrics.on_event(key.data, mask, clock.monotonic_seconds())
             else:
                 conn: Connection = key.data
                 self._touched.add(conn)
@@ -258,11 +273,13 @@ class Loop:
                     self._receive(conn, requests)
         self.turn += 1
         self._expire_hellos()
+        self._expire_frames()
         wrote = self._apply(requests)
         self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
         for conn in list(self.input_budget.waiting):
             if self.input_budget.admit(conn):
+                self.frame_deadlines.track(conn, clock.monotonic_seconds())
                 self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
@@ -274,8 +291,10 @@ class Loop:
         self._watchdog()
         if wrote:
             self.commit.maybe_compact()
-        if self.metrics_endpoint is not None and self.metrics_endpoint.wanted:
-            self.metrics_endpoint.publish(render_prometheus(self.report(self.now())))
+        if metrics is not None:
+            metrics.expire(clock.monotonic_seconds())
+            if metrics.wanted:
+                metrics.publish(render_prometheus(self.report(self.now())), clock.monotonic_seconds())
 
     def _expire_hellos(self) -> None:
         """Close connections that did not say hello in time: they hold a slot for nothing."""
@@ -291,6 +310,13 @@ class Loop:
             else:
                 return
 
+    def _expire_frames(self) -> None:
+        """Close connections whose frame in progress is past its deadline, saying why."""
+        for conn in self.frame_deadlines.expired(self.clock.monotonic_seconds()):
+            if not conn.closing:
+                self.input_budget.release(conn)  # what it sent holds no room any more
+                self._fatal(conn, None, late_frame_message(conn))
+
     def _timeout(self) -> float | None:
         if any(conn.can_resume() for conn in self._deferring):
             return 0.0  # deferred requests can go now: no event will announce it
@@ -300,6 +326,10 @@ class Loop:
             deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until - monotonic_seconds)
+        if self.metrics_endpoint is not None and (scrape := self.metrics_endpoint.next_deadline()) is not None:
+            deadlines.append(scrape - monotonic_seconds)
+        if (frame := self.frame_deadlines.next_deadline()) is not None:
+            deadlines.append(frame - monotonic_seconds)
         if self.notifier.watchdog_seconds is not None:
             deadlines.append(self._next_watchdog - monotonic_seconds)
         wait_deadline = self.service.next_wait_deadline()
@@ -312,8 +342,8 @@ class Loop:
                 # never spin on it.
                 deadlines.append(1.0)
             else:
-                # +1 ms so int(wall seconds) has reached `due` on waking.
-                deadlines.append(due - self.clock.wall_seconds() + 0.001)
+                # +1 ms so the daemon's whole seconds have reached `due` on waking.
+                deadlines.append(due - self.now.seconds() + 0.001)
         if not deadlines:
             return None
         return min(MAX_TIMER_SECONDS, max(0.0, min(deadlines)))
@@ -324,13 +354,6 @@ class Loop:
         if force or self.clock.monotonic_seconds() >= self._next_watchdog:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = self.clock.monotonic_seconds() + self.notifier.watchdog_seconds
-
-    def _wake_loop(self) -> None:
-        """Called from another thread (the metrics endpoint): end the current select."""
-        try:
-            self._wake_write.send(b"\0")
-        except OSError:
-            pass  # buffer full (a wakeup is pending anyway) or shutting down
 
     def _drain_wakeup(self) -> None:
         try:
@@ -348,11 +371,16 @@ class Loop:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                # EMFILE and friends: the listener stays readable, so stop
-                # watching it for a moment instead of spinning on it.
-                log.error("accept failed, pausing accepts for %.1f s: %s", ACCEPT_PAUSE_SECONDS, exc)
+                # No descriptor left: refuse the waiting connection and keep
+                # serving (never a failed write). Otherwise the listener stays
+                # readable, so stop watching it for a moment instead of spinning.
+                monotonic_seconds = self.clock.monotonic_seconds()
+                if exc.errno in OUT_OF_DESCRIPTORS and self._spare_descriptor.refuse_one(
+                        self.listener, monotonic_seconds, exc):
+                    continue
+                self._accept_failures.event(monotonic_seconds, str(exc))
                 self.selector.unregister(self.listener)
-                self._accept_paused_until = self.clock.monotonic_seconds() + ACCEPT_PAUSE_SECONDS
+                self._accept_paused_until = monotonic_seconds + ACCEPT_PAUSE_SECONDS
                 return
             sock.setblocking(False)
             credentials = peer_credentials(sock)
@@ -434,6 +462,7 @@ class Loop:
             conn.decode(requests, self.input_budget)
         except ConnectionFault as fault:
             self._fatal(conn, fault.request_id, fault.message)
+        self.frame_deadlines.track(conn, self.clock.monotonic_seconds())
 
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
@@ -554,6 +583,7 @@ class Loop:
                 pass
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
+        self._spare_descriptor.close()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()
@@ -561,6 +591,7 @@ class Loop:
 
     def close_without_serving(self) -> None:
         """Release what __init__ made, for a Loop whose run() never ran (tests); the queue stays open."""
+        self._spare_descriptor.close()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()

@@ -1,39 +1,55 @@
 """walqueued's optional ``GET /metrics`` endpoint (``walqueued serve --metrics-listen``).
 
-A stdlib ``ThreadingHTTPServer`` runs in a daemon thread, but only the event
-loop ever reads the Queue: the HTTP thread never builds the numbers itself.
-When a scrape finds no text younger than FRESH_SECONDS, it raises a flag,
-wakes the loop through a callback (the server's wakeup socket) and waits up
-to RENDER_WAIT_SECONDS; the loop sees the flag at the end of its turn and
-publishes freshly rendered text. Scrapes arriving together share one render,
-so the loop renders at most about once per FRESH_SECONDS whatever the scrape
-rate. If the loop is busy past the wait (a long compaction), the previous
-text is served; before any text exists the answer is 503.
+Served from the daemon's own selector loop, with non-blocking sockets and no
+thread: the process stays single-threaded (so it may fork a child to write
+a snapshot), and only the loop ever reads the Queue. The loop registers the
+endpoint's sockets in its selector, hands their events to `on_event`, and at
+the end of a turn in which a complete scrape waits for text (`wanted`)
+renders the text and `publish`es it. Text younger than FRESH_SECONDS is
+served again without a render, so the loop renders at most about once per
+FRESH_SECONDS whatever the scrape rate.
+
+Bounds, so that scrapers cannot take what the daemon needs:
+
+* at most MAX_CONNECTIONS scrapes at a time: a further one is answered 503
+  (best effort, without waiting for its request) and closed. These descriptors are counted
+  in the daemon's descriptor budget (`DESCRIPTORS`, cli.descriptor_budget);
+* every scrape has a total deadline of REQUEST_DEADLINE_SECONDS from its
+  accept to its last byte sent, never renewed by traffic: a scraper
+  trickling one byte at a time is cut off at the deadline;
+* a request head is at most MAX_REQUEST_HEAD_BYTES (431 beyond); a body is
+  never read.
 
 Only ``GET /metrics`` is served (a query string is ignored): other paths
-get 404, other methods 405. The address must be loopback unless the
-operator allows remote scrapes explicitly (`parse_listen`).
+get 404, other methods 405. Every answer closes the connection. The address
+must be loopback unless the operator allows remote scrapes explicitly
+(`parse_listen`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
+import selectors
 import socket
-import threading
-import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import deque
 from urllib.parse import urlsplit
 
-log = logging.getLogger("walqueued")
+from .descriptors import OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
+from .log import log, one_line
 
 FRESH_SECONDS = 1.0
-RENDER_WAIT_SECONDS = 5.0
-# A scraper that connects and says nothing must not hold a thread for long.
-REQUEST_TIMEOUT_SECONDS = 10.0
+MAX_CONNECTIONS = 8
+# The listener plus one per scrape: what cli.descriptor_budget reserves.
+DESCRIPTORS = MAX_CONNECTIONS + 1
+REQUEST_DEADLINE_SECONDS = 5.0
+MAX_REQUEST_HEAD_BYTES = 8 * 1024
+RECEIVE_BYTES = 4096
+LISTEN_BACKLOG = 64
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PATH = "/metrics"
+SERVER_NAME = "walqueued-metrics"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
 class ListenError(ValueError):
@@ -69,110 +85,231 @@ def parse_listen(value: str, *, allow_remote: bool) -> tuple[str, int]:
     return str(address), int(port_text)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    endpoint: MetricsEndpoint
+def response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+             *, allow: str | None = None, head_only: bool = False) -> bytes:
+    """A complete HTTP/1.0 answer that closes the connection."""
+    lines = [f"HTTP/1.0 {status} {_REASONS[status]}", f"Server: {SERVER_NAME}",
+             f"Content-Type: {content_type}", f"Content-Length: {len(body)}", "Connection: close"]
+    if allow is not None:
+        lines.append(f"Allow: {allow}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    return head if head_only else head + body
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = REQUEST_TIMEOUT_SECONDS
-    server_version = "walqueued-metrics"
-    sys_version = ""
+def _plain(status: int, message: str, **options) -> bytes:
+    return response(status, message.encode(), **options)
 
-    def version_string(self) -> str:
-        return self.server_version
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
-        if urlsplit(self.path).path != PATH:
-            self._plain(404, f"not found: only GET {PATH} is served\n")
-            return
-        text = self.server.endpoint.text()
-        if text is None:
-            self._plain(503, "the daemon has not rendered its metrics yet; try again\n")
-            return
-        self._send(200, CONTENT_TYPE, text.encode())
+def answer_to(head: bytes) -> bytes | None:
+    """The answer to a complete request head, or None for ``GET /metrics`` (it needs the text)."""
+    request_line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+        return _plain(400, "bad request line\n")
+    method, target = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+    if method != "GET":
+        return _plain(405, f"method {one_line(method)[:32]} not allowed: only GET {PATH}\n", allow="GET",
+                      head_only=method == "HEAD")
+    if urlsplit(target).path != PATH:
+        return _plain(404, f"not found: only GET {PATH} is served\n")
+    return None
 
-    def _not_allowed(self) -> None:
-        self._plain(405, f"method {self.command} not allowed: only GET {PATH}\n", allow="GET")
 
-    do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815
+class Scrape:
+    """One metrics connection: its request head so far, its answer, its deadline."""
 
-    def _plain(self, status: int, message: str, allow: str | None = None) -> None:
-        self._send(status, "text/plain; charset=utf-8", message.encode(), allow)
-
-    def _send(self, status: int, content_type: str, body: bytes, allow: str | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        if allow is not None:
-            self.send_header("Allow", allow)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the http.server signature)
-        log.debug("metrics %s: %s", self.address_string(), format % args)
+    def __init__(self, sock: socket.socket, peer: str, deadline_seconds: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.deadline_seconds = deadline_seconds  # monotonic: accept + REQUEST_DEADLINE_SECONDS
+        self.head = bytearray()
+        self.out = bytearray()
+        self.waiting = False  # a complete GET /metrics waits for the loop's text
+        self.events = 0  # the selector events it is registered for
+        self.closed = False
 
 
 class MetricsEndpoint:
-    """The HTTP thread's side and the loop's side of GET /metrics (see the module docstring)."""
+    """GET /metrics on the loop's selector; see the module docstring."""
 
     def __init__(self, host: str, port: int) -> None:
-        """Bind now (raises OSError if the address is unusable); serve after `start()`."""
-        self._wake: Callable[[], None] = lambda: None
-        self._condition = threading.Condition()
-        self._text: str | None = None
-        self._rendered_at = float("-inf")
-        self._renders = 0  # how many texts were published: a scrape waits for the next one
-        self.wanted = False  # read by the loop every turn: a plain attribute, set under the lock
-        server_class = _Server
-        if ipaddress.ip_address(host).version == 6:
-            server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
-        self._server = server_class((host, port), _Handler)
-        self._server.endpoint = self
-        self.address: tuple[str, int] = self._server.server_address[:2]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http",
-                                        daemon=True)
+        """Bind and listen now (raises OSError if the address is unusable); serve after `start()`."""
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((host, port))
+            self._listener.listen(LISTEN_BACKLOG)
+        except OSError:
+            self._listener.close()
+            raise
+        self._listener.setblocking(False)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._selector: selectors.BaseSelector | None = None
+        self._scrapes: deque[Scrape] = deque()  # accept order, so deadlines ascend
+        self._text: bytes | None = None
+        self._rendered_seconds = float("-inf")
+        self.wanted = False  # read by the loop at the end of each turn
+        self._spare = SpareDescriptor()
+        self._busy = RateLimitedLog(f"refused a metrics scrape: {MAX_CONNECTIONS} in progress")
 
     @property
     def url(self) -> str:
         host, port = self.address
         return f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
 
-    def start(self, wake: Callable[[], None]) -> None:
-        """Serve from now on; ``wake()`` (thread-safe) makes the loop look at `wanted`."""
-        self._wake = wake
-        self._thread.start()
+    def start(self, selector: selectors.BaseSelector) -> None:
+        """Serve from now on: the loop hands the events of ``selector`` keyed to it to `on_event`."""
+        self._selector = selector
+        selector.register(self._listener, selectors.EVENT_READ, self)
+
+    def owns(self, data: object) -> bool:
+        """True for the selector data of the endpoint's sockets."""
+        return data is self or type(data) is Scrape
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()
+        for scrape in list(self._scrapes):
+            self._close(scrape)
+        if self._selector is not None:
+            try:
+                self._selector.unregister(self._listener)
+            except (KeyError, ValueError):
+                pass
+        self._listener.close()
+        self._spare.close()
 
     # -- the loop's side ----------------------------------------------------------
 
-    def publish(self, text: str) -> None:
-        with self._condition:
-            self._text = text
-            self._rendered_at = time.monotonic()
-            self._renders += 1
-            self.wanted = False
-            self._condition.notify_all()
+    def on_event(self, data: object, mask: int, monotonic_seconds: float) -> None:
+        if data is self:
+            self._accept(monotonic_seconds)
+            return
+        scrape: Scrape = data  # type: ignore[assignment]
+        if scrape.closed:
+            return
+        if mask & selectors.EVENT_READ and not scrape.out and not scrape.waiting:
+            self._receive(scrape, monotonic_seconds)
+        if scrape.out and not scrape.closed:
+            self._send(scrape)
 
-    # -- the HTTP thread's side ---------------------------------------------------
+    def next_deadline(self) -> float | None:
+        """The monotonic second at which the oldest scrape's deadline passes."""
+        return self._scrapes[0].deadline_seconds if self._scrapes else None
 
-    def _fresh(self) -> bool:
-        return time.monotonic() - self._rendered_at < FRESH_SECONDS
+    def expire(self, monotonic_seconds: float) -> None:
+        """Close the scrapes whose total deadline has passed, answered or not."""
+        while self._scrapes and self._scrapes[0].deadline_seconds <= monotonic_seconds:
+            scrape = self._scrapes[0]
+            log.debug("metrics %s: closed at its %g s deadline", scrape.peer, REQUEST_DEADLINE_SECONDS)
+            self._close(scrape)
 
-    def text(self) -> str | None:
-        """Text at most FRESH_SECONDS old, else whatever the loop publishes within the wait."""
-        with self._condition:
-            if self._fresh():
-                return self._text
+    def publish(self, text: str, monotonic_seconds: float) -> None:
+        """Answer every scrape that waits for text with ``text`` (the loop just rendered it)."""
+        self._text = text.encode()
+        self._rendered_seconds = monotonic_seconds
+        self.wanted = False
+        for scrape in list(self._scrapes):
+            if scrape.waiting:
+                scrape.waiting = False
+                scrape.out += response(200, self._text, CONTENT_TYPE)
+                self._send(scrape)
+
+    # -- connections ----------------------------------------------------------------
+
+    def _accept(self, monotonic_seconds: float) -> None:
+        while True:
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in OUT_OF_DESCRIPTORS and self._spare.refuse_one(
+                        self._listener, monotonic_seconds, exc):
+                    continue
+                return  # the next readiness event tries again
+            sock.setblocking(False)
+            peer = f"{address[0]}:{address[1]}"
+            if len(self._scrapes) >= MAX_CONNECTIONS:
+                self._busy.event(monotonic_seconds, peer)
+                try:
+                    # What already came is read, so that closing does not
+                    # reset the connection before the 503 arrives.
+                    sock.recv(MAX_REQUEST_HEAD_BYTES)
+                    sock.send(_plain(503, "too many scrapes in progress; try again\n"))
+                except OSError:
+                    pass
+                sock.close()
+                continue
+            scrape = Scrape(sock, peer, monotonic_seconds + REQUEST_DEADLINE_SECONDS)
+            self._scrapes.append(scrape)
+            self._watch(scrape, selectors.EVENT_READ)
+
+    def _receive(self, scrape: Scrape, monotonic_seconds: float) -> None:
+        try:
+            data = scrape.sock.recv(RECEIVE_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(scrape)
+            return
+        if not data:
+            self._close(scrape)
+            return
+        scrape.head += data
+        end = scrape.head.find(b"\r\n\r\n")
+        if end < 0:
+            end = scrape.head.find(b"\n\n")
+        if end < 0:
+            if len(scrape.head) > MAX_REQUEST_HEAD_BYTES:
+                self._answer(scrape, _plain(431, f"request head above {MAX_REQUEST_HEAD_BYTES} bytes\n"))
+            return
+        head = bytes(scrape.head[:end])
+        log.debug("metrics %s: %s", scrape.peer, one_line(head.split(b"\n", 1)[0].decode("latin-1"))[:200])
+        answer = answer_to(head)
+        if answer is not None:
+            self._answer(scrape, answer)
+        elif self._text is not None and monotonic_seconds - self._rendered_seconds < FRESH_SECONDS:
+            self._answer(scrape, response(200, self._text, CONTENT_TYPE))
+        else:
+            scrape.waiting = True
             self.wanted = True
-            asked_after = self._renders
-        self._wake()
-        with self._condition:
-            self._condition.wait_for(lambda: self._renders > asked_after, RENDER_WAIT_SECONDS)
-            return self._text
+            self._watch(scrape, 0)  # nothing to read or write until the text comes
+
+    def _answer(self, scrape: Scrape, data: bytes) -> None:
+        scrape.out += data
+        self._send(scrape)
+
+    def _send(self, scrape: Scrape) -> None:
+        try:
+            sent = scrape.sock.send(scrape.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(scrape)
+            return
+        del scrape.out[:sent]
+        if scrape.out:
+            self._watch(scrape, selectors.EVENT_WRITE)
+        else:
+            self._close(scrape)
+
+    def _watch(self, scrape: Scrape, events: int) -> None:
+        """Register exactly ``events`` for the scrape's socket."""
+        assert self._selector is not None
+        if events == scrape.events:
+            return
+        if not scrape.events:
+            self._selector.register(scrape.sock, events, scrape)
+        elif not events:
+            self._selector.unregister(scrape.sock)
+        else:
+            self._selector.modify(scrape.sock, events, scrape)
+        scrape.events = events
+
+    def _close(self, scrape: Scrape) -> None:
+        if scrape.closed:
+            return
+        scrape.closed = True
+        self._watch(scrape, 0)
+        scrape.sock.close()
+        self._scrapes.remove(scrape)

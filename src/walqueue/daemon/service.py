@@ -68,6 +68,7 @@ REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
 # What encoding an answer can raise for a value msgpack cannot carry.
 ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
 MAX_PARKED_PER_CONNECTION = 64
+MAX_FORCE_RELEASE_TASKS = 10_000  # one release frame each, all in one turn
 
 
 class Peer(Protocol):
@@ -88,6 +89,15 @@ class ListingInterrupted(Exception):
     """A lazily produced ``tasks`` answer outlived the Queue it was reading."""
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request the protocol's request bounds refused (protocol.RequestRefused): answered
+    InvalidRequest ``message`` in its turn, like any request's error."""
+
+    id: int
+    message: str
+
+
 @dataclass(eq=False, slots=True)
 class Answer:
     peer: Peer
@@ -105,16 +115,20 @@ class Parked:
 
 
 class ParkedReserves:
-    """Waiting reserves: arrival order for serving, a heap of deadlines for the timer.
+    """Waiting reserves: arrival order for serving, a heap of deadlines for the timer,
+    and each peer's own entries.
 
     Entries leave by being marked done (served, expired, dropped); done
     entries are skipped lazily, so serving the head, finding the next deadline
-    and expiring waits cost O(log n), not O(n), per loop turn.
+    and expiring waits cost O(log n), not O(n), per loop turn, and dropping a
+    closed peer's waits costs O(its own), not O(all parked).
     """
 
     def __init__(self) -> None:
         self._arrivals: deque[Parked] = deque()
         self._deadlines: list[tuple[float, int, Parked]] = []
+        # id(peer) -> its live entries in arrival order (by id: a peer need not be hashable).
+        self._by_peer: dict[int, dict[Parked, None]] = {}
         self._counter = 0
         self.live = 0
 
@@ -125,6 +139,7 @@ class ParkedReserves:
         self._arrivals.append(entry)
         self._counter += 1
         heapq.heappush(self._deadlines, (entry.deadline_seconds, self._counter, entry))
+        self._by_peer.setdefault(id(entry.peer), {})[entry] = None
         entry.peer.parked += 1
         self.live += 1
 
@@ -132,6 +147,10 @@ class ParkedReserves:
         entry.done = True
         entry.peer.parked -= 1
         self.live -= 1
+        own = self._by_peer[id(entry.peer)]
+        del own[entry]
+        if not own:
+            del self._by_peer[id(entry.peer)]
         if len(self._arrivals) > 2 * self.live + 64:
             self._arrivals = deque(e for e in self._arrivals if not e.done)
             self._deadlines = [item for item in self._deadlines if not item[2].done]
@@ -169,23 +188,27 @@ class ParkedReserves:
             self._finish(entry)
         return dropped
 
+    def drop_peer(self, peer: Peer) -> list[Parked]:
+        """Finish and return ``peer``'s live entries, in arrival order: O(its own)."""
+        dropped = list(self._by_peer.get(id(peer), ()))
+        for entry in dropped:
+            self._finish(entry)
+        return dropped
 
-def chunked(request_id: int, items: list, message_type: type) -> list:
-    """Split a list answer into messages of at most CHUNK_BUDGET_BYTES of items each.
 
-    Raises what encoding raises (ENCODING_ERRORS) for an item msgpack cannot carry.
-    """
+def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> list:
+    """Split a list answer (its items already encoded) into messages of at most
+    CHUNK_BUDGET_BYTES of items each."""
     if not items:
         return [message_type(request_id, [])]
     chunks: list[list[protocol.Raw]] = [[]]
     size = 0
     for item in items:
-        encoded = protocol.encode_value(item)
-        if chunks[-1] and size + len(encoded) > protocol.CHUNK_BUDGET_BYTES:
+        if chunks[-1] and size + len(item) > protocol.CHUNK_BUDGET_BYTES:
             chunks.append([])
             size = 0
-        chunks[-1].append(protocol.Raw(encoded))
-        size += len(encoded)
+        chunks[-1].append(item)
+        size += len(item)
     last = len(chunks) - 1
     return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
 
@@ -238,6 +261,8 @@ class Service:
             protocol.BackupBegin: self._backup_begin,
             protocol.BackupEnd: self._backup_end,
             protocol.DaemonStatsReq: self._daemon_stats,
+            protocol.ForceRelease: self._force_release,
+            Refused: self._refused,
         }
 
     # -- a turn --------------------------------------------------------------------
@@ -348,9 +373,8 @@ class Service:
 
     def end_waits(self, peer: Peer) -> None:
         """Answer a peer's parked reserves with no leases (it closed, or the daemon stops)."""
-        if peer.parked:
-            for entry in self.parked.drop(lambda entry: entry.peer is peer):
-                self._answer(peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
+        for entry in self.parked.drop_peer(peer):
+            self._answer(peer, entry.request.id, [protocol.Leases(id=entry.request.id, leases=[])])
 
     def end_all_waits(self) -> None:
         """Answer every parked reserve with no leases: the daemon is stopping."""
@@ -359,8 +383,7 @@ class Service:
 
     def drop_waits(self, peer: Peer) -> None:
         """Drop a peer's parked reserves unanswered: it is being closed."""
-        if peer.parked:
-            self.parked.drop(lambda entry: entry.peer is peer)
+        self.parked.drop_peer(peer)
 
     def forget(self, peer: Peer) -> None:
         """Drop everything the service holds for a closed peer: its waits, its backup pin."""
@@ -395,16 +418,38 @@ class Service:
                 "wait for one to be answered or use another connection"
             )
 
-    def _lease_due(self, worker: str, lease_seconds: int, limit: int) -> list[Lease]:
-        """Lease up to ``limit`` due tasks, or nothing while paused.
+    def _lease_due(self, worker: str, lease_seconds: int, limit: int) -> list[protocol.Raw]:
+        """Lease up to ``limit`` due tasks, or nothing while paused; the leases encoded for the wire.
 
         Every reserve (new, parked, or the reserve half of a combined request)
         goes through here, so pausing is this one check. Paused, a reserve
         writes nothing either; expired leases are still reaped on time (`reap`).
+
+        A lease the wire cannot carry (a payload integer beyond 64 bits, only
+        in data written before the library refused them) is left out of the
+        answer and logged, and another due task is leased in its place: one
+        such task never costs the others their lease. Its own lease, written
+        like any other, ends on time as if its worker had died, so it uses an
+        attempt per lease and ends dead (docs/guarantees.md).
         """
         if self.paused:
             return []
-        return self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds, limit=limit)
+        encoded: list[protocol.Raw] = []
+        while len(encoded) < limit:
+            leases = self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds,
+                                        limit=limit - len(encoded))
+            carried = 0
+            for lease in leases:
+                try:
+                    encoded.append(protocol.Raw(protocol.encode_value(lease)))
+                    carried += 1
+                except ENCODING_ERRORS as exc:
+                    log.error("task %s leased to %s but not handed out: the wire cannot carry its "
+                              "payload (%s); its lease ends at %d", one_line(repr(lease.task_id)),
+                              one_line(repr(worker)), exc, lease.deadline)
+            if carried == len(leases):  # all carried, or nothing was due
+                break
+        return encoded
 
     # -- answers -------------------------------------------------------------------------
 
@@ -420,15 +465,8 @@ class Service:
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
 
-    def _answer_leases(self, peer: Peer, request_id: int, leases: list[Lease]) -> None:
-        if len(leases) <= 1:  # one lease always fits one message: no need to measure it
-            messages = [protocol.Leases(request_id, leases)]
-        else:
-            try:
-                messages = chunked(request_id, leases, protocol.Leases)
-            except ENCODING_ERRORS as exc:
-                messages = [self._unencodable(peer, request_id, exc)]
-        self._answer(peer, request_id, messages)
+    def _answer_leases(self, peer: Peer, request_id: int, leases: list[protocol.Raw]) -> None:
+        self._answer(peer, request_id, chunked(request_id, leases, protocol.Leases))
 
     @staticmethod
     def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> protocol.Error:
@@ -540,6 +578,39 @@ class Service:
     def _daemon_stats(self, peer: Peer, request: protocol.DaemonStatsReq) -> None:
         stats = protocol.daemon_stats_to_wire(self._report(self.now), peer.protocol_version)
         self._answer(peer, request.id, [protocol.DaemonStatsOk(id=request.id, stats=stats)])
+
+    def _force_release(self, peer: Peer, request: protocol.ForceRelease) -> None:
+        """End the listed tasks' current leases now, as their workers' releases would (delay 0).
+
+        For the operator after a wall-clock jump at start, or a worker that
+        will never come back. Every task is checked before anything is
+        written: InvalidRequest (nothing written) if one is not leased.
+        """
+        if len(request.task_ids) > MAX_FORCE_RELEASE_TASKS:
+            raise InvalidRequest(f"force_release of {len(request.task_ids)} task ids: at most "
+                                 f"{MAX_FORCE_RELEASE_TASKS} a request")
+        task_ids = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
+                                      for index, task_id in enumerate(request.task_ids)))
+        leases = []
+        for task_id in task_ids:
+            view = self.queue.get(task_id)
+            if view is None or view.status != "leased" or view.deadline <= self.now:
+                status = "unknown" if view is None else "expired" if view.status == "leased" else view.status
+                raise InvalidRequest(f"task {task_id!r} is {status}, not leased: there is no lease to release")
+            leases.append(Lease(task_id=task_id, worker=view.worker, generation=view.generation,
+                                deadline=view.deadline, attempts=view.attempts, payload={}))
+        for lease in leases:
+            self.queue.release(lease, now=self.now)
+            log.warning("lease of task %s (worker %s, generation %d, deadline %d) released by force by %s",
+                        one_line(repr(lease.task_id)), one_line(repr(lease.worker)), lease.generation,
+                        lease.deadline, peer.name)
+        self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
+        if self.parked:
+            self.serve_parked()
+
+    @staticmethod
+    def _refused(peer: Peer, request: Refused) -> None:
+        raise InvalidRequest(request.message)
 
     def _listing(self, request_id: int, status: str | None) -> Iterator:
         """The ``tasks`` answer, produced lazily as the client reads it.
