@@ -237,9 +237,12 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
     user; so must its parents, up to and including the first one owned by
     root, except that a parent may be root's, and a root-owned parent
     writable by others is safe with the sticky bit (like /tmp: others
-    cannot rename or remove what is not theirs). A symbolic link in the
-    path is resolved first: the directories checked are the real ones.
-    Raises OSError if `path` cannot be examined.
+    cannot rename or remove what is not theirs). Write access for a group
+    is harmless when that group is its owner's private group (umask 002
+    systems: the owner's primary group, named like the owner, with no other
+    members). A symbolic link in the path is resolved first: the
+    directories checked are the real ones. Raises OSError if `path` cannot
+    be examined.
     """
     user = os.geteuid()
     directory = os.path.realpath(os.fspath(path))
@@ -249,7 +252,7 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
         findings.append(f"{directory} is owned by {_user_name(info.st_uid)}, not by "
                         f"{_user_name(user)} who opens it, so its owner can plant files and links "
                         f"in it: chown {_login(user)} {directory}")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if _writable_by_others(info):
         findings.append(f"{directory} is writable by {_writers(info.st_mode)} (mode "
                         f"{stat.S_IMODE(info.st_mode):04o}), who can plant files and links in it: "
                         f"chmod go-w {directory}")
@@ -262,8 +265,7 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
                             f"{_user_name(info.st_uid)}, who could move the queue directory "
                             f"away and put another in its place: use a directory whose parents "
                             f"belong to root or {_user_name(user)}")
-        elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
-                info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
+        elif _writable_by_others(info) and not (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
             findings.append(f"{parent}, a parent of {directory}, is writable by "
                             f"{_writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o}), "
                             f"who could move the queue directory away and put another in its "
@@ -271,6 +273,24 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
         if info.st_uid == 0:
             break
     return findings
+
+
+def _writable_by_others(info: os.stat_result) -> bool:
+    """Writable by a user other than the owner: by others, or by a group that is not private."""
+    if info.st_mode & stat.S_IWOTH:
+        return True
+    return bool(info.st_mode & stat.S_IWGRP) and not _private_group(info.st_uid, info.st_gid)
+
+
+def _private_group(uid: int, gid: int) -> bool:
+    """True if `gid` is the user private group of `uid` (its primary group, its name, no members)."""
+    import grp  # Unix only, as below
+    import pwd
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and not set(group.gr_mem) - {user.pw_name}
 
 
 def _writers(mode: int) -> str:

@@ -20,10 +20,12 @@ import click
 
 import walqueue
 from walqueue import CorruptStore, QueueLocked
+from walqueue.fs import DIRECTORY_MODE, check_directory_safety
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
 from .exits import (
     EXIT_CORRUPT,
+    EXIT_DIRECTORY_UNSAFE,
     EXIT_DIRECTORY_UNUSABLE,
     EXIT_FAILURE,
     EXIT_LOCKED,
@@ -82,7 +84,10 @@ Exit codes:
   4  the directory is corrupt (CorruptStore), at start or at a reopen
   5  the directory cannot be used as it is: read-only file system, no
      permission, an entry of the wrong type (e.g. CURRENT.tmp a directory),
-     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5)
+     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5 6)
+  6  the directory or a parent is not safe: owned by another user, or
+     writable by a group or others who could plant links in it; the log
+     says what to chown or chmod (nothing was opened)
 """
 
 
@@ -193,6 +198,24 @@ def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
     return max_connections
 
 
+def unsafe_directory_findings(directory: str) -> list[str]:
+    """What lets another user plant files or links in `directory` (issue 12 item 1).
+
+    A missing directory is created first (mode 0750, its name fsynced), so
+    the checked directory is the one the Queue then opens: the library's
+    Queue only warns, the daemon refuses. Raises OSError.
+    """
+    if not os.path.isdir(directory):
+        parent = os.path.dirname(directory)
+        os.makedirs(directory, mode=DIRECTORY_MODE, exist_ok=True)
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return check_directory_safety(directory)
+
+
 def serve_directory(directory: str, *, socket_path: str | None, mode: int, compact_wal_bytes: int,
                     max_connections: int, hook: Callable[[str], None] | None,
                     hello_timeout_seconds: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
@@ -204,6 +227,15 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
     max_connections = descriptor_budget(max_connections, metrics_descriptors)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
+    try:
+        unsafe = unsafe_directory_findings(directory)
+    except OSError as exc:
+        log.error("cannot examine %s: %s", directory, exc)
+        return open_failure_code(exc)
+    if unsafe:
+        for finding in unsafe:
+            log.error("refusing to serve %s: %s", directory, finding)
+        return EXIT_DIRECTORY_UNSAFE
     log.info("opening %s", directory)
     started = time.monotonic()
     try:
