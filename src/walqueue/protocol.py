@@ -33,7 +33,8 @@ speaks every version in ``DAEMON_PROTOCOL_VERSIONS`` and answers each
 connection in the version its hello announced, omitting the fields that
 version lacks (``omit_defaults``), so a version-1 client gets exactly
 version 1's bytes. Version 2 adds the daemon's walqueue version to
-``HelloOk`` and ``DaemonStats``.
+``HelloOk`` and ``DaemonStats``; version 3 adds the compaction figures
+(``compact_wal_ratio`` and after) to ``DaemonStats``.
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
@@ -66,8 +67,9 @@ from walqueue import (
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1  # what this package's clients announce
-DAEMON_PROTOCOL_VERSIONS = (1, 2)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
+COMPACTION_REPORTING_VERSION = 3  # the first to carry the compaction figures of DaemonStats
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -276,6 +278,17 @@ class DaemonStats:
     last_recovery_seconds: float
     directory: str
     version: str = ""  # the daemon's walqueue.__version__ (protocol version 2; "" for version 1)
+    # Protocol version 3: compaction off the loop (docs/metrics.md defines each).
+    compact_wal_ratio: float = 0.0
+    compaction_in_progress: bool = False
+    compaction_failures_total: int = 0
+    compaction_consecutive_failures: int = 0
+    last_compaction_error: str = ""
+    compaction_retry_in_seconds: float | None = None
+    last_compaction_pause_seconds: float | None = None
+    snapshot_bytes: int = 0
+    snapshot_bytes_written_total: int = 0
+    wal_bytes_written_total: int = 0
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
@@ -576,11 +589,26 @@ def manifest_from_wire(wire: Manifest) -> BackupManifest:
     return BackupManifest(directory=wire.directory, seq=wire.seq, files=files)
 
 
+def _since_version(name: str) -> int:
+    """The protocol version that added DaemonStats field ``name`` (1 for the original ones)."""
+    names = [field.name for field in dataclasses.fields(DaemonStats)]
+    if names.index(name) >= names.index("compact_wal_ratio"):
+        return COMPACTION_REPORTING_VERSION
+    return VERSION_REPORTING_VERSION if name == "version" else 1
+
+
+_DAEMON_STATS_DEFAULTS = {field.name: (field.default, _since_version(field.name))
+                          for field in dataclasses.fields(DaemonStats)
+                          if field.default is not dataclasses.MISSING}
+
+
 def daemon_stats_to_wire(stats: DaemonStats, protocol_version: int) -> WireDaemonStats:
-    """The report as a peer speaking ``protocol_version`` may read it (version 1 lacks ``version``)."""
+    """The report as a peer speaking ``protocol_version`` may read it: the fields a later
+    version added are set to their defaults, which the wire omits."""
     fields = {name: getattr(stats, name) for name in WireDaemonStats.__struct_fields__}
-    if protocol_version < VERSION_REPORTING_VERSION:
-        fields["version"] = ""  # equal to the default: omitted
+    for name, (default, since) in _DAEMON_STATS_DEFAULTS.items():
+        if protocol_version < since:
+            fields[name] = default
     return WireDaemonStats(**fields)
 
 

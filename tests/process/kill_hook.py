@@ -22,6 +22,16 @@ The kill is ``os.kill(os.getpid(), SIGKILL)``: no exception unwinds, no
 ``finally`` runs, no buffer is flushed — a real death, unlike a hook that
 raises. Nothing here inspects task ids or changes what the library does; it
 only decides *when* the process dies.
+
+``child_hook`` is walqueued's ``--test-child-hook``: it runs in each forked
+snapshot child before the child writes. With ``WALQUEUE_KILL_PHASE`` set to
+``CHILD_WRITING`` (a kill point of the harness, not a phase of SPEC §6) the
+n-th child (``WALQUEUE_KILL_AT``, counted in ``WALQUEUE_KILL_LOG``.children
+across the forks) logs the kill with its own pid as ``child_pid``, SIGKILLs
+its parent — the daemon dies while its child writes — and then lingers
+``CHILD_LINGER_SECONDS`` before writing, standing for a long snapshot: a
+child that does not die with its parent is still there when the harness
+looks, holding whatever it did not close.
 """
 
 from __future__ import annotations
@@ -31,6 +41,10 @@ import os
 import signal
 import struct
 import threading
+import time
+
+CHILD_WRITING = "child.writing"
+CHILD_LINGER_SECONDS = 5.0
 
 _lock = threading.Lock()
 _occurrences: dict[str, int] = {}
@@ -84,3 +98,20 @@ def hook(phase: str) -> None:
         line = {"phase": phase, "occurrence": occurrence, "pid": os.getpid(), "torn_bytes": torn_bytes}
         _append_synced(kill_log, (json.dumps(line, sort_keys=True) + "\n").encode())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def child_hook() -> None:
+    if os.environ.get("WALQUEUE_KILL_PHASE") != CHILD_WRITING:
+        return
+    kill_log = os.environ["WALQUEUE_KILL_LOG"]
+    # A fork does not carry counts back to its parent: count the children in a file.
+    _append_synced(kill_log + ".children", b"c")
+    occurrence = os.path.getsize(kill_log + ".children")
+    if occurrence != int(os.environ.get("WALQUEUE_KILL_AT", "1")):
+        return
+    parent = os.getppid()
+    line = {"phase": CHILD_WRITING, "occurrence": occurrence, "pid": parent, "child_pid": os.getpid(),
+            "torn_bytes": 0}
+    _append_synced(kill_log, (json.dumps(line, sort_keys=True) + "\n").encode())
+    os.kill(parent, signal.SIGKILL)
+    time.sleep(CHILD_LINGER_SECONDS)  # the long write the parent's death interrupts

@@ -1,5 +1,6 @@
 """The wire protocol on bytes alone: framing bounds, round trips, errors, garbage."""
 
+import dataclasses
 import struct
 
 import msgspec
@@ -187,11 +188,17 @@ def test_version_2_answers_carry_the_daemon_version_and_version_1_gets_the_old_b
     answer = p.HelloOk(id=1, version=2, server="walqueued/1", max_body_bytes=5, walqueue_version="9.9.9")
     assert p.decode_response(p.encode(answer)[4:]).walqueue_version == "9.9.9"
     stats = sample_daemon_stats()
-    old_layout = {name: getattr(stats, name) for name in p.WireDaemonStats.__struct_fields__[:-1]}
+    fields = p.WireDaemonStats.__struct_fields__
+    old_layout = {name: getattr(stats, name) for name in fields[:fields.index("version")]}
     old_layout["queue"] = msgspec.structs.asdict(p.WireStats(*[getattr(stats.queue, name) for name in
                                                               p.WireStats.__struct_fields__]))
     assert msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 1)) == msgspec.msgpack.encode(old_layout)
     assert p.daemon_stats_to_wire(stats, 2).version == "9.9.9"
+    # Version 3 adds the compaction figures; version 2 gets them as defaults, which are omitted.
+    failing = dataclasses.replace(stats, compaction_failures_total=4, last_compaction_error="ENOSPC")
+    assert p.daemon_stats_to_wire(failing, 3).compaction_failures_total == 4
+    assert msgspec.msgpack.encode(p.daemon_stats_to_wire(failing, 2)) == \
+        msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 2))
 
 
 def sample_daemon_stats() -> p.DaemonStats:
