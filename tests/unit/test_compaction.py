@@ -40,10 +40,12 @@ from walqueue import protocol as p
 from walqueue.daemon.commit import GroupCommit
 from walqueue.daemon.compaction import MAX_RETRY_SECONDS, Backoff, compaction_due
 from walqueue.daemon.exits import DaemonExit
+from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.recorder import Recorder
 from walqueue.daemon.service import Service
+from walqueue.daemon.systemd import Notifier
 
-from .test_loop import FakeClock
+from .test_loop import Client, FakeClock
 from .test_service import FakePeer
 
 CHILD_SECONDS = 30.0  # bound on any wait for a child
@@ -461,3 +463,71 @@ def test_the_child_holds_neither_the_lock_nor_a_socket_and_stopping_kills_and_re
         with contextlib.suppress(OSError):
             left.close()
             right.close()
+
+
+# -- the daemon's own lease reaping on a full disk -------------------------------------------
+
+
+class FullDiskHook:
+    """A Queue hook: while ``full``, every frame write fails with ENOSPC (counted)."""
+
+    def __init__(self) -> None:
+        self.full = False
+        self.refused = 0
+
+    def __call__(self, phase: str) -> None:
+        if self.full and phase == "wal.before_write":
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def reap_attempts_on_a_full_disk(tmp_path, *, backing_off: bool = True) -> tuple[int, list[str]]:
+    """(writes refused, problems) over a minute of half-second turns after a lease's deadline
+    while the disk is full; then the disk has room again."""
+    clock = FakeClock()
+    hook = FullDiskHook()
+    path = str(tmp_path / "s.sock")
+    listener = bind_listener(path, 0o600)
+    loop = Loop(str(tmp_path / "queue"), Queue(tmp_path / "queue", hook=hook), listener, socket_path=path,
+                compact_wal_bytes=10**12, max_connections=10, hook=hook, notifier=Notifier({}), clock=clock)
+    if not backing_off:  # the daemon before the back-off: a reap whenever a lease is due
+        loop.reap_backoff.ready = lambda now: True
+    loop.register_listener()
+    timer_seconds, loop._timeout = loop._timeout, lambda: 0.0  # the test drives the turns
+    client = Client(path, loop)
+    problems = []
+    try:
+        client.send(p.Put(id=1, task_id="job", payload={}), p.Reserve(id=2, worker="w", lease_seconds=1))
+        client.answer(1)
+        (lease,) = client.answer(2).leases
+        hook.full = True
+        clock.advance(lease.deadline - clock.wall)
+        for _ in range(120):
+            loop.one_turn()
+            clock.advance(0.5)
+        if loop.recorder.write_failures_total != hook.refused:
+            problems.append(f"{loop.recorder.write_failures_total} write failures for {hook.refused} refusals")
+        if backing_off and not 0 < timer_seconds() <= 32.0:
+            problems.append(f"the timer says {timer_seconds()}, not the end of the back-off")
+        hook.full = False
+        clock.advance(32.0)
+        loop.one_turn()
+        if loop.queue.get("job").status != "ready" or loop.reap_backoff.failures != 0:
+            problems.append("the lease was not reaped once the disk had room")
+    finally:
+        client.close()
+        loop.queue.close()
+        loop.close_without_serving()
+        listener.close()
+    return hook.refused, problems
+
+
+def test_lease_reaping_on_a_full_disk_is_retried_with_a_backoff_not_every_second(tmp_path):
+    refused, problems = reap_attempts_on_a_full_disk(tmp_path)
+    # Attempts at about 0, 1, 3, 7, 15, 31 s: six, where one per second would be 60.
+    assert 5 <= refused <= 7 and problems == [], (refused, problems)
+
+
+def test_the_reaping_check_catches_a_daemon_that_retries_every_second(tmp_path):
+    refused, _ = reap_attempts_on_a_full_disk(tmp_path, backing_off=False)
+    assert refused > 30

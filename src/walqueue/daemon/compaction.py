@@ -19,6 +19,12 @@ The shape is Redis's BGSAVE, in SPEC §5's order and phases:
    failure it calls ``abandon_compaction`` (the WAL still holds everything,
    the Queue stays open: no reopen) and retries later, with a back-off.
 
+Before it forks, the parent checks that the file system has room for the
+new snapshot, estimated as the published snapshot plus the WAL since it
+(each WAL byte adds at most about one snapshot byte): on a nearly full disk a
+child's partial snapshot would otherwise take the space the WAL appends
+need, and turn a failed compaction into failed writes.
+
 A killed daemon leaves at most an orphan snapshot (SPEC §5 ignores it, the
 next open deletes it). The child dies with its parent (PR_SET_PDEATHSIG,
 then a check that the parent is still the one that forked it), and closes
@@ -83,6 +89,12 @@ try:
     _prctl.restype = ctypes.c_int
 except (OSError, AttributeError):  # not Linux: the child cannot ask to die with its parent
     _prctl = None
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes an unprivileged writer may still use on the file system of ``directory``."""
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
 
 
 def compaction_due(wal_bytes: int, snapshot_bytes: int, *, floor_bytes: int, ratio: float) -> bool:
@@ -320,7 +332,8 @@ class Compactor:
                  floor_bytes: int, ratio: float, reopen: Callable[[], None],
                  watch: Callable[[int], None] = lambda fd: None,
                  unwatch: Callable[[int], None] = lambda fd: None,
-                 child_hook: Callable[[], None] | None = None) -> None:
+                 child_hook: Callable[[], None] | None = None,
+                 free_bytes: Callable[[str], int] = free_bytes) -> None:
         self.service = service
         self.directory = directory
         self.floor_bytes = floor_bytes
@@ -335,6 +348,7 @@ class Compactor:
         self._watch = watch
         self._unwatch = unwatch
         self._child_hook = child_hook
+        self._free_bytes = free_bytes
         self._requested: list[Waiter] = []  # this turn's, until its batch is durable
         self._waiting: list[Waiter] = []
 
@@ -434,6 +448,16 @@ class Compactor:
     # -- steps ----------------------------------------------------------------------------
 
     def _start(self, queue: Queue, reason: str, now: float) -> None:
+        needed = self.snapshot_bytes + queue.stats().wal_bytes  # what the new snapshot may take
+        try:
+            free = self._free_bytes(self.directory)
+        except OSError as exc:
+            self._failed(f"cannot read the free space of {self.directory}: {exc}")
+            return
+        if free < needed:
+            self._failed(f"not enough free space for the snapshot: {free} bytes free on the file system "
+                         f"of {self.directory}, about {needed} needed")
+            return
         try:
             compaction = queue.begin_compaction()
         except WRITE_FAILURES as exc:  # the rotation failed: the Queue closed itself
