@@ -7,9 +7,10 @@ environment variables:
 * ``WALQUEUE_KILL_PHASE``: one of ``walqueue.PHASES``; unset = never kill.
 * ``WALQUEUE_KILL_AT``: kill at this occurrence of the phase (1 = the first).
 * ``WALQUEUE_KILL_LOG``: a file that gets one JSON line
-  ``{"phase": P, "occurrence": N, "pid": PID, "torn_bytes": B}`` appended and
-  fsynced before the kill, so the harness can count kills per phase from
-  outside the dead process.
+  ``{"phase": P, "occurrence": N, "pid": PID, "torn_bytes": B, "children": [PID, ...]}``
+  appended and fsynced before the kill, so the harness can count kills per
+  phase from outside the dead process, and check that the daemon's snapshot
+  children died with it.
 * ``WALQUEUE_KILL_TEAR_DIRECTORY``: with phase ``wal.before_write``, first
   append the first ``WALQUEUE_KILL_TEAR_BYTES`` bytes of a frame that is never
   completed to the newest WAL segment of this queue directory: the process dies
@@ -76,6 +77,15 @@ def _append_synced(path: str, data: bytes) -> None:
         os.close(fd)
 
 
+def _children() -> list[int]:
+    """This process's children (its snapshot children), which must die with it."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as file:
+            return [int(pid) for pid in file.read().split()]
+    except OSError:
+        return []
+
+
 def hook(phase: str) -> None:
     wanted = os.environ.get("WALQUEUE_KILL_PHASE")
     if phase != wanted:
@@ -95,7 +105,8 @@ def hook(phase: str) -> None:
             torn_bytes = len(torn)
     kill_log = os.environ.get("WALQUEUE_KILL_LOG")
     if kill_log:
-        line = {"phase": phase, "occurrence": occurrence, "pid": os.getpid(), "torn_bytes": torn_bytes}
+        line = {"phase": phase, "occurrence": occurrence, "pid": os.getpid(), "torn_bytes": torn_bytes,
+                "children": _children()}
         _append_synced(kill_log, (json.dumps(line, sort_keys=True) + "\n").encode())
     os.kill(os.getpid(), signal.SIGKILL)
 

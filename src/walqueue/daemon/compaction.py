@@ -294,6 +294,7 @@ class InFlight:
     child: SnapshotChild
     started: float  # monotonic, before the rotation
     reason: str
+    pause_seconds: float = 0.0  # how long the loop stood still for the rotation and the fork
     written: float | None = None  # monotonic, when the child was found exited 0
     watched: bool = True  # its pidfd is in the loop's selector
 
@@ -473,9 +474,9 @@ class Compactor:
             queue.abandon_compaction(compaction)
             self._failed(f"fork failed: {type(exc).__name__}: {exc}")
             return
-        self.in_flight = InFlight(compaction, child, now, reason)
-        self._watch(child.fileno())
         pause_seconds = self._clock.monotonic_seconds() - now
+        self.in_flight = InFlight(compaction, child, now, reason, pause_seconds)
+        self._watch(child.fileno())
         self._recorder.compaction_started(pause_seconds)
         log.debug("compaction through seq %d started %s: child pid %d, the loop paused %.3f s",
                   compaction.seq, reason, child.pid, pause_seconds)
@@ -495,9 +496,10 @@ class Compactor:
         self.snapshot_bytes = flight.child.report.snapshot_bytes
         self._recorder.compacted(seconds, snapshot_bytes=self.snapshot_bytes,
                                  covered_bytes=compaction.covered_bytes)
-        log.info("compacted %d WAL bytes %s through seq %d in %.3f s (snapshot %d bytes, written by "
-                 "pid %d in %.3f s)", compaction.covered_bytes, flight.reason, compaction.seq, seconds,
-                 self.snapshot_bytes, flight.child.pid, (flight.written or flight.started) - flight.started)
+        log.info("compacted %d WAL bytes %s through seq %d in %.3f s (loop paused %.4f s; snapshot %d "
+                 "bytes written by pid %d in %.3f s)", compaction.covered_bytes, flight.reason, compaction.seq,
+                 seconds, flight.pause_seconds, self.snapshot_bytes, flight.child.pid,
+                 (flight.written or flight.started) - flight.started)
         self._answer_covered(compaction.seq)
 
     def _abandon(self, flight: InFlight, error: str) -> None:
