@@ -106,6 +106,26 @@ def _forking_after_the_next_turn():
         yield
 
 
+def _finishing_with_deletes_first() -> contextlib.AbstractContextManager:
+    """finish_compaction that deletes the covered WAL and the old snapshot before publishing CURRENT
+    ("it is replaced next anyway"): the daemon's twin of tests/broken.py's
+    compaction_deletes_before_publishing, which patches compact()'s steps, a path walqueued no
+    longer takes. A crash in between leaves CURRENT naming a deleted snapshot, or a WAL gap."""
+    def finish_compaction(self, compaction_in_steps):
+        self._check_open()
+        self._check_in_progress(compaction_in_steps)
+        self._compaction = None
+        try:
+            self._call_hook("snapshot.after_write")
+            self._delete_covered(compaction_in_steps.seq)
+            self._publish(compaction_in_steps.seq)
+        except BaseException:
+            self._die()
+            raise
+        return compaction_in_steps.seq
+    return mock.patch.object(Queue, "finish_compaction", finish_compaction)
+
+
 def _outliving_the_parent() -> contextlib.AbstractContextManager:
     """A snapshot child that neither asks to die with its parent nor closes what it inherited
     ("it only writes a file"): a killed daemon's child lives on, holding the directory's LOCK."""
@@ -124,6 +144,7 @@ DAEMON_VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: _patch_service("_stats", _stats_with_a_bug),
     "compaction_publishes_when_the_child_starts": _publishing_when_the_child_starts,
     "compaction_forks_after_the_next_turn": _forking_after_the_next_turn,
+    "compaction_finish_deletes_before_publishing": _finishing_with_deletes_first,
     "snapshot_child_outlives_its_parent": _outliving_the_parent,
 }
 

@@ -94,7 +94,9 @@ DRAIN_SECONDS = 40.0
 STOP_SECONDS = 15.0
 REAP_SECONDS = 10.0
 WAL_SAMPLE_SECONDS = 0.02
-CHILD_EXIT_SECONDS = 1.0  # a snapshot child may outlive its killed parent by this much, no more
+# A snapshot child may outlive its killed parent by this much, no more: SIGKILL
+# waits for a write or fsync in progress, which a busy shared disk can stretch.
+CHILD_EXIT_SECONDS = 5.0
 
 TIMER = "timer"
 FALLBACK = "fallback"

@@ -45,7 +45,7 @@ import threading
 import time
 
 CHILD_WRITING = "child.writing"
-CHILD_LINGER_SECONDS = 5.0
+CHILD_LINGER_SECONDS = 20.0  # well past the harness's CHILD_EXIT_SECONDS
 
 _lock = threading.Lock()
 _occurrences: dict[str, int] = {}

@@ -29,8 +29,9 @@ hello deadline, accept resumption, watchdog ping, end of a wait, and the
 service's next due time (a lease deadline, or a task due while reserves
 wait) — or the end of the reaper's back-off after a reap that failed to
 write (disk full: retried after 1, 2, 4, ... s up to 5 minutes, not every
-second). A snapshot child's exit wakes the loop through its pidfd. Time comes from an injected `Clock`: ``now`` (whole wall seconds,
-never backwards) for leases, monotonic seconds for waits and timers.
+second). A snapshot child's exit wakes the loop through its pidfd. Time
+comes from an injected `Clock`: ``now`` (whole wall seconds, never
+backwards) for leases, monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
 
 A bug (any exception but the ones the service and the commit handle) stops
@@ -169,8 +170,8 @@ class Loop:
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
-        self.service = Service(queue, compact=lambda peer, request_id: self.compaction.request(peer, request_id),
-                               report=self.report)
+        self.service = Service(queue, report=self.report,
+                               compact=lambda peer, request_id: self.compaction.request(peer, request_id))
         self.selector = selectors.DefaultSelector()
         self.commit = GroupCommit(
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
