@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import shutil
 import signal
 import socket
@@ -36,6 +35,7 @@ from walqueue.client import Client
 from walqueue.fs import OsFileSystem
 from walqueue.snapshot import read_current
 
+from .crash_harness import process_exits
 from .daemon import read_message, wait_until
 
 CHILD_HOOK = ("--test-child-hook", "tests.process.hooks:child_hook")
@@ -109,19 +109,6 @@ def gate(workdir):
     made.close()
 
 
-def wait_gone(pid: int, timeout: float = CHILD_EXIT_SECONDS) -> bool:
-    """True if process ``pid`` (not ours) exits, or is gone already, within ``timeout``."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        readable, _, _ = select.select([pidfd], [], [], timeout)
-        return bool(readable)
-    finally:
-        os.close(pidfd)
-
-
 def snapshots(directory: Path) -> list[str]:
     return sorted(name for name in os.listdir(directory) if name.startswith("snapshot-"))
 
@@ -145,7 +132,7 @@ def test_compact_answers_after_publishing_while_others_are_served(make_daemon, g
             answer = connection.receive()
             assert answer == p.Compacted(id=1, seq=5)
             assert read_current(OsFileSystem(), str(daemon.directory)) == (5, "snapshot-00000000000000000005.snap")
-            assert wait_gone(child)
+            assert process_exits(child, CHILD_EXIT_SECONDS)
             report = connection.report()
             assert not report.compaction_in_progress and report.compactions_total == 1
             assert report.snapshot_bytes == os.path.getsize(daemon.directory / "snapshot-00000000000000000005.snap")
@@ -169,7 +156,7 @@ def test_sigterm_while_a_child_writes_kills_it_answers_the_waiting_compact_and_e
         assert daemon.proc.wait(10) == 0
     finally:
         connection.close()
-    assert wait_gone(child, 0.0)  # reaped before the daemon exited
+    assert process_exits(child, 0.0)  # reaped before the daemon exited
     assert snapshots(daemon.directory) == [] and "CURRENT" not in os.listdir(daemon.directory)
     restarted = make_daemon()
     with Client(restarted.socket_path) as client:
@@ -183,7 +170,7 @@ def test_a_killed_daemon_takes_its_child_along_and_the_next_one_finds_the_direct
         child = gate.wait_child()
         client.put("b", {})  # answered while the child writes
     assert daemon.kill() == -9
-    assert wait_gone(child), f"snapshot child {child} outlived its killed parent by {CHILD_EXIT_SECONDS} s"
+    assert process_exits(child, CHILD_EXIT_SECONDS), f"snapshot child {child} outlived its killed parent by {CHILD_EXIT_SECONDS} s"
     restarted = make_daemon()  # exits 3 if an orphan still held the LOCK
     with Client(restarted.socket_path) as client:
         assert [task.task_id for task in client.tasks()] == ["a", "b"]

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from walqueue import CorruptStore, Queue, WalQueueError
 
 from .clock import Clock
-from .compaction import DEFAULT_COMPACT_WAL_RATIO, WRITE_FAILURES, Compactor
+from .compaction import DEFAULT_COMPACT_WAL_RATIO, WRITE_FAILURES, Compactor, freeze_heap
 from .exits import EXIT_CORRUPT, EXIT_FAILURE, DaemonExit
 from .log import log
 from .recorder import Recorder
@@ -118,6 +118,7 @@ class GroupCommit:
         except (OSError, WalQueueError) as exc:
             raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
         self.service.queue = queue
+        freeze_heap()  # the reopened state: out of the cyclic collector's reach
         self.compaction.snapshot_bytes = self.compaction.published_snapshot_bytes()
         self._recorder.recovered(self._clock.monotonic_seconds() - started)
         log.info("reopened %s", self.directory)

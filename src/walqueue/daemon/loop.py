@@ -55,7 +55,7 @@ from walqueue.unix_socket import unix_address
 
 from .clock import Clock, DaemonNow, SystemClock
 from .commit import GroupCommit
-from .compaction import DEFAULT_COMPACT_WAL_RATIO, Backoff
+from .compaction import DEFAULT_COMPACT_WAL_RATIO, Backoff, freeze_heap
 from .connection import (
     MAX_LISTINGS_STARTED_PER_TURN,
     MAX_RECV_BYTES,
@@ -157,6 +157,7 @@ class Loop:
         compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
         child_hook: Callable[[], None] | None = None,
     ) -> None:
+        freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
         self.listener = listener
         self.socket_path = socket_path
