@@ -66,8 +66,27 @@ STOP_SECONDS = 120.0
 RSS_SAMPLE_SECONDS = 0.2
 FILL_BATCH = 1000
 PAYLOAD = {"data": "x" * 90}  # 100 bytes as canonical JSON
-COMPACTED = re.compile(r"compacted (\d+) WAL bytes \w+(?: \w+)? through seq (\d+) in ([\d.]+) s "
-                       r"\(loop paused ([\d.]+) s; snapshot (\d+) bytes")
+COMPACTED = re.compile(r"^(\S+ \S+) walqueued\[\d+\] INFO compacted (\d+) WAL bytes \w+(?: \w+)? through "
+                       r"seq (\d+) in ([\d.]+) s \(loop paused ([\d.]+) s; snapshot (\d+) bytes", re.M)
+def log_time(text: str) -> float:
+    """Unix time of a log line's timestamp (``2026-12-01 14:08:21,123``, local time)."""
+    return time.mktime(time.strptime(text[:19], "%Y-%m-%d %H:%M:%S")) + int(text[20:23]) / 1000
+
+
+def gap_context(client: dict, compactions: list[dict]) -> str:
+    """Where the longest gap fell against the compactions: at a fork, during a child's write, outside."""
+    end, start = client["longest_gap_end"], client["longest_gap_end"] - client["longest_gap"]
+    for item in compactions:
+        began = item["published"] - item["seconds"]
+        if start - 0.01 <= began <= end + 0.01:
+            return "at a rotation and fork"
+        if abs(item["published"] - end) <= client["longest_gap"] + 0.01:
+            return "at a publication"
+        if began < start and end < item["published"]:
+            return f"while a child wrote ({start - began:.1f} s after its fork)"
+    return "outside any compaction"
+
+
 DEFAULT_RATIO = 1.0  # the production trigger, whose write amplification is given by its arithmetic
 RECOVERED = re.compile(r"recovered .* in ([\d.]+) s:")
 TARGETS = {
@@ -231,6 +250,7 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
     """Alternate put + reserve + ack and put + ack_and_reserve until ``end_at`` (monotonic)."""
     latencies: list[float] = []
     longest_gap = 0.0
+    longest_gap_end = 0.0  # wall time, to place it against the compactions in the daemon's log
     cycles = errors = index = 0
     held = None  # the lease the last ack_and_reserve handed out
     with Client(socket_path, name=name) as client:
@@ -240,9 +260,10 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
         last_answer = time.perf_counter()
 
         def answered() -> None:
-            nonlocal last_answer, longest_gap
+            nonlocal last_answer, longest_gap, longest_gap_end
             now = time.perf_counter()
-            longest_gap = max(longest_gap, now - last_answer)
+            if now - last_answer > longest_gap:
+                longest_gap, longest_gap_end = now - last_answer, time.time()
             last_answer = now
 
         while time.monotonic() < end_at:
@@ -270,7 +291,8 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
                 errors += 1
                 continue
             latencies.append(time.perf_counter() - started)
-    results.put({"cycles": cycles, "errors": errors, "latencies": latencies, "longest_gap": longest_gap})
+    results.put({"cycles": cycles, "errors": errors, "latencies": latencies, "longest_gap": longest_gap,
+                 "longest_gap_end": longest_gap_end})
 
 
 # -- one N ---------------------------------------------------------------------------------
@@ -301,8 +323,8 @@ def measure(workdir: Path, directory: Path, tasks: int, args) -> dict:
     finally:
         sampler.stop()
         daemon.stop()
-    compactions = [{"covered_bytes": int(m[1]), "seq": int(m[2]), "seconds": float(m[3]),
-                    "pause_seconds": float(m[4]), "snapshot_bytes": int(m[5])}
+    compactions = [{"published": log_time(m[1]), "covered_bytes": int(m[2]), "seq": int(m[3]),
+                    "seconds": float(m[4]), "pause_seconds": float(m[5]), "snapshot_bytes": int(m[6])}
                    for m in COMPACTED.finditer(window_log)]
     restart = Daemon(workdir, directory, options, f"restart-{tasks}")
     restart.stop()
@@ -321,6 +343,7 @@ def measure(workdir: Path, directory: Path, tasks: int, args) -> dict:
         "p99_ms": percentile(latencies, 0.99) * 1e3,
         "max_ms": max(latencies, default=float("nan")) * 1e3,
         "longest_gap_ms": max(item["longest_gap"] for item in gathered) * 1e3,
+        "longest_gap_when": gap_context(max(gathered, key=lambda item: item["longest_gap"]), compactions),
         "rss_end_mib": rss_end_kib / 1024,
         "rss_peak_mib": sampler.peak_kib / 1024,
         "rss_peak_with_child_mib": sampler.peak_with_children_kib / 1024,
@@ -360,6 +383,8 @@ def print_table(rows: list[dict], args) -> None:
               f"{row['restart_seconds']:.2f} ({row['recovery_seconds']:.2f}) | {row['restart_peak_rss_mib']:.0f} | "
               f"{row['rss_end_mib']:.0f} / {row['rss_peak_mib']:.0f} / {row['rss_peak_with_child_mib']:.0f} | "
               f"{row['errors']} |")
+    for row in rows:
+        print(f"- N={row['tasks']:,}: the longest gap fell {row['longest_gap_when']}")
     print("\nTargets (issue 11):")
     for row in rows:
         checks = [f"max {row['max_ms']:.0f} ms <= {TARGETS['max_latency_ms']:.0f}: "
