@@ -421,6 +421,12 @@ class Queue:
                                f"the snapshot must be written from a copy taken at begin_compaction")
         write_snapshot(self._fs, self._dir, self._state)
 
+    def snapshot_descriptors(self) -> tuple[int, ...]:
+        """The descriptors `write_compaction_snapshot` needs: a forked copy keeps these
+        and may close every other one it inherited (the LOCK's above all)."""
+        self._check_open()
+        return (self._dir.fd,)
+
     def finish_compaction(self, compaction: Compaction) -> int:
         """Publish the written snapshot and delete what it covers; returns its seq.
 

@@ -51,8 +51,8 @@ class NoSocket(DaemonUnavailable):
 # than the first refuses that hello ("protocol version N is not supported")
 # and closes the connection; the client then connects again announcing the
 # next one (walqueued 0.1 speaks only version 1). The newest brings the
-# daemon's walqueue version and its clock figures (protocol.py).
-CLIENT_PROTOCOL_VERSIONS = (p.CLOCK_REPORTING_VERSION, p.PROTOCOL_VERSION)
+# daemon's walqueue version, its clock and its compaction figures (protocol.py).
+CLIENT_PROTOCOL_VERSIONS = (p.COMPACTION_REPORTING_VERSION, p.PROTOCOL_VERSION)
 
 
 def hello_request(name: str, version: int = CLIENT_PROTOCOL_VERSIONS[0]) -> p.Hello:
