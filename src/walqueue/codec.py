@@ -79,7 +79,14 @@ def encode_frame(value: Any) -> bytes:
 
     Raises InvalidRequest if the canonical JSON exceeds MAX_FRAME_BYTES.
     """
-    body = canonical_json(value)
+    return frame_of_body(canonical_json(value))
+
+
+def frame_of_body(body: bytes) -> bytes:
+    """The frame holding `body`, which must be canonical JSON already.
+
+    Raises InvalidRequest if it exceeds MAX_FRAME_BYTES.
+    """
     if len(body) > MAX_FRAME_BYTES:
         raise InvalidRequest(
             f"transaction is {len(body)} bytes of JSON, above MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
@@ -97,22 +104,25 @@ class Tail:
     """What follows the last complete frame of a buffer."""
 
     offset: int   # the end of the last complete frame
-    kind: str     # "clean" (nothing), "incomplete", or "zeros"
+    kind: str     # "clean" (nothing), "incomplete", "zeros", or "stopped" (see scan_frames)
 
 
 _CHUNK_FRAMES = 512  # frames whose canonical form is checked with one encoder call
 
 
-def scan_frames(data, name: str):
-    """Yield every complete, valid Frame of `data`, then return its Tail.
+def scan_frames(data, name: str, start: int = 0, stop: re.Pattern | None = None):
+    """Yield every complete, valid Frame of `data` from offset `start`, then return its Tail.
 
     `name` identifies the buffer in error messages. Use as a generator and read
     the Tail from StopIteration.value, or call `read_frames`.
     Raises CorruptStore naming `name` and the offset of the first bad frame;
     every frame before it is yielded first.
+    With `stop`, a pattern of bytes, the scan ends before the first frame
+    with a good digest whose body it fully matches, with Tail(its offset,
+    "stopped"): the caller reads those frames its own faster way.
     """
     size = len(data)
-    offset = 0
+    offset = start
     unpack = _LENGTH.unpack_from
     sha256 = _sha256
     while True:
@@ -150,6 +160,9 @@ def scan_frames(data, name: str):
             body = data[body_start:body_start + length]
             if sha256(body).digest() != data[end - DIGEST_BYTES:end]:
                 problem = CorruptStore(f"{name}: frame at offset {offset} fails its SHA-256 checksum")
+                break
+            if stop is not None and stop.fullmatch(body) is not None:
+                problem = Tail(offset, "stopped")
                 break
             try:
                 value = _parse_object(body)
@@ -270,13 +283,15 @@ def _all_zero(data, offset: int) -> bool:
     return tail.count(0) == len(tail)
 
 
-def complete_frames(data, name: str):
-    """Yield every frame of `data`, which must end exactly after its last frame.
+def complete_frames(data, name: str, start: int = 0, stop: re.Pattern | None = None):
+    """Yield every frame of `data`, which must end exactly after its last frame; return the Tail.
 
     For files that are written whole and then published (snapshots, CURRENT):
     any incomplete or zero tail there is corruption, never a torn tail.
+    `start` and `stop` are scan_frames'.
     """
-    tail = yield from scan_frames(data, name)
-    if tail.kind != "clean":
+    tail = yield from scan_frames(data, name, start, stop)
+    if tail.kind not in ("clean", "stopped"):
         what = "an incomplete frame" if tail.kind == "incomplete" else "zero bytes"
         raise CorruptStore(f"{name}: {what} at offset {tail.offset} (the file is torn)")
+    return tail

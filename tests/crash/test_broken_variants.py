@@ -52,6 +52,8 @@ CAUGHT = {
     # A process death keeps the page cache: only a power cut shows it.
     "prealloc_no_sync": (False, True, False, "tests/unit/test_preallocation.py"),
     "backup_copies_current_file_sizes": (False, False, False, "tests/unit/test_backup.py"),
+    # Only a hand-written snapshot holds a tombstone entry that breaks a rule.
+    "plain_tombstones_unchecked": (False, False, False, "tests/unit/test_tombstones.py"),
 }
 
 
