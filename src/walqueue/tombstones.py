@@ -19,6 +19,8 @@ every column is append-only, in arrival order:
     identities    bytearray   32 raw bytes per name (the SHA-256 digest, not its hex)
     numbers       array('q')  attempts, max_attempts, generation, available_at per name
     order         array('I')  arrival indexes in name order; None while arrival order is name order
+    hashes        array('I')  the names' hash(name) & 0xFFFFFFFF, sorted
+    hashed        array('I')  the arrival index of each of those hashes
 
 The store keeps two indexes: by task id (value: the key, b"" when it equals
 the id), and, only for tombstones whose key differs from their id, by key
@@ -36,9 +38,12 @@ Invariants:
     more than one block's work: there is no rehash and no merge of a delta,
     and no step is O(history).
 
-Costs: a lookup is a bisect over the blocks' first names (in C) and a binary
-search of at most log2(BLOCK_TOMBSTONES) steps in one block; an insertion
-adds an O(BLOCK_TOMBSTONES) memmove of `order`. Iterating writes only to the
+Costs: a lookup is a bisect over the blocks' first names and one over the
+block's hashes (both in C), and a comparison of the name found, if any. An
+insertion adds a binary search of at most log2(BLOCK_TOMBSTONES) steps in
+Python for the name's rank (none for a name after every other: ids that grow
+with time) and O(BLOCK_TOMBSTONES) memmoves of `order` and the hashes. The
+hashes are Python's, seeded per process: they are never written anywhere. Iterating writes only to the
 few block objects' headers (reference counts, buffer export counts), never to
 the buffers that hold the tombstones: a fork()ed child that writes a snapshot
 from the copy-on-write image copies a page per block header at most.
@@ -54,14 +59,16 @@ import binascii
 import json
 import re
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import and_
 from typing import NamedTuple
 
 BLOCK_TOMBSTONES = 512
 IDENTITY_BYTES = 32
 NUMBERS = 4  # attempts, max_attempts, generation, available_at
+_HASH_MASK = 0xFFFFFFFF
 
 
 class Tombstone(NamedTuple):
@@ -117,7 +124,7 @@ class _Block:
     """Up to BLOCK_TOMBSTONES names and their columns (see the module header)."""
 
     __slots__ = ("names", "name_bounds", "values", "value_bounds", "identities", "numbers",
-                 "order")
+                 "order", "hashes", "hashed")
 
     def __init__(self) -> None:
         self.names = bytearray()
@@ -127,6 +134,8 @@ class _Block:
         self.identities = bytearray()
         self.numbers = array("q")
         self.order: array | None = None
+        self.hashes = array("I")
+        self.hashed = array("I")
 
     def __len__(self) -> int:
         return len(self.name_bounds) - 1
@@ -146,6 +155,17 @@ class _Block:
         if self.order is None:
             return range(count)
         return [index for index in self.order if index < count]
+
+    def find(self, name: bytes) -> int:
+        """The arrival index of `name`, or -1."""
+        hashes, key = self.hashes, hash(name) & _HASH_MASK
+        position = bisect_left(hashes, key)
+        while position < len(hashes) and hashes[position] == key:
+            index = self.hashed[position]
+            if self.names[self.name_bounds[index]:self.name_bounds[index + 1]] == name:
+                return index
+            position += 1
+        return -1
 
     def search(self, name: bytes) -> tuple[int, int]:
         """(rank, arrival index) of `name`, or (the rank it would take, -1)."""
@@ -173,6 +193,10 @@ class _Block:
         self.value_bounds.append(len(self.values))
         self.identities += identity
         self.numbers.extend(numbers)
+        key = hash(name) & _HASH_MASK
+        position = bisect_left(self.hashes, key)
+        self.hashes.insert(position, key)
+        self.hashed.insert(position, index)
         if self.order is None:
             if rank == index:
                 return
@@ -192,6 +216,13 @@ class _Block:
         self.numbers.extend(numbers)
         if self.order is not None:
             self.order.extend(range(first, len(self)))
+        keys = list(self.hashes)
+        keys += map(and_, map(hash, names), repeat(_HASH_MASK))
+        indexes = list(self.hashed)
+        indexes += range(first, len(self))
+        by_key = sorted(range(len(keys)), key=keys.__getitem__)
+        self.hashes = array("I", map(keys.__getitem__, by_key))
+        self.hashed = array("I", map(indexes.__getitem__, by_key))
 
     def columns(self, indexes) -> tuple[list[bytes], list[bytes], bytes, array]:
         """The columns of the given arrivals, in that order (to build a new block)."""
@@ -222,7 +253,7 @@ class _Index:
         if name > self.last or not self.blocks:
             return None
         block = self.blocks[max(bisect_right(self.firsts, name) - 1, 0)]
-        index = block.search(name)[1]
+        index = block.find(name)
         return None if index < 0 else (block, index)
 
     def add(self, name: bytes, value: bytes, identity: bytes = b"", numbers=()) -> None:
