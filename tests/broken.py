@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from array import array
 from collections.abc import Callable, Iterator
 from unittest import mock
 
@@ -49,15 +48,9 @@ def _entry_without_lease(self):
     return entry
 
 
-def _plain_tombstones_unchecked(self, rows):
+def _trust_plain_tombstones(self, task_ids, numbers):
     """Snapshot loading whose fast path for tombstones trusts the entries it matched:
-    order, counters and keys go unchecked."""
-    numbers = array("q")
-    for row in rows:
-        numbers.extend((int(row[0]), int(row[5]), int(row[2]), int(row[1])))
-    self.tombstones.extend([row[6] for row in rows], b"".join(bytes.fromhex(row[3].decode())
-                                                              for row in rows), numbers)
-    self.counts[COMPLETED] += len(rows)
+    task_id order and counters go unchecked."""
     return True
 
 
@@ -161,7 +154,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "prealloc_no_sync":
         lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
     "plain_tombstones_unchecked":
-        lambda: mock.patch.object(State, "load_plain_tombstones", _plain_tombstones_unchecked),
+        lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
+                                  _trust_plain_tombstones),
 }
 
 

@@ -697,11 +697,7 @@ class State:
                 map(int, available_at), strict=True)))
         except OverflowError:
             return False   # a number of 2**63 or more
-        attempts = numbers[0::4]
-        if not (min(attempts) >= 1 and all(map(le, attempts, numbers[1::4]))
-                and all(map(le, attempts, numbers[2::4]))
-                and task_ids[0].decode() > self._last_loaded
-                and all(map(lt, task_ids, task_ids[1:]))):
+        if not self._plain_tombstones_in_order_and_possible(task_ids, numbers):
             return False
         if keys != task_ids:
             return self._load_tombstones_one_by_one(rows, numbers)
@@ -712,6 +708,14 @@ class State:
         self.counts[COMPLETED] += len(rows)
         self._last_loaded = task_ids[-1].decode()
         return True
+
+    def _plain_tombstones_in_order_and_possible(self, task_ids, numbers) -> bool:
+        """Ids ascending after the last one loaded; 1 <= attempts <= max_attempts, generation."""
+        attempts = numbers[0::4]
+        return (min(attempts) >= 1 and all(map(le, attempts, numbers[1::4]))
+                and all(map(le, attempts, numbers[2::4]))
+                and task_ids[0].decode() > self._last_loaded
+                and all(map(lt, task_ids, task_ids[1:])))
 
     def _load_tombstones_one_by_one(self, rows, numbers) -> bool:
         """load_plain_tombstones for rows of which some have a key that is not their id."""
