@@ -283,3 +283,19 @@ def test_acked_tasks_leave_the_live_tasks_for_the_store_and_answer_as_before(tmp
         assert q.put("t4", {"n": 4}) == "t4"
         assert q.stats().completed == 50
         assert [view.task_id for view in q.tasks("completed")] == sorted(f"t{i}" for i in range(50))
+
+
+def test_tasks_lists_what_there_was_when_called_each_as_it_is_when_reached(tmp_path) -> None:
+    with Queue(tmp_path / "q") as q:
+        q.put_many([{"task_id": f"t{index}", "payload": {}} for index in range(6)])
+        leases = q.reserve("w", now=1, lease_seconds=10, limit=3)
+        q.ack(leases[0], now=2)                       # t0: a tombstone before the call
+        listing = q.tasks()
+        q.ack(leases[1], now=3)                       # t1: leased when called, completed now
+        q.put("t15", {})
+        (late,) = [lease for lease in q.reserve("w", now=4, lease_seconds=10, limit=4)
+                   if lease.task_id == "t15"]
+        q.ack(late, now=5)                            # t15: not there when called
+        assert [(view.task_id, view.status) for view in listing] == [
+            ("t0", "completed"), ("t1", "completed"), ("t2", "leased"), ("t3", "leased"),
+            ("t4", "leased"), ("t5", "leased")]
