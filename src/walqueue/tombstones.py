@@ -43,10 +43,14 @@ block's hashes (both in C), and a comparison of the name found, if any. An
 insertion adds a binary search of at most log2(BLOCK_TOMBSTONES) steps in
 Python for the name's rank (none for a name after every other: ids that grow
 with time) and O(BLOCK_TOMBSTONES) memmoves of `order` and the hashes. The
-hashes are Python's, seeded per process: they are never written anywhere. Iterating writes only to the
-few block objects' headers (reference counts, buffer export counts), never to
-the buffers that hold the tombstones: a fork()ed child that writes a snapshot
-from the copy-on-write image copies a page per block header at most.
+hashes are Python's, seeded per process, and never leave it.
+
+For a snapshot written by a fork()ed child from the copy-on-write image:
+walking the store (`frozen().bodies()`) reads the buffers and writes only to
+the block objects' headers (reference counts, buffer export counts), one
+small object per BLOCK_TOMBSTONES tombstones, so the child copies almost
+none of the parent's tombstone pages. After the child's snapshot is
+published the parent has nothing to fold: the blocks are the whole store.
 
 No I/O, no clock. The snapshot's tombstone entries are written (`bodies`) and
 read back (`ENTRY`) here too, because their canonical JSON is a fixed shape
