@@ -14,10 +14,11 @@ every column is append-only, in arrival order:
 
     names         bytearray   the names, concatenated
     name_bounds   array('I')  name p is names[name_bounds[p]:name_bounds[p + 1]]
-    values        bytearray   one value per name (b"" for none), concatenated
-    value_bounds  array('I')  likewise
+    values        bytearray   one value per name (b"" for none), concatenated;
+    value_bounds  array('I')  likewise (both None while every value is b"")
     identities    bytearray   32 raw bytes per name (the SHA-256 digest, not its hex)
-    numbers       array('q')  attempts, max_attempts, generation, available_at per name
+    numbers       array('I')  attempts, max_attempts, generation, available_at per name
+                              (array('q') once one of them is 2**32 or more)
     order         array('I')  arrival indexes in name order; None while arrival order is name order
     hashes        array('I')  the names' hash(name) & 0xFFFFFFFF, sorted
     hashed        array('I')  the arrival index of each of those hashes
@@ -73,6 +74,7 @@ BLOCK_TOMBSTONES = 512
 IDENTITY_BYTES = 32
 NUMBERS = 4  # attempts, max_attempts, generation, available_at
 _HASH_MASK = 0xFFFFFFFF
+_MAX_SMALL_NUMBER = 0xFFFFFFFF   # what numbers hold at 4 bytes each
 
 
 class Tombstone(NamedTuple):
@@ -133,10 +135,10 @@ class _Block:
     def __init__(self) -> None:
         self.names = bytearray()
         self.name_bounds = array("I", [0])
-        self.values = bytearray()
-        self.value_bounds = array("I", [0])
+        self.values: bytearray | None = None
+        self.value_bounds: array | None = None
         self.identities = bytearray()
-        self.numbers = array("q")
+        self.numbers = array("I")
         self.order: array | None = None
         self.hashes = array("I")
         self.hashed = array("I")
@@ -150,7 +152,17 @@ class _Block:
 
     def value(self, index: int) -> bytes:
         bounds = self.value_bounds
+        if bounds is None:
+            return b""
         return bytes(self.values[bounds[index]:bounds[index + 1]])
+
+    def _make_room(self, values, numbers) -> None:
+        """Before appending: value columns once a value is not b"", 8-byte numbers once one needs them."""
+        if self.value_bounds is None and any(values):
+            self.values = bytearray()
+            self.value_bounds = array("I", bytes(4 * (len(self) + 1)))
+        if self.numbers.typecode == "I" and numbers and max(numbers) > _MAX_SMALL_NUMBER:
+            self.numbers = array("q", self.numbers)
 
     def arrival_indexes(self, count: int | None = None) -> list[int] | range:
         """Arrival indexes in name order, of the first `count` arrivals (default all)."""
@@ -191,10 +203,12 @@ class _Block:
 
     def insert(self, rank: int, name: bytes, value: bytes, identity: bytes, numbers) -> None:
         index = len(self)
+        self._make_room((value,), numbers)
         self.names += name
         self.name_bounds.append(len(self.names))
-        self.values += value
-        self.value_bounds.append(len(self.values))
+        if self.values is not None:
+            self.values += value
+            self.value_bounds.append(len(self.values))
         self.identities += identity
         self.numbers.extend(numbers)
         key = hash(name) & _HASH_MASK
@@ -211,13 +225,17 @@ class _Block:
                numbers: array) -> None:
         """Append names that all follow this block's last, in order."""
         first = len(self)
+        self._make_room(values, numbers)
         for buffer, bounds, items in ((self.names, self.name_bounds, names),
                                       (self.values, self.value_bounds, values)):
-            start = bounds.pop()
-            bounds.extend(accumulate(map(len, items), initial=start))
-            buffer += b"".join(items)
+            if bounds is not None:
+                start = bounds.pop()
+                bounds.extend(accumulate(map(len, items), initial=start))
+                buffer += b"".join(items)
         self.identities += identities
-        self.numbers.extend(numbers)
+        self.numbers.extend(numbers if type(numbers) is not array
+                            or numbers.typecode == self.numbers.typecode
+                            else array(self.numbers.typecode, numbers))
         if self.order is not None:
             self.order.extend(range(first, len(self)))
         keys = list(self.hashes)
@@ -235,7 +253,7 @@ class _Block:
         identities = b"".join(bytes(self.identities[IDENTITY_BYTES * index:
                                                     IDENTITY_BYTES * (index + 1)])
                               for index in indexes)
-        numbers = array("q")
+        numbers = array(self.numbers.typecode)
         for index in indexes:
             numbers.extend(self.numbers[NUMBERS * index:NUMBERS * (index + 1)])
         return names, values, identities, numbers
@@ -404,14 +422,16 @@ class _Frozen:
         template = _ENTRY_TEMPLATE
         for block, count in self._blocks:
             names, name_bounds = bytes(block.names), block.name_bounds
-            values, value_bounds = bytes(block.values), block.value_bounds
+            value_bounds = block.value_bounds
+            values = b"" if value_bounds is None else bytes(block.values)
             plain = (_NEEDS_ESCAPE.search(names) is None
                      and _NEEDS_ESCAPE.search(values) is None)
             hexes = binascii.hexlify(block.identities)
             numbers = block.numbers
             for index in block.arrival_indexes(count):
                 name = names[name_bounds[index]:name_bounds[index + 1]]
-                key = values[value_bounds[index]:value_bounds[index + 1]] or name
+                key = name if value_bounds is None else (
+                    values[value_bounds[index]:value_bounds[index + 1]] or name)
                 if plain:
                     name_json, key_json = b'"' + name + b'"', b'"' + key + b'"'
                 else:

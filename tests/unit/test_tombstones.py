@@ -165,8 +165,9 @@ def mixed_entries(count: int) -> list[dict]:
         elif index % 83 == 4:
             entries.append(completed(task_id + "é"))
         else:
+            # Some numbers need 8 bytes, in blocks that held only 4-byte ones so far.
             entries.append(completed(task_id, attempts=1 + index % 3, generation=2 + index % 3,
-                                     available_at=index))
+                                     available_at=index if index % 700 else 2**63 - 1 - index))
     return entries
 
 
