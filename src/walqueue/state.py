@@ -51,7 +51,7 @@ import re
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import chain
+from itertools import chain, islice
 from operator import le, lt
 from typing import Any
 
@@ -610,9 +610,10 @@ class State:
         """
         live = sorted(task_id for task_id, task in self.tasks.items()
                       if status is None or task.status == status)
-        tombstones = self.tombstones.frozen() if status in (None, COMPLETED) else ()
+        if status not in (None, COMPLETED) or not self.tombstones:
+            return map(self.get, live)   # a live task may be a tombstone when reached
         return (self.get(item) if type(item) is str else _task_of(item)
-                for item in _merged(live, tombstones))
+                for item in _merged(live, self.tombstones.frozen()))
 
     def entries(self) -> Iterator[dict]:
         """Every task as a snapshot entry (a dict), in task_id order."""
@@ -750,7 +751,7 @@ def _merged(live: list[str], tombstones) -> Iterator:
             position += 1
             upcoming = live[position].encode() if position < count else None
         yield item
-    yield from live[position:]
+    yield from islice(live, position, None)
 
 
 def _task_of(tombstone: Tombstone) -> Task:
