@@ -246,6 +246,15 @@ class _Block:
         self.hashes = array("I", map(keys.__getitem__, by_key))
         self.hashed = array("I", map(indexes.__getitem__, by_key))
 
+    def trim(self) -> None:
+        """Copy the growable columns to their exact sizes, for a block that is full."""
+        for column in ("names", "name_bounds", "values", "value_bounds", "identities",
+                       "numbers", "hashes", "hashed"):
+            value = getattr(self, column)
+            if value is not None:
+                setattr(self, column, type(value)(value) if type(value) is bytearray
+                        else array(value.typecode, value))
+
     def columns(self, indexes) -> tuple[list[bytes], list[bytes], bytes, array]:
         """The columns of the given arrivals, in that order (to build a new block)."""
         names = [self.name(index) for index in indexes]
@@ -296,7 +305,9 @@ class _Index:
             assert index < 0, f"{name!r} is already in the index"
         if len(block) >= BLOCK_TOMBSTONES:
             if position == len(blocks) - 1 and rank == len(block):
-                # Names arriving in order (the common case) fill blocks to the brim.
+                # Names arriving in order (the common case) fill blocks to the
+                # brim; the full one keeps no room to grow.
+                block.trim()
                 block = _Block()
                 blocks.append(block)
                 firsts.append(name)
