@@ -17,6 +17,9 @@ FILE_MODE = 0o640       # no world access; the group may read (backups, verify)
 DIRECTORY_MODE = 0o750
 # posix_fallocate's answers for "this file system cannot preallocate".
 _CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
+# A reader of a mapped file hands the pages it has read back every this many
+# bytes, so that reading a file does not add the whole file to the peak RSS.
+RELEASE_BYTES = 4 << 20
 
 
 def read_descriptor(fd: int):
@@ -28,6 +31,20 @@ def read_descriptor(fd: int):
         return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
+
+
+def release_pages(data, released: int, offset: int) -> int:
+    """Drop the pages of `data` (a read()) from `released` to before `offset` from this
+    process's memory, once they are RELEASE_BYTES; returns where the kept pages start.
+
+    They are clean pages of a read-only mapping: the page cache keeps them,
+    and touching them again reads them back. Other buffers are left alone.
+    """
+    if offset - released < RELEASE_BYTES or not isinstance(data, mmap.mmap):
+        return released
+    stop = offset - offset % mmap.PAGESIZE
+    data.madvise(mmap.MADV_DONTNEED, released, stop - released)
+    return stop
 
 
 class OsFileSystem:

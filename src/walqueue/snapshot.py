@@ -17,7 +17,6 @@ or the new one, never a mix.
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import re
 import struct
@@ -33,7 +32,7 @@ from .codec import (
     frame_of_body,
 )
 from .errors import CorruptStore, WalQueueError
-from .fs import OsFileSystem
+from .fs import OsFileSystem, release_pages
 from .state import State
 from .tombstones import BLOCK_TOMBSTONES, ENTRY
 
@@ -42,9 +41,6 @@ CURRENT = "CURRENT"
 CURRENT_TMP = "CURRENT.tmp"
 _SNAPSHOT_NAME = re.compile(r"snapshot-(\d{20})\.snap")
 _WRITE_CHUNK_BYTES = 1 << 20
-# While loading, the pages of the mapped file already read are handed back
-# every this many bytes, so the peak RSS is not the state plus the whole file.
-_RELEASE_BYTES = 4 << 20
 _LENGTH = struct.Struct(">I")
 
 
@@ -120,7 +116,7 @@ def _parse_snapshot(data, filename: str, seq: int) -> State:
             else:
                 _load_entry(state, frame.value, filename, frame.offset)
                 loaded += 1
-            released = _release_pages(data, released, frame.offset)
+            released = release_pages(data, released, frame.offset)
         if tail.kind != "stopped":
             break
         if header is None:
@@ -131,7 +127,7 @@ def _parse_snapshot(data, filename: str, seq: int) -> State:
         while taken == BLOCK_TOMBSTONES:
             offset, taken = _load_plain_tombstones(state, data, offset, filename)
             loaded += taken
-            released = _release_pages(data, released, offset)
+            released = release_pages(data, released, offset)
     if header is None:
         _check_header(None, filename, seq)
     if end is None:
@@ -218,19 +214,6 @@ def _frame_at(data, offset: int, filename: str) -> Frame:
     body_end = offset + LENGTH_BYTES + length
     value = decode_body(data[offset + LENGTH_BYTES:body_end], f"{filename}: frame at offset {offset}")
     return Frame(offset, body_end + DIGEST_BYTES, value)
-
-
-def _release_pages(data, released: int, offset: int) -> int:
-    """Hand the mapped pages before `offset` back to the page cache, every _RELEASE_BYTES.
-
-    They are clean pages of a read-only mapping: the kernel rereads them if
-    they are touched again. Returns the new start of the pages kept.
-    """
-    if offset - released < _RELEASE_BYTES or not isinstance(data, mmap.mmap):
-        return released
-    stop = offset - offset % mmap.PAGESIZE
-    data.madvise(mmap.MADV_DONTNEED, released, stop - released)
-    return stop
 
 
 def read_current(fs: OsFileSystem, directory: str) -> tuple[int, str] | None:

@@ -25,7 +25,7 @@ import re
 
 from .codec import Frame, Tail, scan_frames
 from .errors import CorruptStore
-from .fs import OsFileSystem
+from .fs import OsFileSystem, release_pages
 
 # The largest preallocation step Queue accepts: far beyond any useful step
 # (a few MiB amortize the allocation), small enough not to fill a disk by a typo.
@@ -80,6 +80,7 @@ class SegmentReader:
     def records(self):
         filename = self.filename
         data = self.fs.read(self.path)
+        released = 0
         try:
             scanner = scan_frames(data, filename)
             while True:
@@ -95,6 +96,7 @@ class SegmentReader:
                                        f"{record['seq']}, expected {self.last_seq + 1}")
                 self.last_seq += 1
                 yield frame.offset, record
+                released = release_pages(data, released, frame.offset)
         finally:
             if hasattr(data, "close"):
                 data.close()

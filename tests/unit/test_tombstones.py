@@ -300,3 +300,25 @@ def test_tasks_lists_what_there_was_when_called_each_as_it_is_when_reached(tmp_p
         assert [(view.task_id, view.status) for view in listing] == [
             ("t0", "completed"), ("t1", "completed"), ("t2", "leased"), ("t3", "leased"),
             ("t4", "leased"), ("t5", "leased")]
+
+
+def test_the_pages_of_a_mapped_file_already_read_are_handed_back(tmp_path) -> None:
+    from walqueue.fs import RELEASE_BYTES, OsFileSystem, release_pages
+
+    def resident_bytes() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096
+
+    path = tmp_path / "file"
+    path.write_bytes(bytes(range(256)) * (3 * RELEASE_BYTES // 256))
+    data = OsFileSystem().read(str(path))
+    try:
+        assert sum(data[offset + 1] for offset in range(0, len(data), 4096)) > 0  # every page read
+        assert release_pages(data, 0, RELEASE_BYTES - 1) == 0   # not enough yet: kept
+        before = resident_bytes()
+        assert release_pages(data, 0, len(data)) == len(data)
+        assert before - resident_bytes() > 2 * RELEASE_BYTES
+        assert data[len(data) - 1] == 255   # what was handed back reads the same
+    finally:
+        data.close()
+    assert release_pages(b"x" * RELEASE_BYTES * 2, 0, RELEASE_BYTES * 2) == 0   # not a mapping
