@@ -25,7 +25,8 @@ Every measurement runs in a child process (this script, sub-command
 The library-only part is all there is for now (`--library-only`, the
 default); the daemon part of issue 11 (walqueued on the filled directory,
 16 clients for 60 s, latencies, compactions inside the window) is meant to
-be a second stage, `measure_daemon`, run on the same filled directories.
+be a second stage (`--daemon`, refused for now) that runs on each directory
+measure_library fills, before it is deleted, and adds its figures to the row.
 
 The benchmark imports walqueue from this checkout's src/.
 """
@@ -164,11 +165,6 @@ def measure_library(n: int, scratch: Path, runs: int, wal_acks: int) -> dict:
     return result
 
 
-def measure_daemon(n: int, scratch: Path) -> dict:
-    """walqueued on the filled directory under load: not built yet (issue 11, daemon part)."""
-    raise SystemExit("the daemon part of bench_history is not built yet; use --library-only")
-
-
 def summarize(results: list[dict]) -> list[dict]:
     """One row per N, the RSS figures relative to N = 0 (or the smallest N)."""
     base = min(results, key=lambda result: result["n"])
@@ -228,12 +224,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="reopens per N (the median is shown)")
     parser.add_argument("--wal-acks", type=int, default=100_000,
                         help="tasks put, reserved and acked after the snapshot for the WAL replay figure")
-    parser.add_argument("--library-only", action="store_true", default=True,
-                        help="only the library's figures (the default; the daemon part is not built yet)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--library-only", dest="daemon", action="store_false",
+                      help="only the library's figures (the default for now)")
+    mode.add_argument("--daemon", action="store_true",
+                      help="also walqueued under load on each filled directory (not built yet)")
+    parser.set_defaults(daemon=False)
     parser.add_argument("--json", metavar="PATH", help="write every sample here")
     parser.add_argument("--tmp-dir", metavar="DIR", default=None,
                         help="where the scratch directories go (deleted at the end)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.daemon:
+        parser.error("the daemon part is not built yet: it is to run walqueued on each directory "
+                     "measure_library fills, before it is deleted; use --library-only")
+    return args
 
 
 def main(argv: list[str]) -> int:
@@ -247,8 +251,6 @@ def main(argv: list[str]) -> int:
         for n in sorted(set(args.sizes)):
             print(f"[bench_history] N = {n:,} ...", file=sys.stderr, flush=True)
             result = measure_library(n, Path(scratch), args.runs, args.wal_acks)
-            if not args.library_only:
-                result["daemon"] = measure_daemon(n, Path(scratch))
             results.append(result)
     rows = summarize(results)
     print(f"bench_history {started:%Y-%m-%d %H:%M} UTC, {platform.python_version()}, "
