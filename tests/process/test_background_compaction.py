@@ -131,7 +131,12 @@ def test_compact_answers_after_publishing_while_others_are_served(make_daemon, g
             gate.open()
             answer = connection.receive()
             assert answer == p.Compacted(id=1, seq=5)
-            assert read_current(OsFileSystem(), str(daemon.directory)) == (5, "snapshot-00000000000000000005.snap")
+            fs = OsFileSystem()
+            handle = fs.open_directory(str(daemon.directory))
+            try:
+                assert read_current(fs, handle) == (5, "snapshot-00000000000000000005.snap")
+            finally:
+                fs.close_directory(handle)
             assert process_exits(child, CHILD_EXIT_SECONDS)
             report = connection.report()
             assert not report.compaction_in_progress and report.compactions_total == 1
