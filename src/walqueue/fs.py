@@ -37,6 +37,9 @@ DIRECTORY_MODE = 0o750
 # posix_fallocate's answers for "this file system cannot preallocate".
 _CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 _FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+# A reader of a mapped file hands the pages it has read back every this many
+# bytes, so that reading a file does not add the whole file to the peak RSS.
+RELEASE_BYTES = 4 << 20
 
 
 def read_descriptor(fd: int):
@@ -119,6 +122,20 @@ def open_lock(path: str, name: str) -> int:
         return open_at(directory, name, os.O_RDWR | os.O_CREAT)
     finally:
         os.close(directory.fd)
+
+
+def release_pages(data, released: int, offset: int) -> int:
+    """Drop the pages of `data` (what a `read` returned) from `released` to before `offset`
+    from this process's memory, once they are RELEASE_BYTES; returns where the kept pages start.
+
+    They are clean pages of a read-only mapping: the page cache keeps them,
+    and touching them again reads them back. Other buffers are left alone.
+    """
+    if offset - released < RELEASE_BYTES or not isinstance(data, mmap.mmap):
+        return released
+    stop = offset - offset % mmap.PAGESIZE
+    data.madvise(mmap.MADV_DONTNEED, released, stop - released)
+    return stop
 
 
 class ReadingFileSystem:

@@ -213,7 +213,7 @@ class Queue:
         task = self._lease_operation("touch", lease, now=now, lease_seconds=lease_seconds)
         return _lease_of(task)
 
-    def _lease_operation(self, op: str, lease: Lease, **numbers: int) -> Task:
+    def _lease_operation(self, op: str, lease: Lease, **numbers: int) -> Task | None:
         self._check_open()
         record = {"op": op}
         for field in ("task_id", "worker", "generation"):
@@ -231,7 +231,7 @@ class Queue:
         with self.batch():
             record["seq"] = self._next_seq()
             self._append(record)
-        return self._state.tasks[record["task_id"]]
+        return self._state.tasks.get(record["task_id"])   # None after an ack
 
     def revive(self, task_ids: Iterable[str], *, now: int) -> list[str]:
         """Make dead tasks ready again (attempts 0, available at `now`).
@@ -256,7 +256,7 @@ class Queue:
     def get(self, task_id: str) -> TaskView | None:
         self._check_open()
         validation.name(task_id, "task_id")
-        task = self._state.tasks.get(task_id)
+        task = self._state.get(task_id)
         return None if task is None else _view_of(task)
 
     def tasks(self, status: str | None = None) -> Iterator[TaskView]:
@@ -267,10 +267,7 @@ class Queue:
         """
         self._check_open()
         validation.status(status)
-        tasks = self._state.tasks
-        task_ids = sorted(task_id for task_id, task in tasks.items()
-                          if status is None or task.status == status)
-        return (_view_of(tasks[task_id]) for task_id in task_ids)
+        return map(_view_of, self._state.in_order(status))
 
     def stats(self) -> QueueStats:
         self._check_open()

@@ -32,7 +32,7 @@ import pytest
 
 from walqueue import protocol as p
 from walqueue.client import Client
-from walqueue.fs import OsFileSystem, open_directory
+from walqueue.fs import OsFileSystem
 from walqueue.snapshot import read_current
 
 from .crash_harness import process_exits
@@ -131,12 +131,12 @@ def test_compact_answers_after_publishing_while_others_are_served(make_daemon, g
             gate.open()
             answer = connection.receive()
             assert answer == p.Compacted(id=1, seq=5)
-            directory = open_directory(str(daemon.directory))
+            fs = OsFileSystem()
+            handle = fs.open_directory(str(daemon.directory))
             try:
-                current = read_current(OsFileSystem(), directory)
+                assert read_current(fs, handle) == (5, "snapshot-00000000000000000005.snap")
             finally:
-                os.close(directory.fd)
-            assert current == (5, "snapshot-00000000000000000005.snap")
+                fs.close_directory(handle)
             assert process_exits(child, CHILD_EXIT_SECONDS)
             report = connection.report()
             assert not report.compaction_in_progress and report.compactions_total == 1
