@@ -404,7 +404,7 @@ class Queue:
                                       snapshot_name(seq))
         return self._compaction
 
-    def write_compaction_snapshot(self, compaction: Compaction) -> None:
+    def write_compaction_snapshot(self, compaction: Compaction, *, sync_every_bytes: int = 0) -> None:
         """Write and fsync the snapshot of `compaction`: meant for the forked copy.
 
         The state must still be at the compaction's seq: a snapshot named S
@@ -412,11 +412,14 @@ class Queue:
         nothing in memory and calls no hook (the parent reports
         snapshot.after_write when it finishes). Raises OSError as the file
         system does (ENOSPC, EIO) and RuntimeError if the state moved on.
+        `sync_every_bytes` paces the writing with fdatasyncs (see
+        snapshot.write_snapshot), for a copy writing beside a serving parent.
         """
         if self._state.last_seq != compaction.seq:
             raise RuntimeError(f"the state is at seq {self._state.last_seq}, not {compaction.seq}: "
                                f"the snapshot must be written from a copy taken at begin_compaction")
-        write_snapshot(self._fs, self._dir, self._state)
+        write_snapshot(self._fs, self._dir, self._state,
+                       sync_every_bytes=validation.integer(sync_every_bytes, "sync_every_bytes"))
 
     def snapshot_descriptors(self) -> tuple[int, ...]:
         """The descriptors `write_compaction_snapshot` needs: a forked copy keeps these

@@ -96,9 +96,9 @@ def _forking_after_the_next_turn():
         self.in_flight = InFlight(compaction_in_steps, child, now, reason)
         self._watch(child.fileno())
 
-    def write_compaction_snapshot(self, compaction_in_steps):
+    def write_compaction_snapshot(self, compaction_in_steps, **options):
         self._state.last_seq = compaction_in_steps.seq  # in the child: "the guard is only a check"
-        return real_write(self, compaction_in_steps)
+        return real_write(self, compaction_in_steps, **options)
 
     with mock.patch.object(Compactor, "_start", _start), \
             mock.patch.object(Compactor, "maybe_start", maybe_start), \

@@ -210,3 +210,57 @@ def test_a_forked_copy_writes_the_state_as_of_the_seq_while_the_parent_appends(t
             os.unlink(tmp_path / name)
     with Queue(tmp_path) as snapshot_only:
         assert [*snapshot_only.tasks()] == snapshot_state
+
+
+def many_tasks() -> list[dict]:
+    return [{"task_id": f"t{i:05d}", "payload": {"blob": "x" * 2000}} for i in range(3000)]
+
+
+class SyncRecordingFileSystem(OsFileSystem):
+    """The real file system, remembering the file size at each fdatasync."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced_sizes: list[int] = []
+
+    def fdatasync(self, fd: int) -> None:
+        self.synced_sizes.append(os.fstat(fd).st_size)
+        super().fdatasync(fd)
+
+
+@pytest.mark.parametrize("sync_every_bytes", [0, 1 << 20, 3 << 20])
+def test_a_paced_snapshot_syncs_every_so_many_bytes_and_is_the_same_file(tmp_path, sync_every_bytes):
+    """walqueued's child paces its snapshot with fdatasyncs (a WAL fsync beside one big
+    final fsync waited ~0.5 s); the paced file must be the file compact() writes."""
+    fs = SyncRecordingFileSystem()
+    directory = tmp_path / str(sync_every_bytes)
+    with Queue(directory, filesystem=fs) as queue:
+        queue.put_many(many_tasks())
+        compaction = queue.begin_compaction()
+        fs.synced_sizes.clear()  # the rotation's own syncs
+        queue.write_compaction_snapshot(compaction, sync_every_bytes=sync_every_bytes)
+        queue.finish_compaction(compaction)
+    written = os.path.getsize(directory / snapshot_name(compaction.seq))
+    assert written > 6 << 20
+    if sync_every_bytes == 0:
+        assert fs.synced_sizes == []
+    else:
+        steps = [b - a for a, b in zip([0, *fs.synced_sizes[:-1]], fs.synced_sizes, strict=True)]
+        assert len(steps) >= written // sync_every_bytes - 1 and all(
+            sync_every_bytes <= step < sync_every_bytes + (2 << 20) for step in steps), steps
+    reference = tmp_path / "compact"
+    with Queue(reference) as queue:
+        queue.put_many(many_tasks())
+        queue.compact()
+    assert read_dir(directory) == read_dir(reference)
+
+
+def test_sync_every_bytes_must_be_a_count_of_bytes(tmp_path):
+    with Queue(tmp_path) as queue:
+        fill(queue)
+        compaction = queue.begin_compaction()
+        with pytest.raises(InvalidRequest, match="sync_every_bytes must be an int"):
+            queue.write_compaction_snapshot(compaction, sync_every_bytes=1.5)
+        with pytest.raises(InvalidRequest, match=r"sync_every_bytes=-1 is out of range"):
+            queue.write_compaction_snapshot(compaction, sync_every_bytes=-1)
+        queue.abandon_compaction(compaction)
