@@ -33,6 +33,7 @@ from .exits import (
     DaemonExit,
     open_failure_code,
 )
+from .freeing import FreeingInSteps
 from .log import log
 from .loop import DEFAULT_HELLO_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, Loop, bind_listener
 from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
@@ -256,9 +257,10 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
             log.error("refusing to serve %s: %s", directory, finding)
         return EXIT_DIRECTORY_UNSAFE
     log.info("opening %s", directory)
+    filesystem = FreeingInSteps()
     started = time.monotonic()
     try:
-        queue = open_reporting_progress(directory, hook, notifier, preallocate_wal_bytes)
+        queue = open_reporting_progress(directory, hook, notifier, preallocate_wal_bytes, filesystem)
     except QueueLocked as exc:
         log.error("another walqueued owns %s: %s", directory, exc)
         print(f"walqueued: another process owns {directory}: {exc}", file=sys.stderr)
@@ -318,6 +320,7 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
         metrics_endpoint=metrics_endpoint,
         compact_wal_ratio=compact_wal_ratio,
         child_hook=child_hook,
+        filesystem=filesystem,
     )
     try:
         return loop.run()

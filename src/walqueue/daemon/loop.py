@@ -75,6 +75,7 @@ from .connection import (
 )
 from .descriptors import ACCEPT_PAUSE_SECONDS, OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
 from .exits import EXIT_FAILURE, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, DaemonExit
+from .freeing import FreeingInSteps
 from .log import log
 from .metrics_http import MetricsEndpoint
 from .recorder import Recorder
@@ -164,6 +165,7 @@ class Loop:
         metrics_endpoint: MetricsEndpoint | None = None,
         compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
         child_hook: Callable[[], None] | None = None,
+        filesystem: FreeingInSteps | None = None,
     ) -> None:
         freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
@@ -176,6 +178,8 @@ class Loop:
         self.hello_timeout_seconds = hello_timeout_seconds
         self.compact_wal_bytes = compact_wal_bytes
         self.metrics_endpoint = metrics_endpoint  # GET /metrics, served and rendered by this loop
+        # The Queue's files (the one `queue` was opened on, for the deletions a turn frees in steps).
+        self.filesystem = filesystem or FreeingInSteps()
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
@@ -185,7 +189,8 @@ class Loop:
         self.commit = GroupCommit(
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
             compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
-            open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes),
+            open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
+                                     filesystem=self.filesystem),
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _COMPACTION),
             unwatch=self.selector.unregister, child_hook=child_hook)
         self.compaction = self.commit.compaction
@@ -296,6 +301,7 @@ class Loop:
         self._expire_frames()
         wrote = self._apply(requests)
         self.compaction.settle()
+        self.filesystem.free_step()
         self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
         for conn in list(self.input_budget.waiting):
@@ -338,9 +344,10 @@ class Loop:
                 self._fatal(conn, None, late_frame_message(conn))
 
     def _timeout(self) -> float | None:
-        if any(conn.can_resume() for conn in self._deferring) or self.service.outbox:
-            # Deferred requests can go now, or answers produced after the last
-            # delivery (a failed compaction's) wait: no event will announce either.
+        if any(conn.can_resume() for conn in self._deferring) or self.service.outbox or self.filesystem.freeing:
+            # Deferred requests can go now, answers produced after the last delivery
+            # (a failed compaction's) wait, or a deleted file's blocks are still being
+            # freed a step a turn: no event will announce any of them.
             return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
@@ -614,6 +621,7 @@ class Loop:
                 queue.close()
             except OSError as exc:
                 log.error("closing the queue failed: %r", exc)
+        self.filesystem.close_all()
         if self.socket_path is not None:
             try:
                 os.unlink(self.socket_path)
@@ -631,6 +639,7 @@ class Loop:
         """Release what __init__ made, for a Loop whose run() never ran (tests); the queue stays open."""
         self._spare_descriptor.close()
         self.compaction.stop()
+        self.filesystem.close_all()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from walqueue import Queue
+from walqueue.fs import OsFileSystem
 
 from .exits import EXIT_USAGE, DaemonExit
 
@@ -84,7 +85,7 @@ def activated_listener(environ: dict[str, str]) -> socket.socket | None:
 
 
 def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, notifier: Notifier,
-                            preallocate_wal_bytes: int = 0) -> Queue:
+                            preallocate_wal_bytes: int = 0, filesystem: OsFileSystem | None = None) -> Queue:
     """Open (recover) the Queue; while that takes long, tell systemd it is still starting.
 
     Recovery runs in a helper thread so the main thread can send STATUS= and
@@ -94,7 +95,8 @@ def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, 
 
     def recover() -> None:
         try:
-            outcome["queue"] = Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes)
+            outcome["queue"] = Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
+                                     filesystem=filesystem)
         except BaseException as exc:  # handed to the main thread below
             outcome["error"] = exc
 
