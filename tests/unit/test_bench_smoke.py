@@ -76,3 +76,15 @@ def test_bench_history_tiny_run_prints_a_row_per_size_and_cleans_up(tmp_path):
     assert row["peak_ratio"] >= 0.9 and row["reopened_rss_per_tombstone"] is not None
     # The scratch directories are gone: only the JSON file is left in tmp_path.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.json"]
+
+
+def test_probe_snapshot_io_prints_every_case_and_cleans_up(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "probe_snapshot_io.py"), str(tmp_path), "--megabytes", "9",
+         "--runs", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for case in ("one fsync at the end", "fdatasync every 4 MiB", "unlink in a thread",
+                 "truncate 8 MiB steps"):
+        assert case in done.stdout, case
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""How a big snapshot's I/O delays a WAL fsync beside it, on the file system of DIR. Not a test.
+
+    python3 scripts/probe_snapshot_io.py DIR [--megabytes 300] [--runs 3]
+
+Why walqueued's snapshot child fdatasyncs every 4 MiB and why the daemon frees
+a deleted file's blocks in 8 MiB steps (docs/daemon.md, "Compaction under
+load"). Two experiments, each with a loop appending 200 bytes + fsync to a
+WAL-like file while the other thing happens, reporting that loop's p50 and
+max fsync time:
+
+1. a forked writer writes a MEGABYTES file in 1 MiB writes, then fsyncs it:
+   one fsync at the end, versus an fdatasync every 1 or 4 MiB;
+2. deleting a MEGABYTES file: a plain unlink, in a thread (the name and the
+   blocks at once), versus unlink with a descriptor kept open and the file
+   truncated 8 MiB at a time between the loop's fsyncs.
+
+Standard library only. Medians over --runs; the machine's load is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+MIB = 1 << 20
+
+
+def wal_fsync(fd: int) -> float:
+    started = time.perf_counter()
+    os.write(fd, b"y" * 200)
+    os.fsync(fd)
+    return time.perf_counter() - started
+
+
+def big_file(path: str, megabytes: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    try:
+        for _ in range(megabytes):
+            os.write(fd, b"z" * MIB)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def paced_writer(path: str, megabytes: int, sync_every_mib: int) -> None:
+    big_file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    for written in range(1, megabytes + 1):
+        os.write(big_file_fd, b"x" * MIB)
+        if sync_every_mib and written % sync_every_mib == 0:
+            os.fdatasync(big_file_fd)
+    os.fsync(big_file_fd)
+    os.close(big_file_fd)
+
+
+def beside_a_writer(directory: str, wal: int, megabytes: int, sync_every_mib: int) -> list[float]:
+    path = os.path.join(directory, "probe.snap")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            paced_writer(path, megabytes, sync_every_mib)
+        finally:
+            os._exit(0)
+    times = []
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        times.append(wal_fsync(wal))
+    os.unlink(path)
+    return times
+
+
+def beside_a_deletion(directory: str, wal: int, megabytes: int, stepped: bool) -> list[float]:
+    path = os.path.join(directory, "probe.snap")
+    big_file(path, megabytes)
+    times = []
+    if stepped:
+        fd = os.open(path, os.O_WRONLY)
+        os.unlink(path)
+        size = os.fstat(fd).st_size
+        while size:
+            size = max(0, size - 8 * MIB)
+            os.ftruncate(fd, size)
+            times.append(wal_fsync(wal))
+        os.close(fd)
+        return times
+    deleting = threading.Thread(target=os.unlink, args=(path,))
+    deleting.start()
+    times.append(wal_fsync(wal))
+    while deleting.is_alive():
+        times.append(wal_fsync(wal))
+    deleting.join()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory")
+    parser.add_argument("--megabytes", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    wal = os.open(os.path.join(args.directory, "probe.wal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    print(f"{args.megabytes} MB in {args.directory}; load average {os.getloadavg()[0]:.1f}")
+    cases = [("writer, one fsync at the end", lambda: beside_a_writer(args.directory, wal, args.megabytes, 0)),
+             ("writer, fdatasync every 1 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 1)),
+             ("writer, fdatasync every 4 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 4)),
+             ("unlink in a thread", lambda: beside_a_deletion(args.directory, wal, args.megabytes, False)),
+             ("unlink, then truncate 8 MiB steps", lambda: beside_a_deletion(args.directory, wal, args.megabytes,
+                                                                               True))]
+    try:
+        for name, run in cases:
+            p50s, maxes = [], []
+            for _ in range(args.runs):
+                times = sorted(run())
+                p50s.append(times[len(times) // 2])
+                maxes.append(times[-1])
+            print(f"  {name:<36} WAL fsync p50 {statistics.median(p50s) * 1e3:6.1f} ms, "
+                  f"max {statistics.median(maxes) * 1e3:6.1f} ms (median of {args.runs})")
+    finally:
+        os.close(wal)
+        os.unlink(os.path.join(args.directory, "probe.wal"))
+
+
+if __name__ == "__main__":
+    main()
