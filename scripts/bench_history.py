@@ -22,11 +22,10 @@ reserve of 1,000, 1,000 acks, all inside one batch()), then reports:
 
 Every measurement runs in a child process (this script, sub-command
 `child`) so that its heap and peak are its own. Medians of `--runs` reopens.
-The library-only part is all there is for now (`--library-only`, the
-default); the daemon part of issue 11 (walqueued on the filled directory,
-16 clients for 60 s, latencies, compactions inside the window) is meant to
-be a second stage (`--daemon`, refused for now) that runs on each directory
-measure_library fills, before it is deleted, and adds its figures to the row.
+The daemon half of the benchmark (walqueued on such a directory, 16 clients
+for 60 s or more, latencies, the longest gap, compactions inside the window,
+restart) is scripts/bench_history_daemon.py, which fills its directories the
+same way (or measures one given with `--directory`).
 
 The benchmark imports walqueue from this checkout's src/.
 """
@@ -224,20 +223,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="reopens per N (the median is shown)")
     parser.add_argument("--wal-acks", type=int, default=100_000,
                         help="tasks put, reserved and acked after the snapshot for the WAL replay figure")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--library-only", dest="daemon", action="store_false",
-                      help="only the library's figures (the default for now)")
-    mode.add_argument("--daemon", action="store_true",
-                      help="also walqueued under load on each filled directory (not built yet)")
-    parser.set_defaults(daemon=False)
     parser.add_argument("--json", metavar="PATH", help="write every sample here")
     parser.add_argument("--tmp-dir", metavar="DIR", default=None,
                         help="where the scratch directories go (deleted at the end)")
-    args = parser.parse_args(argv)
-    if args.daemon:
-        parser.error("the daemon part is not built yet: it is to run walqueued on each directory "
-                     "measure_library fills, before it is deleted; use --library-only")
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
