@@ -4,9 +4,12 @@ completed tasks, under 16 client processes, with compactions inside the window.
     .venv/bin/python scripts/bench_history_daemon.py [--tasks 0,1000000] [--seconds 60]
         [--clients 16] [--compact-wal-bytes 8388608] [--compact-wal-ratio 0]
         [--directory DIR] [--json PATH] [--tmp-dir DIR]
+    .venv/bin/python scripts/bench_history_daemon.py --fill-only 10000000 --directory DIR
+    .venv/bin/python scripts/bench_history_daemon.py --tasks 0 --directory DIR --seconds 240
 
-For each N of ``--tasks`` (or once, for a directory already filled by
-scripts/bench_history.py: ``--directory``), it fills a fresh directory through
+For each N of ``--tasks`` (and then for ``--directory``, a directory filled
+ahead with ``--fill-only N``: 10M tasks take ~15 minutes to fill, which
+need not happen in the quiet moment the window wants), it fills a fresh directory through
 the library with N completed tasks (17-character ids, 100-byte payloads, in
 batches of 1,000, then one compaction, so the daemon starts from a
 snapshot), starts walqueued on it (as a user would: no test hook) and runs
@@ -408,25 +411,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="0,1000000", help="comma-separated N to fill and measure")
     parser.add_argument("--directory", type=Path, default=None,
-                        help="measure this directory (filled by scripts/bench_history.py) instead of filling")
+                        help="also measure this directory (filled by --fill-only, say, ahead of a quiet "
+                             "moment), after the --tasks given explicitly (for a baseline in the same run)")
+    parser.add_argument("--fill-only", type=int, default=None, metavar="N",
+                        help="fill --directory with N completed tasks and stop (it is measured later)")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--compact-wal-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--compact-wal-ratio", type=float, default=0.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--tmp-dir", type=Path, default=REPO / "var")
+    explicit_tasks = any(arg == "--tasks" or arg.startswith("--tasks=") for arg in argv or sys.argv[1:])
     args = parser.parse_args(argv)
+    # A SIGTERM (a timeout, an impatient user) unwinds through the finally blocks: walqueued
+    # and the clients are stopped by pid, the scratch directories removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.fill_only is not None:
+        if args.directory is None:
+            parser.error("--fill-only needs --directory")
+        print(f"filled {args.fill_only:,} completed tasks in {fill(args.directory, args.fill_only):.1f} s")
+        return 0
     args.tmp_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    if args.directory is not None:
-        with Queue(args.directory) as queue:
-            tasks = sum(getattr(queue.stats(), status) for status in ("ready", "leased", "completed", "dead"))
-        workdir = Path(tempfile.mkdtemp(prefix="bench-history-", dir="/tmp"))  # short socket paths
-        try:
-            rows.append(measure(workdir, args.directory, tasks, args))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    else:
+    if args.directory is None or explicit_tasks:
         for tasks in [int(text) for text in args.tasks.split(",")]:
             scratch = Path(tempfile.mkdtemp(prefix="bench-history-", dir=args.tmp_dir))
             workdir = Path(tempfile.mkdtemp(prefix="bench-history-", dir="/tmp"))
@@ -439,6 +446,14 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
                 shutil.rmtree(workdir, ignore_errors=True)
+    if args.directory is not None:
+        with Queue(args.directory) as queue:
+            tasks = sum(getattr(queue.stats(), status) for status in ("ready", "leased", "completed", "dead"))
+        workdir = Path(tempfile.mkdtemp(prefix="bench-history-", dir="/tmp"))  # short socket paths
+        try:
+            rows.append(measure(workdir, args.directory, tasks, args))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     print_table(rows, args)
     if args.json is not None:
         args.json.write_text(json.dumps({"arguments": {key: str(value) for key, value in vars(args).items()},
