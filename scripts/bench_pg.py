@@ -312,19 +312,25 @@ def one_run(server, system: str, clients: int, warmup: float, seconds: float,
     latencies = [value for item in gathered for value in item[2]]
     all_tasks = tasks + sum(item[4] for item in gathered)
     return {"rate": tasks / elapsed, "p50": percentile(latencies, 0.5),
-            "p99": percentile(latencies, 0.99), "cpu": server_cpu / window,
+            "p99": percentile(latencies, 0.99), "latencies": latencies, "cpu": server_cpu / window,
             "client_us": sum(item[3] for item in gathered) / max(tasks, 1) * 1e6,
             "server_us": server_cpu / max(tasks, 1) * 1e6,
             # Warm-up cycles and each client's connect count too (a few per client).
             "transactions": transactions_during / max(all_tasks, 1), "tables": tables}
 
 
-FIGURES = ("rate", "p50", "p99", "cpu", "client_us", "server_us", "transactions")
+FIGURES = ("rate", "cpu", "client_us", "server_us", "transactions")
 
 
 def summary(runs: list[dict]) -> dict:
-    """The median of each figure over a cell's runs; the tables of its median-rate run."""
+    """The median of each figure over a cell's runs and the rate's min and max; p50, p99
+    and the slowest cycle over every cycle of every run; the tables of its median-rate run."""
     cell = {name: statistics.median(run[name] for run in runs) for name in FIGURES}
+    cell["min"] = min(run["rate"] for run in runs)
+    cell["max"] = max(run["rate"] for run in runs)
+    latencies = [value for run in runs for value in run["latencies"]]
+    cell["p50"], cell["p99"] = percentile(latencies, 0.5), percentile(latencies, 0.99)
+    cell["slowest"] = max(latencies, default=float("nan"))
     cell["tables"] = sorted(runs, key=lambda run: run["rate"])[len(runs) // 2]["tables"]
     return cell
 
@@ -351,6 +357,16 @@ def run_cells(server, systems: list[str], clients_list: list[int], warmup: float
     return cells
 
 
+def make_server(durable: bool = True, base: Path | None = None):
+    """The benchmark's own cluster, not yet started (tests/postgres.py): fsync and
+    synchronous_commit on unless `durable` is False, room for 16 clients and their pools.
+    `base` is the directory it lives in (default: a new one in /tmp). The caller
+    starts it and calls cleanup(), which stops it by pid and removes the directory."""
+    from tests.postgres import PostgresServer
+
+    return PostgresServer(fsync=durable, settings={"max_connections": "300"}, base=base)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="1,4,16")
@@ -363,11 +379,9 @@ def main() -> None:
                         help="fsync=off, synchronous_commit=off: the CPU-bound ceiling, not a result "
                              "to compare with durable systems")
     args = parser.parse_args()
-    from tests.postgres import PostgresServer
-
     clients_list = [int(value) for value in args.clients.split(",")]
     systems = [name.strip() for name in args.systems.split(",")]
-    server = PostgresServer(fsync=not args.not_durable, settings={"max_connections": "300"})
+    server = make_server(durable=not args.not_durable)
     durability = "fsync=off, synchronous_commit=off (NOT durable)" if args.not_durable else \
         "fsync=on, synchronous_commit=on"
     try:
