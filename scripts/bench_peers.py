@@ -1,10 +1,17 @@
-"""Benchmark WALQueue beside the durable local queues users compare it with:
+"""Benchmark WALQueue beside the durable queues users compare it with:
 beanstalkd (binlog, ``-f 0``: fsync on every write), Redis (``appendonly yes``,
 ``appendfsync always``) and a SQLite table (``journal_mode=WAL``,
-``synchronous=FULL``), all measured in one run on the same machine and disk.
+``synchronous=FULL``) beside walqueued; and WALQueue on PostgreSQL
+(``walqueue.pg``) beside procrastinate on one PostgreSQL server with
+``fsync=on`` and ``synchronous_commit=on`` (issue 13). All measured in one run
+on the same machine and disk.
 
     .venv/bin/python scripts/bench_peers.py [--seconds 5] [--runs 3] [--clients 1,4,16]
-        [--warmup 1] [--quick] [--out docs/benchmarks.md]
+        [--warmup 1] [--quick] [--systems LABEL|GROUP,...] [--no-plot] [--out docs/benchmarks.md]
+
+``--systems`` takes labels (see ``--help``) or the groups ``walqueued``, ``local``
+(beanstalkd, Redis, SQLite) and ``pg`` (the four PostgreSQL rows), so that a
+quick check can run a few.
 
 Workload "cycle", closed loop, in the most durable setting of each system: put
 a 100-byte task, claim it, complete it. Each client is its own process with
@@ -15,15 +22,24 @@ starts a fresh server on a fresh directory. Latency is one whole cycle (p50,
 p99 over every cycle of every run). Server CPU is utime+stime from
 /proc/PID/stat over the measured window, as a share of one core.
 
+The PostgreSQL rows are measured by scripts/bench_pg.py's own functions (its
+cycles, its per-run database, its server CPU, transactions and table figures):
+one cluster of tests/postgres.py for all of them, started as bench_pg starts it
+but in this run's directory under var/ (the disk of the other systems), a fresh
+database for every run, and ``n_dead_tup`` and the table sizes read after each
+run.
+
 The machine's limits come from the same run: serial append+fsync, fdatasync
 overwriting a preallocated file, and a Python Unix-socket echo round trip with
 1 and 16 clients.
 
-Needs the ``bench`` extra and the beanstalkd and redis-server binaries; when
-missing it installs them (pip into this project's .venv; apt-get as root).
+Needs the ``bench`` extra (greenstalk, redis, matplotlib, psycopg, procrastinate)
+and the beanstalkd, redis-server and PostgreSQL binaries of the systems chosen;
+when missing it installs them (pip into this project's .venv; apt-get as root).
 Every server is stopped by pid and waited for, also on errors. Writes
-``--out`` (a Markdown report) and a PNG plot beside it. Not part of the test
-suite.
+``--out`` (a Markdown report) and a PNG plot beside it (not with
+``--no-plot``). A smoke test runs it with tiny settings
+(tests/unit/test_bench_smoke.py); the full run is not part of the test suite.
 """
 
 from __future__ import annotations
@@ -51,23 +67,36 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO), str(REPO / "scripts")]
 
+import bench_pg  # noqa: E402  (scripts/: the PostgreSQL rows; imports only the standard library here)
+
 PAYLOAD_BYTES = 100
 PAYLOAD = b"p" * PAYLOAD_BYTES
 READY_SECONDS = 30.0
 STOP_SECONDS = 30.0
 LEASE_SECONDS = 60
 PIP_EXTRA = ".[bench]"
-APT_PACKAGES = ("beanstalkd", "redis-server")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # -- installing what is missing ----------------------------------------------------------
 
+# What each system's clients import, and the binary and Debian package of its server.
+MODULES = {"beanstalkd -f 0": ("greenstalk",), "Redis appendfsync always": ("redis",),
+           "procrastinate defer+fetch+finish": ("psycopg", "psycopg_pool", "procrastinate")}
+BINARIES = {"beanstalkd -f 0": ("beanstalkd", "beanstalkd"),
+            "Redis appendfsync always": ("redis-server", "redis-server")}
+PG_PACKAGE = "postgresql"  # Debian's; tests/postgres.py finds /usr/lib/postgresql/*/bin
 
-def ensure_installed() -> None:
-    """pip-install the bench extra and apt-get the servers when they are missing."""
-    missing_modules = [name for name in ("greenstalk", "redis", "matplotlib")
-                       if importlib.util.find_spec(name) is None]
+
+def ensure_installed(systems: list[str], plot: bool = True) -> None:
+    """pip-install the bench extra and apt-get the servers that `systems` need when missing."""
+    from tests.postgres import find_binaries
+
+    wanted = [module for system in systems for module in MODULES.get(system, ())]
+    wanted += [module for system in systems if system in bench_pg.SYSTEMS
+               for module in ("psycopg", "psycopg_pool")]
+    wanted += ["matplotlib"] if plot else []
+    missing_modules = sorted({name for name in wanted if importlib.util.find_spec(name) is None})
     if missing_modules:
         print(f"installing the bench extra ({', '.join(missing_modules)} missing)", flush=True)
         venv_python = REPO / ".venv" / "bin" / "python"
@@ -76,15 +105,17 @@ def ensure_installed() -> None:
         if python.resolve() != Path(sys.executable).resolve():
             raise SystemExit(f"installed into {python}; run this script with it")
         importlib.invalidate_caches()
-    missing_binaries = [name for name in ("beanstalkd", "redis-server") if shutil.which(name) is None]
-    if not missing_binaries:
+    packages = sorted({BINARIES[system][1] for system in systems
+                       if system in BINARIES and shutil.which(BINARIES[system][0]) is None})
+    if any(system in bench_pg.SYSTEMS for system in systems) and find_binaries() is None:
+        packages.append(PG_PACKAGE)
+    if not packages:
         return
     if os.geteuid() != 0:
-        raise SystemExit(f"missing {', '.join(missing_binaries)}: "
-                         f"run `sudo apt-get install -y {' '.join(APT_PACKAGES)}`")
-    print(f"apt-get installing {' '.join(APT_PACKAGES)}", flush=True)
+        raise SystemExit(f"missing servers: run `sudo apt-get install -y {' '.join(packages)}`")
+    print(f"apt-get installing {' '.join(packages)}", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", *APT_PACKAGES]
+    install = ["apt-get", "install", "-y", "-q", *packages]
     if subprocess.run(install, env=env).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
         subprocess.run(install, env=env, check=True)
@@ -491,6 +522,17 @@ SYSTEMS: dict[str, tuple[Callable, Callable, Callable]] = {
 REQUESTS_PER_CYCLE = {"WALQueue (Client)": 3, "WALQueue (Worker)": 2, "WALQueue (ack+next)": 2}
 OURS = tuple(REQUESTS_PER_CYCLE)
 
+# The PostgreSQL rows: scripts/bench_pg.py's systems, under its labels.
+PG_SYSTEMS = tuple(bench_pg.SYSTEMS)
+PG_PEER = "procrastinate defer+fetch+finish"
+PG_OURS = tuple(system for system in PG_SYSTEMS if system != PG_PEER)
+# One task per cycle, as procrastinate's fetch: the targets of issue 13 are judged on these.
+PG_SINGLE = ("walqueue.pg put+reserve+ack", "walqueue.pg put+ack_and_reserve")
+assert set(PG_SINGLE) <= set(PG_OURS) and PG_PEER in PG_SYSTEMS
+ALL_SYSTEMS = (*SYSTEMS, *PG_SYSTEMS)
+GROUPS = {"walqueued": OURS, "local": tuple(system for system in SYSTEMS if system not in OURS),
+          "pg": PG_SYSTEMS}
+
 
 def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
     server, factory, loop = SYSTEMS[system]
@@ -530,6 +572,28 @@ def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
             REQUESTS_PER_CYCLE[system] * cycles / max(1, syncs)}
 
 
+@contextmanager
+def postgres_server(base: Path) -> Iterator[object]:
+    """bench_pg's durable cluster (fsync=on, synchronous_commit=on) in `base`, started;
+    stopped by its pid (tests/postgres.py: SIGINT, then SIGQUIT, then SIGKILL, each
+    waited for) and removed on the way out, also on errors."""
+    server = bench_pg.make_server(durable=True, base=base)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+def pg_cell(server, system: str, clients: int, warmup: float, seconds: float, runs: int) -> dict:
+    """One PostgreSQL cell through bench_pg.run_cells (a fresh database per run), in the
+    units of this report's cells (ms), with bench_pg's extra figures kept."""
+    cell = dict(bench_pg.run_cells(server, [system], [clients], warmup, seconds, runs)[system, clients])
+    cell.update(median=cell["rate"], p50=cell["p50"] * 1e3, p99=cell["p99"] * 1e3,
+                slowest=cell["slowest"] * 1e3, requests_per_fsync=None)
+    return cell
+
+
 # -- the report ---------------------------------------------------------------------------------
 
 
@@ -548,9 +612,22 @@ def machine() -> dict[str, str]:
         if line.startswith("MemTotal"):
             memory = f"{int(line.split()[1]) / (1 << 20):.1f} GiB"
     disk = subprocess.run(["df", "-T", str(REPO / "var")], capture_output=True, text=True).stdout.strip()
+    from importlib.metadata import PackageNotFoundError, version
+
+    from tests.postgres import find_binaries
+
+    pg_bin = find_binaries()
     versions = {}
-    for name, command in (("beanstalkd", ["beanstalkd", "-v"]), ("redis", ["redis-server", "--version"])):
+    for name, command in (("beanstalkd", ["beanstalkd", "-v"]), ("redis", ["redis-server", "--version"]),
+                          ("postgres", [str(pg_bin / "postgres") if pg_bin else "postgres", "--version"])):
+        if shutil.which(command[0]) is None:
+            versions[name] = f"{name}: not installed"
+            continue
         versions[name] = subprocess.run(command, capture_output=True, text=True).stdout.strip()
+    try:
+        versions["procrastinate"] = f"procrastinate {version('procrastinate')}"
+    except PackageNotFoundError:
+        versions["procrastinate"] = "procrastinate: not installed"
     return {"nproc": str(os.cpu_count()), "cpu": cpu_model, "memory": memory,
             "python": sys.version.split()[0], "kernel": platform.release(), "disk": disk,
             "sqlite": sqlite3.sqlite_version, **versions}
@@ -615,10 +692,119 @@ def target_lines(cells: dict, limits: dict, clients_list: list[int]) -> list[str
     return lines or ["- no WALQueue and peer cells to compare"]
 
 
-def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells: dict,
-                 clients_list: list[int], info: dict, started: str) -> None:
+PG_RATIO_TARGET = 1.5  # walqueue.pg single-task cycles/s over procrastinate's, at 4 and 16 clients
+PG_RATIO_CLIENTS = (4, 16)
+PG_MIN_RATE = 2500.0  # walqueue.pg single-task cycles/s at 16 clients
+PG_RATE_CLIENTS = 16
+
+
+def best_pg(cells: dict, clients: int) -> tuple[str, dict] | None:
+    """The fastest single-task walqueue.pg variant at this client count."""
+    measured = [(system, cells[(system, clients)]) for system in PG_SINGLE if (system, clients) in cells]
+    return max(measured, key=lambda item: item[1]["median"]) if measured else None
+
+
+def pg_target_lines(cells: dict) -> list[str]:
+    """Issue 13's targets, judged on the fastest single-task walqueue.pg variant (limit=10
+    moves ten tasks per call, procrastinate one); a target with no cell says so."""
+    def verdict(value: float, needed: float) -> str:
+        if value >= needed:
+            return "met"
+        return f"**missed** ({value / needed:.0%} of the target; {needed / value:.2f}x short)"
+
+    lines = []
+    for clients in PG_RATIO_CLIENTS:
+        best, theirs = best_pg(cells, clients), cells.get((PG_PEER, clients))
+        label = f"- {clients} clients, >= {PG_RATIO_TARGET:.1f}x procrastinate"
+        if not best or not theirs:
+            lines.append(f"{label}: not measured in this run")
+            continue
+        value = best[1]["median"] / theirs["median"]
+        lines.append(f"{label}: {value:.2f}x ({best[0]}), {verdict(value, PG_RATIO_TARGET)}")
+    best = best_pg(cells, PG_RATE_CLIENTS)
+    label = f"- {PG_RATE_CLIENTS} clients, >= {PG_MIN_RATE:,.0f} single-task cycles/s"
+    if best:
+        lines.append(f"{label}: {best[1]['median']:,.0f} ({best[0]}), "
+                     f"{verdict(best[1]['median'], PG_MIN_RATE)}")
+    else:
+        lines.append(f"{label}: not measured in this run")
+    return lines
+
+
+def pg_lines(cells: dict, systems: list[str], clients_list: list[int]) -> list[str]:
+    """The report's PostgreSQL section: bench_pg's figures, the ratios, issue 13's targets."""
+    pg = [system for system in systems if system in PG_SYSTEMS]
+    if not pg:
+        return []
     lines = [
-        "# Benchmarks: WALQueue beside beanstalkd, Redis and SQLite",
+        "",
+        "## WALQueue on PostgreSQL beside procrastinate (issue 13)",
+        "",
+        "Measured by `scripts/bench_pg.py`'s functions in this run: one PostgreSQL cluster "
+        "(`fsync=on`, `synchronous_commit=on`, `full_page_writes=on`, Unix socket, "
+        "`shared_buffers=64MB`, `max_connections=300`, otherwise the defaults, autovacuum on) for "
+        "all these rows, a fresh "
+        "database for every run, one connection per client process. The server CPU above is "
+        "the postmaster and all its backends. (put+reserve+ack) is `walqueue.pg.Client` put, "
+        "reserve, ack: three transactions; (put+ack_and_reserve) is put, then `ack_and_reserve` "
+        "of the task in hand: two; (limit=10) is `put_many` of 10, `reserve(limit=10)`, 10 acks, "
+        "and one of its cycles is one task (p50/p99 are a call's time divided by its tasks). "
+        "procrastinate is its own API as a worker uses it: `defer_async`, then the job manager's "
+        "`fetch_job` and `finish_job` (three transactions; the job row is kept, as by default).",
+        "",
+        "| system | clients | client CPU us/cycle | server CPU us/cycle | transactions/cycle "
+        "| tables after the median run: n_dead_tup, total size |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for system in pg:
+        for clients in clients_list:
+            cell = cells.get((system, clients))
+            if cell is None:
+                continue
+            tables = "; ".join(f"`{name}` {dead:,} dead, {size / 1024:,.0f} KiB"
+                               for name, dead, size in cell["tables"][:4]) or "-"
+            lines.append(f"| {system} | {clients} | {cell['client_us']:,.0f} | {cell['server_us']:,.0f} | "
+                         f"{cell['transactions']:.2f} | {tables} |")
+    lines += [
+        "",
+        "Transactions per cycle count the warm-up and each client's connect too. The tables are "
+        "read 1.5 s after the clients stop (the backends flush their statistics at most once a "
+        "second).",
+        "",
+        "| clients | walqueue.pg variant | vs procrastinate | vs the fastest walqueued variant | target |",
+        "|---:|---|---:|---:|---|",
+    ]
+    for clients in sorted(clients_list, reverse=True):
+        fastest_local = best_ours(cells, clients)
+        for system in PG_OURS:
+            ours = cells.get((system, clients))
+            if ours is None:
+                continue
+            local = (f"{ours['median'] / fastest_local[1]['median']:.2f}x ({fastest_local[0]})"
+                     if fastest_local else "n/a")
+            target = []
+            if system in PG_SINGLE and clients in PG_RATIO_CLIENTS:
+                target.append(f">= {PG_RATIO_TARGET:.1f}x procrastinate")
+            if system in PG_SINGLE and clients == PG_RATE_CLIENTS:
+                target.append(f">= {PG_MIN_RATE:,.0f}/s")
+            lines.append(f"| {clients} | {system} | {ratio(cells, system, clients, PG_PEER)} | {local} | "
+                         f"{', '.join(target)} |")
+    lines += [
+        "",
+        "### Targets of issue 13, checked against this run",
+        "",
+        "Judged on the fastest single-task variant (put+reserve+ack or put+ack_and_reserve); "
+        "limit=10 is shown above, not judged.",
+        "",
+        *pg_target_lines(cells),
+    ]
+    return lines
+
+
+def write_report(out: Path, plot: Path | None, args, command: str, limits: dict, cells: dict,
+                 systems: list[str], clients_list: list[int], info: dict, started: str) -> None:
+    lines = [
+        "# Benchmarks: WALQueue beside beanstalkd, Redis, SQLite and, on PostgreSQL, procrastinate",
         "",
         f"Generated by `scripts/bench_peers.py` on {started}. Command:",
         "",
@@ -629,7 +815,7 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
         f"Workload \"cycle\": put a {PAYLOAD_BYTES}-byte task, claim it, complete it; closed loop; "
         f"each client is its own process with its own connection; {args.warmup:g} s warm-up, then "
         f"{args.seconds:g} s measured; {args.runs} run(s) per cell, each on a fresh server and "
-        "directory. cycles/s is the median with min-max; p50/p99 is one whole cycle over every "
+        "directory (the PostgreSQL rows: a fresh database on one server, see below). cycles/s is the median with min-max; p50/p99 is one whole cycle over every "
         "cycle of every run of the cell; server CPU is utime+stime of the server process over "
         "the measured window (1.00 = one core busy).",
         "",
@@ -650,13 +836,15 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
         "thread is on). req/fsync divides by the daemon's own count of its WAL fsyncs "
         "(`daemon_stats().fsyncs_total`, read before and after the window); the daemon runs "
         "with its defaults and no test hook.",
+        "- WALQueue on PostgreSQL (`walqueue.pg`) and procrastinate on one PostgreSQL server "
+        "with `fsync=on`, `synchronous_commit=on`: see the section on PostgreSQL below.",
         "",
         "## Cycles per second",
         "",
         "| system | clients | cycles/s (median) | min-max | p50 ms | p99 ms | max ms | server CPU | req/fsync |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for system in SYSTEMS:
+    for system in systems:
         for clients in clients_list:
             cell = cells.get((system, clients))
             if cell is None:
@@ -670,8 +858,7 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
                          f"{cell['slowest']:.0f} | {cpu} | {per_fsync} |")
     lines += [
         "",
-        f"![cycles/s against client count]({plot.name})",
-        "",
+        *([f"![cycles/s against client count]({plot.name})", ""] if plot else []),
         "## The machine's limits (same run, same disk)",
         "",
         "| probe | per second |",
@@ -708,12 +895,13 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
         "## Targets of issue 5, checked against this run",
         "",
         *target_lines(cells, limits, clients_list),
+        *pg_lines(cells, systems, clients_list),
         "",
         "## The machine",
         "",
         f"- nproc: {info['nproc']}; CPU: {info['cpu']}; memory: {info['memory']}",
         f"- Python {info['python']}; Linux {info['kernel']}; SQLite {info['sqlite']}; "
-        f"{info['beanstalkd']}; {info['redis']}",
+        f"{info['beanstalkd']}; {info['redis']}; {info['postgres']}; {info['procrastinate']}",
         f"- load average (1, 5, 15 min) at the start: {info['load_start']}; at the end: {info['load_end']} "
         "(the benchmark's own servers and clients count too; shown so that other work on the machine is visible)",
         "- disk (`df -T` of the directory every server and probe wrote to):",
@@ -726,14 +914,14 @@ def write_report(out: Path, plot: Path, args, command: str, limits: dict, cells:
     out.write_text("\n".join(lines))
 
 
-def write_plot(plot: Path, cells: dict, clients_list: list[int]) -> None:
+def write_plot(plot: Path, cells: dict, systems: list[str], clients_list: list[int]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
-    for system in SYSTEMS:
+    figure, axes = plt.subplots(figsize=(9, 5.5), dpi=120)
+    for system in systems:
         points = [(clients, cells[(system, clients)]) for clients in clients_list if (system, clients) in cells]
         if not points:
             continue
@@ -741,13 +929,15 @@ def write_plot(plot: Path, cells: dict, clients_list: list[int]) -> None:
         medians = [cell["median"] for _, cell in points]
         below = [cell["median"] - cell["min"] for _, cell in points]
         above = [cell["max"] - cell["median"] for _, cell in points]
-        style = "-" if system.startswith("WALQueue") else "--"
-        axes.errorbar(xs, medians, yerr=[below, above], marker="o", linestyle=style, capsize=3, label=system)
+        style = "-" if system.startswith(("WALQueue", "walqueue.pg")) else "--"
+        marker = "s" if system in PG_SYSTEMS else "o"  # squares: on the PostgreSQL server
+        axes.errorbar(xs, medians, yerr=[below, above], marker=marker, linestyle=style, capsize=3,
+                      label=system)
     axes.set_xscale("log", base=2)
     axes.set_xticks(clients_list, [str(clients) for clients in clients_list])
     axes.set_xlabel("client processes")
     axes.set_ylabel("cycles/s (put + claim + complete), median, bars min-max")
-    axes.set_title("Durable queue cycles/s on one machine")
+    axes.set_title("Durable queue cycles/s on one machine (squares: on PostgreSQL)")
     axes.set_ylim(bottom=0)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
@@ -756,28 +946,46 @@ def write_plot(plot: Path, cells: dict, clients_list: list[int]) -> None:
     plt.close(figure)
 
 
+def select_systems(parser: argparse.ArgumentParser, spec: str) -> list[str]:
+    """The labels and groups of --systems, in the report's order (all when empty)."""
+    if not spec:
+        return list(ALL_SYSTEMS)
+    chosen = set()
+    for name in (part.strip() for part in spec.split(",")):
+        if name in GROUPS:
+            chosen.update(GROUPS[name])
+        elif name in ALL_SYSTEMS:
+            chosen.add(name)
+        else:
+            parser.error(f"unknown system {name!r}; known: {', '.join(ALL_SYSTEMS)}; "
+                         f"groups: {', '.join(GROUPS)}")
+    return [system for system in ALL_SYSTEMS if system in chosen]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measured run")
-    parser.add_argument("--runs", type=int, default=3, help="runs per cell (the median is shown)")
-    parser.add_argument("--clients", default="1,4,16", help="comma-separated client process counts")
-    parser.add_argument("--warmup", type=float, default=1.0, help="seconds of load before each measured run")
-    parser.add_argument("--systems", default="", help="comma-separated subset of the system labels")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 run, 2 s, clients 1 and 4")
+    parser.add_argument("--seconds", type=float, help="length of each measured run (default 5)")
+    parser.add_argument("--runs", type=int, help="runs per cell, the median is shown (default 3)")
+    parser.add_argument("--clients", help="comma-separated client process counts (default 1,4,16)")
+    parser.add_argument("--warmup", type=float, help="seconds of load before each measured run (default 1)")
+    parser.add_argument("--systems", default="",
+                        help="comma-separated labels or groups (walqueued, local, pg); default all: "
+                             + ", ".join(ALL_SYSTEMS))
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: defaults of 1 run, 2 s, 0.5 s warm-up, clients 1 and 4 "
+                             "(each still set by its own option)")
+    parser.add_argument("--no-plot", action="store_true", help="write the report without the PNG")
     parser.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"), help="the Markdown report")
     args = parser.parse_args()
     command = " ".join(shlex.quote(part) for part in [".venv/bin/python", "scripts/bench_peers.py", *sys.argv[1:]])
-    if args.quick:
-        args.runs, args.seconds, args.clients, args.warmup = 1, 2.0, "1,4", 0.5
+    defaults = {"runs": 1, "seconds": 2.0, "clients": "1,4", "warmup": 0.5} if args.quick else \
+        {"runs": 3, "seconds": 5.0, "clients": "1,4,16", "warmup": 1.0}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     clients_list = [int(n) for n in args.clients.split(",") if n]
-    if args.systems:
-        for label in args.systems.split(","):
-            if label not in SYSTEMS:
-                parser.error(f"unknown system {label!r}; known: {', '.join(SYSTEMS)}")
-        for label in list(SYSTEMS):
-            if label not in args.systems.split(","):
-                del SYSTEMS[label]
-    ensure_installed()
+    systems = select_systems(parser, args.systems)
+    ensure_installed(systems, plot=not args.no_plot)
     load_start = load_average()
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     (REPO / "var").mkdir(exist_ok=True)
@@ -795,7 +1003,7 @@ def main() -> None:
           f"{limits['fdatasync_overwrite']:,.0f}/s, echo "
           + ", ".join(f"{c} client(s) {r:,.0f}/s" for c, r in limits["echo"].items()), flush=True)
     cells: dict = {}
-    for system in SYSTEMS:
+    for system in (system for system in systems if system in SYSTEMS):
         for clients in clients_list:
             runs = []
             try:
@@ -817,14 +1025,34 @@ def main() -> None:
             print(f"{system:<28} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
                   f"({cell['min']:,.0f}-{cell['max']:,.0f}) p50 {cell['p50']:.2f} ms p99 {cell['p99']:.2f} ms",
                   flush=True)
+    pg = [system for system in systems if system in PG_SYSTEMS]
+    if pg:
+        base = Path(tempfile.mkdtemp(prefix="bench-peers-pg-", dir=REPO / "var"))
+        try:
+            with postgres_server(base) as server:  # one cluster, a fresh database per run
+                for system in pg:
+                    for clients in clients_list:
+                        try:
+                            cell = pg_cell(server, system, clients, args.warmup, args.seconds, args.runs)
+                        except Exception as exc:  # as above: keep the other rows
+                            print(f"{system} x{clients}: FAILED {exc!r}", flush=True)
+                            cells[("error", system, clients)] = repr(exc)
+                            continue
+                        cells[(system, clients)] = cell
+                        print(f"{system:<33} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
+                              f"({cell['min']:,.0f}-{cell['max']:,.0f}) p50 {cell['p50']:.2f} ms "
+                              f"p99 {cell['p99']:.2f} ms", flush=True)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    plot = out.with_suffix(".png")
-    write_plot(plot, cells, clients_list)
+    plot = None if args.no_plot else out.with_suffix(".png")
+    if plot:
+        write_plot(plot, cells, systems, clients_list)
     info = machine()
     info.update(load_start=load_start, load_end=load_average())
-    write_report(out, plot, args, command, limits, cells, clients_list, info, started)
-    print(f"wrote {out} and {plot}")
+    write_report(out, plot, args, command, limits, cells, systems, clients_list, info, started)
+    print(f"wrote {out}" + (f" and {plot}" if plot else ""))
 
 
 if __name__ == "__main__":

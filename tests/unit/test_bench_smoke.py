@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark scripts (bench_library.py: issue 2;
-bench_history.py: issue 11): they run end to end and print their tables.
-Tiny sizes, one run: this checks the scripts, not the speed."""
+bench_history.py: issue 11; bench_peers.py with its PostgreSQL rows: issue 13):
+they run end to end and print their tables. Tiny sizes, one run: this checks
+the scripts, not the speed."""
 
 import json
 import subprocess
@@ -88,3 +89,33 @@ def test_probe_snapshot_io_prints_every_case_and_cleans_up(tmp_path):
                  "truncate 8 MiB steps"):
         assert case in done.stdout, case
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_peers_tiny_run_writes_walqueued_and_postgres_rows_and_cleans_up(tmp_path):
+    # walqueued and walqueue.pg only: the test extra has their clients (procrastinate,
+    # beanstalkd and Redis belong to the bench extra), and --no-plot needs no matplotlib.
+    from tests.postgres import require_binaries
+
+    require_binaries()
+    out = tmp_path / "report" / "bp.md"
+    var = ROOT / "var"
+    before = set(var.iterdir()) if var.exists() else set()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_peers.py"),
+         "--systems", "WALQueue (ack+next),walqueue.pg put+ack_and_reserve", "--clients", "1",
+         "--runs", "1", "--seconds", "0.3", "--warmup", "0.1", "--no-plot", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = out.read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in report.splitlines()
+            if line.startswith("| ") and " | 1 | " in line}
+    assert "WALQueue (ack+next)" in rows and "walqueue.pg put+ack_and_reserve" in rows
+    assert "failed" not in report
+    assert "## WALQueue on PostgreSQL beside procrastinate (issue 13)" in report
+    assert "`walqueue.live`" in report and " dead, " in report  # n_dead_tup and size, after the run
+    # No procrastinate and no 16-client cell here: each of issue 13's targets says so.
+    assert report.count(": not measured in this run") == 3
+    assert "0.3 s measured" in report and ".png" not in report
+    assert sorted(p.name for p in out.parent.iterdir()) == ["bp.md"]
+    # The servers' directories under var/ are gone (the PostgreSQL cluster's too).
+    assert set(var.iterdir()) == before

@@ -36,6 +36,17 @@ from walqueue.pg.client import (
 from walqueue.values import Lease, QueueStats, TaskView
 
 
+class AsyncConnection(psycopg.AsyncConnection):
+    """A pooled connection that keeps one binary cursor for the calls (as client.Connection)."""
+
+    _call_cursor: psycopg.AsyncCursor | None = None
+
+    def call_cursor(self) -> psycopg.AsyncCursor:
+        if self._call_cursor is None:
+            self._call_cursor = self.cursor(binary=True)
+        return self._call_cursor
+
+
 class AsyncClient:
     """SPEC §9's asyncio client for one queue; arguments as walqueue.pg.Client."""
 
@@ -94,7 +105,8 @@ class AsyncClient:
         async with self._opening:
             if self._pool is not None:
                 return self._pool
-            pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=self._pool_size,
+            pool = AsyncConnectionPool(self.dsn, connection_class=AsyncConnection, min_size=1,
+                                       max_size=self._pool_size,
                                        kwargs=CONNECTION_KWARGS, open=False,
                                        timeout=self.connect_seconds,
                                        name=f"walqueue-async:{self.queue}")
@@ -145,13 +157,14 @@ class AsyncClient:
         pool = await self._opened()
         try:
             async with pool.connection(timeout=self.connect_seconds) as connection:
+                cursor = connection.call_cursor()
                 for attempt in range(MAX_TRANSACTION_RETRIES):
                     try:
                         if self.test_now is not None:
-                            await connection.execute("SELECT set_config(%s, %s, false)",
-                                                     (schema.TEST_NOW_SETTING, str(self.test_now)))
-                        cursor = await connection.execute(call.statement, call.params)
-                        return await cursor.fetchall() if cursor.description else []
+                            await cursor.execute("SELECT set_config(%s, %s, false)",
+                                                 (schema.TEST_NOW_SETTING, str(self.test_now)))
+                        await cursor.execute(call.statement, call.params)
+                        return await cursor.fetchall()
                     except psycopg.Error as error:
                         if not calls.retryable(error) or attempt == MAX_TRANSACTION_RETRIES - 1:
                             raise

@@ -12,7 +12,11 @@ DatabaseUnavailable (the call's outcome is unknown); serialization failures
 and deadlocks are `retryable()` inside the call.
 
 Ids, keys and workers travel as the bytes of their UTF-8; payloads as §4's
-canonical JSON text.
+canonical JSON text. Parameters and results use PostgreSQL's binary format
+(`%b`, and cursors made with binary=True): bytea then travels as itself,
+not hex-escaped, and an integer is 8 bytes, not digits to parse. Integers
+are wrapped as Int8/Int4, so a statement's parameter types, and with them
+its one prepared statement, do not change with the values' sizes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.numeric import Int4, Int8
 
 from walqueue import validation
 from walqueue.codec import MAX_FRAME_BYTES, canonical_json
@@ -70,7 +75,11 @@ class Call:
 
 
 class Statements:
-    """The SQL text of each operation for one schema (prepared by the server on first use)."""
+    """The SQL text of each operation for one schema (prepared by the server on first use).
+
+    Every statement is a SELECT, so every call's answer is rows (a void
+    function gives one row holding NULL).
+    """
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
@@ -81,16 +90,19 @@ class Statements:
                 return f"SELECT * FROM {quoted}.{name}({arguments})"
             return f"SELECT {quoted}.{name}({arguments})"
 
-        self.put = function("put", "%s, %s, %s, %s, %s::int8[], %s::int8[], %s", False)
-        self.reserve = function("reserve", "%s, %s, %s::int8, %s::int4")
-        self.ack = function("ack", "%s, %s, %s, %s::int8", False)
-        self.ack_and_reserve = function("ack_and_reserve", "%s, %s, %s, %s::int8, %s::int8, %s::int4")
-        self.release = function("release", "%s, %s, %s, %s::int8, %s::int8", False)
-        self.touch = function("touch", "%s, %s, %s, %s::int8, %s::int8")
-        self.revive = function("revive", "%s, %s", False)
-        self.get = function("get", "%s, %s")
-        self.tasks = function("tasks", "%s, %s")
-        self.stats = function("stats", "%s")
+        self.put = function("put", "%b, %b, %b, %b, %b, %b, %b", False)
+        # One task: scalars, which cost the client far less to send than lists.
+        self.put_one = function("put", "%b, ARRAY[%b::bytea], ARRAY[%b::bytea], ARRAY[%b::bytea], "
+                                "ARRAY[%b::int8], ARRAY[%b::int8], ARRAY[%b::text]", False)
+        self.reserve = function("reserve", "%b, %b, %b, %b")
+        self.ack = function("ack", "%b, %b, %b, %b", False)
+        self.ack_and_reserve = function("ack_and_reserve", "%b, %b, %b, %b, %b, %b")
+        self.release = function("release", "%b, %b, %b, %b, %b", False)
+        self.touch = function("touch", "%b, %b, %b, %b, %b")
+        self.revive = function("revive", "%b, %b", False)
+        self.get = function("get", "%b, %b")
+        self.tasks = function("tasks", "%b, %b")
+        self.stats = function("stats", "%b")
 
 
 # -- encoding ------------------------------------------------------------------
@@ -165,21 +177,26 @@ def _put_requests(statements: Statements, queue: str, requests: list[dict],
     if not requests:
         return Call(None, (), lambda rows: finish([]))
     # The rules inside one list (identical duplicates collapse, any other
-    # collision is a KeyConflict) are the library's own, against an empty store.
-    ids, unique = State().plan_put(requests)
+    # collision is a KeyConflict) are the library's own, against an empty
+    # store; a list of one has nothing to collide with.
+    ids, unique = State().plan_put(requests) if len(requests) > 1 else (
+        [requests[0]["task_id"]], requests)
     texts = [canonical_json(request["payload"]).decode("utf-8") for request in unique]
     if sum(map(len, texts)) > MAX_FRAME_BYTES:
         raise InvalidRequest(f"the payloads of this put total more than {MAX_FRAME_BYTES} bytes")
-    params = (
-        queue,
+    columns = (
         [encode_name(request["task_id"]) for request in unique],
         [encode_name(request["key"]) for request in unique],
         [bytes.fromhex(identity_of(request["task_id"], request["payload"], request["available_at"],
                                    request["max_attempts"])) for request in unique],
-        [request["max_attempts"] for request in unique],
-        [request["available_at"] for request in unique],
+        [Int8(request["max_attempts"]) for request in unique],
+        [Int8(request["available_at"]) for request in unique],
         texts,
     )
+    if len(unique) == 1:
+        statement, params = statements.put_one, (queue, *(column[0] for column in columns))
+    else:
+        statement, params = statements.put, (queue, *columns)
     sent = [request["task_id"] for request in unique]
 
     def convert(rows: list[tuple]) -> Any:
@@ -194,7 +211,7 @@ def _put_requests(statements: Statements, queue: str, requests: list[dict],
                                f"with a different request")
         return KeyConflict(f"task id {request['task_id']!r} is already used (under another key)")
 
-    return Call(statements.put, params, convert, error, idempotent=True)
+    return Call(statement, params, convert, error, idempotent=True)
 
 
 # -- leases --------------------------------------------------------------------
@@ -260,13 +277,13 @@ def reserve_call(statements: Statements, queue: str, worker: Any, *, lease_secon
     """Its `convert` gives a `Reserved`."""
     worker = validation.name(worker, "worker")
     lease_seconds, limit, wait = _reserve_arguments(lease_seconds, limit, wait)
-    return Call(statements.reserve, (queue, encode_name(worker), lease_seconds, limit),
+    return Call(statements.reserve, (queue, encode_name(worker), Int8(lease_seconds), Int4(limit)),
                 _reserved(worker), _invalid, wait=wait)
 
 
 def ack_call(statements: Statements, queue: str, lease: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
-    return Call(statements.ack, (queue, encode_name(task_id), encode_name(worker), generation),
+    return Call(statements.ack, (queue, encode_name(task_id), encode_name(worker), Int8(generation)),
                 lambda rows: None, _stale(task_id, worker, generation))
 
 
@@ -276,7 +293,8 @@ def ack_and_reserve_call(statements: Statements, queue: str, lease: Any, *, leas
     task_id, worker, generation = _lease_fields(lease)
     lease_seconds, limit, wait = _reserve_arguments(lease_seconds, limit, wait)
     stale = _stale(task_id, worker, generation)
-    params = (queue, encode_name(task_id), encode_name(worker), generation, lease_seconds, limit)
+    params = (queue, encode_name(task_id), encode_name(worker), Int8(generation), Int8(lease_seconds),
+              Int4(limit))
     return Call(statements.ack_and_reserve, params, _reserved(worker),
                 lambda state, detail: stale(state, detail) if state == STALE_LEASE
                 else _invalid(state, detail), wait=wait)
@@ -287,7 +305,7 @@ def release_call(statements: Statements, queue: str, lease: Any, *, delay: Any) 
     delay = validation.integer(delay, "delay")
     stale = _stale(task_id, worker, generation)
     return Call(statements.release,
-                (queue, encode_name(task_id), encode_name(worker), generation, delay),
+                (queue, encode_name(task_id), encode_name(worker), Int8(generation), Int8(delay)),
                 lambda rows: None,
                 lambda state, detail: stale(state, detail) if state == STALE_LEASE
                 else _invalid(state, detail))
@@ -303,7 +321,8 @@ def touch_call(statements: Statements, queue: str, lease: Any, *, lease_seconds:
         return Lease(task_id, worker, generation, deadline, attempts, _payload(text))
 
     return Call(statements.touch,
-                (queue, encode_name(task_id), encode_name(worker), generation, lease_seconds),
+                (queue, encode_name(task_id), encode_name(worker), Int8(generation),
+                 Int8(lease_seconds)),
                 convert,
                 lambda state, detail: stale(state, detail) if state == STALE_LEASE
                 else _invalid(state, detail))

@@ -47,6 +47,21 @@ SETUP_QUERY = ("SELECT current_setting('fsync'), current_setting('synchronous_co
                "extract(epoch FROM clock_timestamp())::float8")
 
 
+class Connection(psycopg.Connection):
+    """A pooled connection that keeps one binary cursor for the calls.
+
+    A cursor made per call, and asking it for its `description`, cost the
+    client more CPU than sending the call and reading its answer.
+    """
+
+    _call_cursor: psycopg.Cursor | None = None
+
+    def call_cursor(self) -> psycopg.Cursor:
+        if self._call_cursor is None:
+            self._call_cursor = self.cursor(binary=True)
+        return self._call_cursor
+
+
 def setup_report(row: tuple, where: str) -> float:
     """Warn about non-durable settings (SPEC §9); return the server's clock offset in seconds."""
     fsync, synchronous_commit, server_time = row
@@ -114,8 +129,9 @@ class Client:
         self._closed = False
         self._service: wakeup.Service | None = None
         self._service_lock = threading.Lock()
-        self._pool = ConnectionPool(dsn, min_size=1, max_size=pool_size, kwargs=CONNECTION_KWARGS,
-                                    open=False, timeout=connect_seconds, name=f"walqueue:{self.queue}")
+        self._pool = ConnectionPool(dsn, connection_class=Connection, min_size=1, max_size=pool_size,
+                                    kwargs=CONNECTION_KWARGS, open=False, timeout=connect_seconds,
+                                    name=f"walqueue:{self.queue}")
         try:
             self._pool.open(wait=True, timeout=connect_seconds)
             with self._pool.connection() as connection:
@@ -185,13 +201,13 @@ class Client:
             raise QueueClosed(f"this walqueue.pg Client of queue {self.queue!r} is closed")
         try:
             with self._pool.connection(timeout=self.connect_seconds) as connection:
+                cursor = connection.call_cursor()
                 for attempt in range(MAX_TRANSACTION_RETRIES):
                     try:
                         if self.test_now is not None:
-                            connection.execute("SELECT set_config(%s, %s, false)",
-                                               (schema.TEST_NOW_SETTING, str(self.test_now)))
-                        cursor = connection.execute(call.statement, call.params)
-                        return cursor.fetchall() if cursor.description else []
+                            cursor.execute("SELECT set_config(%s, %s, false)",
+                                           (schema.TEST_NOW_SETTING, str(self.test_now)))
+                        return cursor.execute(call.statement, call.params).fetchall()
                     except psycopg.Error as error:
                         if not calls.retryable(error) or attempt == MAX_TRANSACTION_RETRIES - 1:
                             raise
