@@ -58,11 +58,14 @@ from .commit import GroupCommit
 from .connection import (
     MAX_LISTINGS_STARTED_PER_TURN,
     MAX_RECV_BYTES,
+    PEER_OPEN,
+    PEER_SHUT,
     Connection,
     ConnectionFault,
     FrameDeadlines,
     InputBudget,
     ListingBudget,
+    Selector,
     late_frame_message,
     peer_credentials,
 )
@@ -173,7 +176,7 @@ class Loop:
             compact_wal_bytes=compact_wal_bytes,
             open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes),
             before_long_stall=lambda: self._watchdog(force=True))
-        self.selector = selectors.DefaultSelector()
+        self.selector = Selector()
         self.connections: dict[int, Connection] = {}
         self.turn = 0
         self.stopping = False
@@ -267,6 +270,8 @@ class Loop:
             else:
                 conn: Connection = key.data
                 self._touched.add(conn)
+                if mask & (PEER_OPEN | PEER_SHUT):
+                    conn.peer_open_at_poll = bool(mask & PEER_OPEN)
                 if mask & selectors.EVENT_WRITE:
                     self._send(conn)
                 if mask & selectors.EVENT_READ and not conn.closed:
@@ -283,6 +288,7 @@ class Loop:
                 self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
+            conn.peer_open_at_poll = None  # what the poll saw holds for its turn only
             if conn.closed:
                 continue
             if conn.out:
