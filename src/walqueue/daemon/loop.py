@@ -277,15 +277,18 @@ class Loop:
                 if mask & selectors.EVENT_READ and not conn.closed:
                     self._receive(conn, requests)
         self.turn += 1
-        self._expire_hellos()
+        if self._awaiting_hello:
+            self._expire_hellos()
         self._expire_frames()
         wrote = self._apply(requests)
-        self.service.expire_waits(clock.monotonic_seconds())
+        if self.service.parked:
+            self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
-        for conn in list(self.input_budget.waiting):
-            if self.input_budget.admit(conn):
-                self.frame_deadlines.track(conn, clock.monotonic_seconds())
-                self._touched.add(conn)
+        if self.input_budget.waiting:
+            for conn in list(self.input_budget.waiting):
+                if self.input_budget.admit(conn):
+                    self.frame_deadlines.track(conn, clock.monotonic_seconds())
+                    self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
             conn.peer_open_at_poll = None  # what the poll saw holds for its turn only
@@ -294,7 +297,8 @@ class Loop:
             if conn.out:
                 self._send(conn)
             self._settle(conn)
-        self._watchdog()
+        if self.notifier.watchdog_seconds is not None:
+            self._watchdog()
         if wrote:
             self.commit.maybe_compact()
         if metrics is not None:
@@ -324,7 +328,7 @@ class Loop:
                 self._fatal(conn, None, late_frame_message(conn))
 
     def _timeout(self) -> float | None:
-        if any(conn.can_resume() for conn in self._deferring):
+        if self._deferring and any(conn.can_resume() for conn in self._deferring):
             return 0.0  # deferred requests can go now: no event will announce it
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
@@ -485,16 +489,17 @@ class Loop:
         Requests of a saturated connection (Connection.saturated) are
         deferred, in order, to a later turn instead.
         """
-        resumed: list[tuple[Connection, protocol.Request]] = []
-        for conn in list(self._deferring):
-            if conn.closed:
-                self._deferring.discard(conn)
-            elif conn.can_resume():
-                resumed.extend((conn, request) for request in conn.deferred)
-                conn.deferred.clear()
-                self._deferring.discard(conn)
-                self._touched.add(conn)
-        requests = resumed + requests
+        if self._deferring:
+            resumed: list[tuple[Connection, protocol.Request]] = []
+            for conn in list(self._deferring):
+                if conn.closed:
+                    self._deferring.discard(conn)
+                elif conn.can_resume():
+                    resumed.extend((conn, request) for request in conn.deferred)
+                    conn.deferred.clear()
+                    self._deferring.discard(conn)
+                    self._touched.add(conn)
+            requests = resumed + requests
         service = self.service
         now = self.now()
         reap = service.reap_due(now)
@@ -539,7 +544,8 @@ class Loop:
             self._touched.add(conn)
         outbox.clear()
         for conn in self._touched:
-            conn.queue_fatal()
+            if conn.fatal is not None:
+                conn.queue_fatal()
             if conn.backlog:
                 conn.fill(self.listing_budget)
 
