@@ -610,10 +610,13 @@ class Queue:
         """Check, write and apply one record. Must run inside a batch."""
         change = self._state.check(record)
         frame = encode_frame(record)
+        hook = self._hook
         try:
-            self._call_hook("wal.before_write")
+            if hook is not None:
+                hook("wal.before_write")
             self._active.append(frame)
-            self._call_hook("wal.after_write")
+            if hook is not None:
+                hook("wal.after_write")
         except BaseException:
             self._die()
             raise

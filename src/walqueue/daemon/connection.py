@@ -395,6 +395,8 @@ class InputBudget:
         """
         length = connection.reader.pending_length()
         large = length is not None and length >= LARGE_FRAME_BYTES
+        if not large and not connection.admitted and not connection.input_waiting:
+            return True  # the common case: no large frame, now or before
         received = connection.reader.buffered_bytes if large else 0
         self.admitted_total += received - connection.admitted
         connection.admitted = received

@@ -256,6 +256,7 @@ class Loop:
             self._accept_paused_until = None
             self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         events = self.selector.select(self._timeout())
+        polled = clock.monotonic_seconds()  # for this turn's reads
         self.listing_budget.renew()
         self._listings_started = 0
         requests: list[tuple[Connection, protocol.Request]] = []
@@ -266,7 +267,7 @@ class Loop:
             elif key.data is _WAKEUP:
                 self._drain_wakeup()
             elif metrics is not None and metrics.owns(key.data):
-                metrics.on_event(key.data, mask, clock.monotonic_seconds())
+                metrics.on_event(key.data, mask, polled)
             else:
                 conn: Connection = key.data
                 self._touched.add(conn)
@@ -275,7 +276,7 @@ class Loop:
                 if mask & selectors.EVENT_WRITE:
                     self._send(conn)
                 if mask & selectors.EVENT_READ and not conn.closed:
-                    self._receive(conn, requests)
+                    self._receive(conn, requests, polled)
         self.turn += 1
         if self._awaiting_hello:
             self._expire_hellos()
@@ -456,7 +457,7 @@ class Loop:
         if error is not None:
             self._close(conn, f"send failed: {error}")
 
-    def _receive(self, conn: Connection, requests: list) -> None:
+    def _receive(self, conn: Connection, requests: list, monotonic_seconds: float) -> None:
         try:
             if not conn.receive(self._receive_buffer, self._receive_view):
                 return
@@ -472,7 +473,7 @@ class Loop:
             conn.decode(requests, self.input_budget)
         except ConnectionFault as fault:
             self._fatal(conn, fault.request_id, fault.message)
-        self.frame_deadlines.track(conn, self.clock.monotonic_seconds())
+        self.frame_deadlines.track(conn, monotonic_seconds)
 
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
