@@ -1,14 +1,16 @@
 """Soak walqueued: many worker processes for minutes, with compactions and SIGKILLs.
 
     .venv/bin/python scripts/soak.py --minutes 3 [--workers 8] [--kill-every 20]
-        [--compact-wal-bytes 262144] [--seed 1] [--tombstones 100000] [--keep]
+        [--compact-wal-bytes 262144] [--compact-wal-ratio 1.0] [--seed 1] [--tombstones 100000] [--keep]
     .venv/bin/python scripts/soak.py --seconds 10 ...      (the smoke test's size)
 
 What runs:
 
 * one walqueued (``--compact-wal-bytes`` small, so it compacts every few
-  seconds on its own), SIGKILLed about every ``--kill-every`` seconds (seeded
-  jitter) and restarted at once, as a supervisor would;
+  seconds on its own, in a forked child), SIGKILLed about every
+  ``--kill-every`` seconds (seeded jitter) and restarted at once, as a
+  supervisor would; the snapshot children it had at the kill (from /proc)
+  must be gone within ``CHILD_EXIT_SECONDS``;
 * ``--workers`` processes of tests/process/crash_worker.py, each a seeded mix
   through ``walqueue.client``: puts and put_manys (some delayed by 1-2 s),
   reserves with 1-3 s leases, acks, releases (some delayed), touches,
@@ -57,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from tests.process import checker  # noqa: E402
+from tests.process.crash_harness import process_exits  # noqa: E402
 from tests.process.crash_worker import CrashWorker, wait_for_daemon  # noqa: E402
 from tests.process.daemon import Daemon, child_env  # noqa: E402
 from walqueue.client import Client, DaemonUnavailable  # noqa: E402
@@ -64,6 +67,7 @@ from walqueue.client import Client, DaemonUnavailable  # noqa: E402
 MIB = 1024 * 1024
 READY_SECONDS = 30.0
 WORKER_STOP_SECONDS = 60.0
+CHILD_EXIT_SECONDS = 5.0  # a killed daemon's snapshot child must be gone by then
 DRAIN_SECONDS = 120.0
 # A worker's own safety bound on top of the soak's duration (crash_worker exits 1 past it).
 WORKER_SLACK_SECONDS = 300.0
@@ -109,6 +113,15 @@ finally:
     shutil.rmtree(directory, ignore_errors=True)
 print(json.dumps(samples))
 """
+
+
+def snapshot_children(pid: int) -> list[int]:
+    """The daemon's children now (its snapshot children), from /proc."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as file:
+            return [int(child) for child in file.read().split()]
+    except OSError:
+        return []
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -235,6 +248,8 @@ class Soak:
             self.worker_logs.append(workdir / "feeder.jsonl")
         self.tail = LogTail(self.worker_logs)
         self.kills = 0
+        self.kills_with_a_child = 0
+        self.child_problems: list[str] = []
         # Per incarnation: (first sample's RSS and completed count, the largest RSS excess seen).
         self.memory_excess: list[float] = []
         self.rss_samples: list[int] = []
@@ -245,7 +260,8 @@ class Soak:
 
     def start_daemon(self) -> Daemon:
         daemon = Daemon(self.workdir, self.directory, self.socket_path,
-                        ("--compact-wal-bytes", str(self.args.compact_wal_bytes), "--log-level", "info"))
+                        ("--compact-wal-bytes", str(self.args.compact_wal_bytes),
+                         "--compact-wal-ratio", str(self.args.compact_wal_ratio), "--log-level", "info"))
         self.daemons.append(daemon)
         daemon.start()
         return daemon
@@ -290,8 +306,13 @@ class Soak:
                     break
                 if now >= next_kill:
                     # SIGKILL at an arbitrary moment of the load, then restart like a supervisor.
+                    children = snapshot_children(self.daemon.pid)
                     self.daemon.kill()
                     self.kills += 1
+                    self.kills_with_a_child += bool(children)
+                    self.child_problems += [f"snapshot child pid {pid} outlived its daemon by more than "
+                                            f"{CHILD_EXIT_SECONDS} s" for pid in children
+                                            if not process_exits(pid, CHILD_EXIT_SECONDS)]
                     self.daemon.cleanup()
                     self.start_daemon()
                     incarnation_start = None
@@ -362,7 +383,9 @@ class Soak:
         if code != 0:
             problems.append(f"walqueued exited with {code} after SIGTERM")
         ok = self.tail.total_ok()
-        print(f"workers {self.args.workers}, {elapsed:.0f} s, {self.kills} SIGKILLs and restarts, "
+        problems += self.child_problems
+        print(f"workers {self.args.workers}, {elapsed:.0f} s, {self.kills} SIGKILLs and restarts "
+              f"({self.kills_with_a_child} while a snapshot child wrote), "
               f"{ok} operations answered ok ({ok / elapsed:.0f}/s): "
               + ", ".join(f"{op} {count}" for op, count in sorted(self.tail.ok.items())), flush=True)
         print("outcomes: " + ", ".join(f"{name} {count}" for name, count in sorted(self.tail.outcomes.items())))
@@ -399,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-every", type=float, default=20.0,
                         help="mean seconds between SIGKILLs of the daemon (0: never)")
     parser.add_argument("--compact-wal-bytes", type=int, default=256 * 1024)
+    parser.add_argument("--compact-wal-ratio", type=float, default=1.0)
     parser.add_argument("--feed-ready", type=int, default=40,
                         help="a feeder keeps at least this many tasks ready (0: no feeder)")
     parser.add_argument("--sample-every", type=float, default=5.0)

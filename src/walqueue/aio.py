@@ -48,6 +48,7 @@ from walqueue import protocol as p
 from walqueue.client.address import connect_error, unix_address
 from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, ClientApi
 from walqueue.client.calls import (
+    CLIENT_PROTOCOL_VERSIONS,
     Call,
     DaemonUnavailable,
     complete,
@@ -57,6 +58,7 @@ from walqueue.client.calls import (
     last_words,
     refused,
     result,
+    version_refused,
 )
 from walqueue.worker.aio import Worker
 
@@ -89,7 +91,7 @@ class AsyncConnection:
     @classmethod
     async def open(
         cls, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = "",
-        reached_before: bool = False,
+        reached_before: bool = False, version: int = CLIENT_PROTOCOL_VERSIONS[0],
     ) -> AsyncConnection:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -109,7 +111,8 @@ class AsyncConnection:
         connection = cls(path, sock)
         connection._reader_task = loop.create_task(connection._read_loop(), name=f"walqueue-read-{path}")
         try:
-            answer = hello_answer(path, await connection.exchange(hello_request(name), timeout=timeout))
+            answer = hello_answer(path, await connection.exchange(hello_request(name, version),
+                                                                  timeout=timeout))
         except WalQueueError as exc:
             connection.close()
             raise refused(path, exc) from exc
@@ -327,8 +330,17 @@ class Client(ClientApi):
                 raise QueueClosed(f"this Client of {self.path} is closed")
             connection = self._connection
             if connection is None or connection.broken or connection.idle_and_closed_by_peer():
-                self._connection = await AsyncConnection.open(self.path, timeout=self.timeout, name=self.name,
-                                                              reached_before=self._reached)
+                for version in CLIENT_PROTOCOL_VERSIONS[CLIENT_PROTOCOL_VERSIONS.index(self._version):]:
+                    try:
+                        self._connection = await AsyncConnection.open(
+                            self.path, timeout=self.timeout, name=self.name,
+                            reached_before=self._reached, version=version)
+                    except DaemonUnavailable as exc:
+                        if version == CLIENT_PROTOCOL_VERSIONS[-1] or not version_refused(exc):
+                            raise
+                        continue
+                    self._version = version  # an older daemon: announce what it speaks from now on
+                    break
                 self._reached = True
                 if self._closed:  # closed while connecting
                     self._connection.close()

@@ -82,7 +82,14 @@ def encode_frame(value: Any) -> bytes:
 
     Raises InvalidRequest if the canonical JSON exceeds MAX_FRAME_BYTES.
     """
-    body = canonical_json(value)
+    return frame_of_body(canonical_json(value))
+
+
+def frame_of_body(body: bytes) -> bytes:
+    """The frame holding `body`, which must be canonical JSON already.
+
+    Raises InvalidRequest if it exceeds MAX_FRAME_BYTES.
+    """
     if len(body) > MAX_FRAME_BYTES:
         raise InvalidRequest(
             f"transaction is {len(body)} bytes of JSON, above MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
@@ -100,9 +107,10 @@ class Tail:
     """What follows the last complete frame of a buffer."""
 
     offset: int   # the end of the last complete frame
-    # "clean" (nothing), "incomplete", "zeros", or (only when scanning with
-    # Problems) "damaged": the buffer ends in bytes that hold no valid frame,
-    # and `offset` is the buffer's length.
+    # "clean" (nothing), "incomplete", "zeros", "stopped" (scanning with a
+    # `stop` pattern: `offset` is the frame it matched, see scan_frames), or
+    # (only when scanning with Problems) "damaged": the buffer ends in bytes
+    # that hold no valid frame, and `offset` is the buffer's length.
     kind: str
 
 
@@ -138,8 +146,9 @@ def report_or_raise(problems: Problems | None, error: CorruptStore) -> None:
 _CHUNK_FRAMES = 512  # frames whose canonical form is checked with one encoder call
 
 
-def scan_frames(data, name: str, problems: Problems | None = None, progress=None):
-    """Yield every complete, valid Frame of `data`, then return its Tail.
+def scan_frames(data, name: str, problems: Problems | None = None, progress=None, *,
+                start: int = 0, stop: re.Pattern | None = None):
+    """Yield every complete, valid Frame of `data` from offset `start`, then return its Tail.
 
     `name` identifies the buffer in errors. Use as a generator and read the
     Tail from StopIteration.value. Raises CorruptStore naming `name` and the
@@ -147,10 +156,14 @@ def scan_frames(data, name: str, problems: Problems | None = None, progress=None
     With `problems`, reports each bad frame there instead and resumes at the
     next valid frame (see Problems). `progress(byte_count)` is told, every
     few hundred frames, how many more bytes of `data` have been read.
+    With `stop`, a pattern of bytes, the scan ends before the first frame
+    with a good digest whose body it fully matches, with Tail(its offset,
+    "stopped"): the caller reads those frames its own faster way (the bytes
+    from there on are not told to `progress`).
     """
     size = len(data)
-    offset = 0
-    read = 0      # the bytes already told to `progress`
+    offset = start
+    read = start  # the bytes already told to `progress`
     unpack = _LENGTH.unpack_from
     sha256 = _sha256
     while True:
@@ -194,6 +207,9 @@ def scan_frames(data, name: str, problems: Problems | None = None, progress=None
                                        f"checksum", file=name, offset=offset)
                 damaged_end = end
                 break
+            if stop is not None and stop.fullmatch(body) is not None:
+                problem = Tail(offset, "stopped")
+                break
             try:
                 value = _parse_object(body)
             except CorruptStore as error:
@@ -214,7 +230,7 @@ def scan_frames(data, name: str, problems: Problems | None = None, progress=None
                 offset, damaged_end, follower = bad.offset, bad.end, None
         if isinstance(problem, Tail):
             if progress is not None:
-                progress(size - read)
+                progress((problem.offset if problem.kind == "stopped" else size) - read)
             return problem
         if problem is not None:
             if problems is None:
@@ -395,15 +411,17 @@ def _all_zero(data, offset: int) -> bool:
     return tail.count(0) == len(tail)
 
 
-def complete_frames(data, name: str, problems: Problems | None = None, progress=None):
-    """Yield every frame of `data`, which must end exactly after its last frame.
+def complete_frames(data, name: str, problems: Problems | None = None, progress=None, *,
+                    start: int = 0, stop: re.Pattern | None = None):
+    """Yield every frame of `data`, which must end exactly after its last frame; return the Tail.
 
     For files that are written whole and then published (snapshots, CURRENT):
     any incomplete or zero tail there is corruption, never a torn tail.
-    `problems` and `progress` as for scan_frames.
+    `problems`, `progress`, `start` and `stop` as for scan_frames.
     """
-    tail = yield from scan_frames(data, name, problems, progress)
+    tail = yield from scan_frames(data, name, problems, progress, start=start, stop=stop)
     if tail.kind in ("incomplete", "zeros"):
         what = "an incomplete frame" if tail.kind == "incomplete" else "zero bytes"
         report_or_raise(problems, CorruptStore(f"{name}: {what} at offset {tail.offset} "
                                                f"(the file is torn)", file=name, offset=tail.offset))
+    return tail

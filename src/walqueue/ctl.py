@@ -622,8 +622,50 @@ def ack(ctl: Ctl, lease: str, worker: str | None, generation: int | None, as_jso
 def release(ctl: Ctl, lease: str, worker: str | None, generation: int | None, delay: int,
             as_json: bool) -> None:
     """Give leased tasks back (dead once out of attempts): TASK_ID --worker W
-    --generation G, or '-' for lease JSON lines on stdin. Prints nothing."""
+    --generation G, or '-' for lease JSON lines on stdin. Prints nothing.
+
+    To end a lease that is not yours (say, one granted while the clock was
+    far ahead), see `force-release`."""
     for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.client.release(ref, delay=delay))
+
+
+@command(*DAEMON_CODES, short_help="End the current leases of tasks by id, whoever holds them.")
+@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not "
+                                          "a terminal).")
+@json_option(JSON_ALREADY)
+@pass_ctl
+def force_release(ctl: Ctl, task_ids: tuple[str, ...], yes: bool, as_json: bool) -> None:
+    """End the current leases of TASK_IDs now, without their worker and generation.
+
+    For an operator: e.g. after the wall clock was set far ahead and back,
+    leases granted meanwhile would last as long as the jump
+    (docs/security.md). Each is written as an ordinary release at the
+    daemon's now: it counts as an attempt, and a task at max_attempts
+    becomes dead. The worker that held it gets StaleLease on its next ack.
+    Shows each lease and asks first, unless --yes. All or nothing: if a
+    task is unknown or not leased, none is released (exit 2). Prints
+    {"task_ids": [...]}.
+    """
+    unique = list(dict.fromkeys(task_ids))
+    if not yes:
+        if not sys.stdin.isatty():
+            raise CtlError("force-release asks for confirmation on a terminal; give --yes to "
+                           "release without asking", EXIT_USAGE, "UsageError")
+        rows = [["TASK_ID", "WORKER", "GENERATION", "DEADLINE"]]
+        for task_id in unique:
+            task = ctl.client.get(task_id)
+            if task is None or task.status != "leased":
+                state = "unknown" if task is None else task.status
+                raise CtlError(f"task '{display.name(task_id)}' is {state}, not leased: nothing "
+                               f"was released", EXIT_USAGE, "InvalidRequest")
+            rows.append([display.name(task.task_id), display.name(task.worker),
+                         str(task.generation), str(task.deadline)])
+        table(rows, err=True)  # stdout stays the JSON answer
+        if not click.confirm("End these leases now? Each counts as an attempt; a task at "
+                             "max_attempts becomes dead.", default=False, err=True):
+            raise CtlError("nothing released", EXIT_FAILURE, "Aborted")
+    emit({"task_ids": ctl.client.force_release(unique)})
 
 
 @command(*LEASE_CODES, short_help='Extend live leases.')
@@ -655,10 +697,11 @@ def get(ctl: Ctl, task_id: str, as_json: bool) -> None:
     emit(task)
 
 
-def table(rows: list[list[str]]) -> None:
+def table(rows: list[list[str]], *, err: bool = False) -> None:
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(),
+                   err=err)
 
 
 def payload_cell(payload: dict | None) -> str:

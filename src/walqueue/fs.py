@@ -37,6 +37,9 @@ DIRECTORY_MODE = 0o750
 # posix_fallocate's answers for "this file system cannot preallocate".
 _CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 _FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+# A reader of a mapped file hands the pages it has read back every this many
+# bytes, so that reading a file does not add the whole file to the peak RSS.
+RELEASE_BYTES = 4 << 20
 
 
 def read_descriptor(fd: int):
@@ -119,6 +122,20 @@ def open_lock(path: str, name: str) -> int:
         return open_at(directory, name, os.O_RDWR | os.O_CREAT)
     finally:
         os.close(directory.fd)
+
+
+def release_pages(data, released: int, offset: int) -> int:
+    """Drop the pages of `data` (what a `read` returned) from `released` to before `offset`
+    from this process's memory, once they are RELEASE_BYTES; returns where the kept pages start.
+
+    They are clean pages of a read-only mapping: the page cache keeps them,
+    and touching them again reads them back. Other buffers are left alone.
+    """
+    if offset - released < RELEASE_BYTES or not isinstance(data, mmap.mmap):
+        return released
+    stop = offset - offset % mmap.PAGESIZE
+    data.madvise(mmap.MADV_DONTNEED, released, stop - released)
+    return stop
 
 
 class ReadingFileSystem:
@@ -237,9 +254,12 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
     user; so must its parents, up to and including the first one owned by
     root, except that a parent may be root's, and a root-owned parent
     writable by others is safe with the sticky bit (like /tmp: others
-    cannot rename or remove what is not theirs). A symbolic link in the
-    path is resolved first: the directories checked are the real ones.
-    Raises OSError if `path` cannot be examined.
+    cannot rename or remove what is not theirs). Write access for a group
+    is harmless when that group is its owner's private group (umask 002
+    systems: the owner's primary group, named like the owner, with no other
+    members). A symbolic link in the path is resolved first: the
+    directories checked are the real ones. Raises OSError if `path` cannot
+    be examined.
     """
     user = os.geteuid()
     directory = os.path.realpath(os.fspath(path))
@@ -249,7 +269,7 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
         findings.append(f"{directory} is owned by {_user_name(info.st_uid)}, not by "
                         f"{_user_name(user)} who opens it, so its owner can plant files and links "
                         f"in it: chown {_login(user)} {directory}")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if _writable_by_others(info):
         findings.append(f"{directory} is writable by {_writers(info.st_mode)} (mode "
                         f"{stat.S_IMODE(info.st_mode):04o}), who can plant files and links in it: "
                         f"chmod go-w {directory}")
@@ -262,8 +282,7 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
                             f"{_user_name(info.st_uid)}, who could move the queue directory "
                             f"away and put another in its place: use a directory whose parents "
                             f"belong to root or {_user_name(user)}")
-        elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
-                info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
+        elif _writable_by_others(info) and not (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
             findings.append(f"{parent}, a parent of {directory}, is writable by "
                             f"{_writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o}), "
                             f"who could move the queue directory away and put another in its "
@@ -271,6 +290,24 @@ def check_directory_safety(path: str | os.PathLike) -> list[str]:
         if info.st_uid == 0:
             break
     return findings
+
+
+def _writable_by_others(info: os.stat_result) -> bool:
+    """Writable by a user other than the owner: by others, or by a group that is not private."""
+    if info.st_mode & stat.S_IWOTH:
+        return True
+    return bool(info.st_mode & stat.S_IWGRP) and not _private_group(info.st_uid, info.st_gid)
+
+
+def _private_group(uid: int, gid: int) -> bool:
+    """True if `gid` is the user private group of `uid` (its primary group, its name, no members)."""
+    import grp  # Unix only, as below
+    import pwd
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and not set(group.gr_mem) - {user.pw_name}
 
 
 def _writers(mode: int) -> str:

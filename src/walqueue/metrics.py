@@ -122,7 +122,36 @@ def render_prometheus(stats: DaemonStats) -> str:
     out.counter(PREFIX + "compactions_total", "Compactions since start (automatic and requested).",
                 stats.compactions_total)
     out.gauge(PREFIX + "last_compaction_duration_seconds",
-              "Duration of the last compaction (NaN if none since start).", stats.last_compaction_seconds)
+              "Duration of the last compaction, from rotation to publication; the daemon serves "
+              "meanwhile (NaN if none since start).", stats.last_compaction_seconds)
+    out.gauge(PREFIX + "last_compaction_pause_seconds",
+              "How long the last compaction stopped the loop: rotation and fork (NaN if none).",
+              stats.last_compaction_pause_seconds)
+    out.gauge(PREFIX + "compact_wal_ratio",
+              "The daemon compacts past this times the snapshot's size of WAL (--compact-wal-ratio), "
+              "and past the threshold bytes.", stats.compact_wal_ratio)
+    out.gauge(PREFIX + "compaction_in_progress", "1 while a snapshot child writes or its snapshot "
+              "waits to be published, else 0.", stats.compaction_in_progress)
+    out.counter(PREFIX + "compaction_failures_total",
+                "Compactions that failed (the queue kept every record; retried with a back-off).",
+                stats.compaction_failures_total)
+    out.gauge(PREFIX + "compaction_consecutive_failures",
+              "Compactions that failed in a row since the last one that succeeded (0 = healthy).",
+              stats.compaction_consecutive_failures)
+    out.gauge(PREFIX + "compaction_retry_in_seconds",
+              "Seconds until the next compaction may be attempted after a failure (NaN if not "
+              "backing off).", stats.compaction_retry_in_seconds)
+    out.family(PREFIX + "last_compaction_error_info", "gauge",
+               "Why the last compaction failed (always 1; absent after a success).",
+               [(PREFIX + "last_compaction_error_info", {"error": stats.last_compaction_error}, 1)]
+               if stats.last_compaction_error else [])
+    out.gauge(PREFIX + "snapshot_bytes", "Size of the published snapshot file (0 if none).",
+              stats.snapshot_bytes)
+    out.counter(PREFIX + "snapshot_bytes_written_total",
+                "Bytes of snapshots published since start (write amplification: compare with "
+                "wal_bytes_written_total).", stats.snapshot_bytes_written_total)
+    out.counter(PREFIX + "wal_bytes_written_total", "Bytes of WAL frames written since start.",
+                stats.wal_bytes_written_total)
     out.gauge(PREFIX + "connections", "Open client connections.", stats.connections)
     out.gauge(PREFIX + "parked_reserves", "Reserves waiting for a task to become due.",
               stats.parked_reserves)

@@ -38,8 +38,9 @@ connection in the version its hello announced, omitting the fields that
 version lacks (``omit_defaults``), so a version-1 client gets exactly
 version 1's bytes. Version 2 adds the daemon's walqueue version to
 ``HelloOk`` and ``DaemonStats``; version 3 adds the clock's steps and offset
-to ``DaemonStats``. A new request type needs no new version: a daemon that
-does not know it answers a fatal ``InvalidRequest`` (undecodable request).
+to ``DaemonStats``, version 4 the compaction figures (``compact_wal_ratio``
+and after). A new request type needs no new version: a daemon that does not
+know it answers a fatal ``InvalidRequest`` (undecodable request).
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
@@ -72,9 +73,10 @@ from walqueue import (
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1  # what this package's clients announce
-DAEMON_PROTOCOL_VERSIONS = (1, 2, 3)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
+COMPACTION_REPORTING_VERSION = 4  # the first to carry the compaction figures of DaemonStats
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -331,6 +333,17 @@ class DaemonStats:
     # clock minus the daemon's own clock, which leases follow (walqueue.daemon.clock).
     clock_steps_total: int = 0
     clock_offset_seconds: float = 0.0
+    # Protocol version 4: compaction off the loop (docs/metrics.md defines each).
+    compact_wal_ratio: float = 0.0
+    compaction_in_progress: bool = False
+    compaction_failures_total: int = 0
+    compaction_consecutive_failures: int = 0
+    last_compaction_error: str = ""
+    compaction_retry_in_seconds: float | None = None
+    last_compaction_pause_seconds: float | None = None
+    snapshot_bytes: int = 0
+    snapshot_bytes_written_total: int = 0
+    wal_bytes_written_total: int = 0
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
@@ -861,13 +874,28 @@ def manifest_from_wire(wire: Manifest) -> BackupManifest:
     return BackupManifest(directory=wire.directory, seq=wire.seq, files=files)
 
 
+def _since_version(name: str) -> int:
+    """The protocol version that added DaemonStats field ``name`` (1 for the original ones)."""
+    names = [field.name for field in dataclasses.fields(DaemonStats)]
+    if names.index(name) >= names.index("compact_wal_ratio"):
+        return COMPACTION_REPORTING_VERSION
+    if names.index(name) >= names.index("clock_steps_total"):
+        return CLOCK_REPORTING_VERSION
+    return VERSION_REPORTING_VERSION if name == "version" else 1
+
+
+_DAEMON_STATS_DEFAULTS = {field.name: (field.default, _since_version(field.name))
+                          for field in dataclasses.fields(DaemonStats)
+                          if field.default is not dataclasses.MISSING}
+
+
 def daemon_stats_to_wire(stats: DaemonStats, protocol_version: int) -> WireDaemonStats:
-    """The report as a peer speaking ``protocol_version`` may read it (version 1 lacks ``version``)."""
+    """The report as a peer speaking ``protocol_version`` may read it: the fields a later
+    version added are set to their defaults, which the wire omits."""
     fields = {name: getattr(stats, name) for name in WireDaemonStats.__struct_fields__}
-    if protocol_version < VERSION_REPORTING_VERSION:
-        fields["version"] = ""  # equal to the default: omitted
-    if protocol_version < CLOCK_REPORTING_VERSION:
-        fields["clock_steps_total"], fields["clock_offset_seconds"] = 0, 0.0
+    for name, (default, since) in _DAEMON_STATS_DEFAULTS.items():
+        if protocol_version < since:
+            fields[name] = default
     return WireDaemonStats(**fields)
 
 

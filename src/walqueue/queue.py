@@ -261,11 +261,11 @@ class Queue:
                 "generation": validation.integer(getattr(lease, "generation", None), "lease.generation"),
                 "now": validation.integer(now, "now")}
 
-    def _lease_operation(self, record: dict) -> Task:
+    def _lease_operation(self, record: dict) -> Task | None:
         with self.batch():
             record["seq"] = self._next_seq()
             self._append(record)
-        return self._state.tasks[record["task_id"]]
+        return self._state.tasks.get(record["task_id"])   # None after an ack
 
     def revive(self, task_ids: Iterable[str], *, now: int) -> list[str]:
         """Make dead tasks ready again (attempts 0, available at `now`).
@@ -290,7 +290,7 @@ class Queue:
     def get(self, task_id: str) -> TaskView | None:
         self._check_open()
         validation.name(task_id, "task_id")
-        task = self._state.tasks.get(task_id)
+        task = self._state.get(task_id)
         return None if task is None else _view_of(task)
 
     def tasks(self, status: str | None = None) -> Iterator[TaskView]:
@@ -301,10 +301,7 @@ class Queue:
         """
         self._check_open()
         validation.status(status)
-        tasks = self._state.tasks
-        task_ids = sorted(task_id for task_id, task in tasks.items()
-                          if status is None or task.status == status)
-        return (_view_of(tasks[task_id]) for task_id in task_ids)
+        return map(_view_of, self._state.in_order(status))
 
     def stats(self) -> QueueStats:
         self._check_open()
@@ -454,6 +451,12 @@ class Queue:
             raise RuntimeError(f"the state is at seq {self._state.last_seq}, not {compaction.seq}: "
                                f"the snapshot must be written from a copy taken at begin_compaction")
         write_snapshot(self._fs, self._dir, self._state)
+
+    def snapshot_descriptors(self) -> tuple[int, ...]:
+        """The descriptors `write_compaction_snapshot` needs: a forked copy keeps these
+        and may close every other one it inherited (the LOCK's above all)."""
+        self._check_open()
+        return (self._dir.fd,)
 
     def finish_compaction(self, compaction: Compaction) -> int:
         """Publish the written snapshot and delete what it covers; returns its seq.

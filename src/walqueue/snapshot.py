@@ -16,19 +16,34 @@ or the new one, never a mix.
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import re
+import struct
+from itertools import islice
 
-from .codec import Problems, complete_frames, encode_frame, report_or_raise
+from .codec import (
+    DIGEST_BYTES,
+    LENGTH_BYTES,
+    MAX_FRAME_BYTES,
+    Frame,
+    Problems,
+    complete_frames,
+    encode_frame,
+    frame_of_body,
+    report_or_raise,
+    scan_frames,
+)
 from .errors import CorruptStore, WalQueueError
-from .fs import Directory, OsFileSystem
+from .fs import Directory, OsFileSystem, release_pages
 from .state import State
+from .tombstones import BLOCK_TOMBSTONES, ENTRY
 
 FORMAT = 1
 CURRENT = "CURRENT"
 CURRENT_TMP = "CURRENT.tmp"
 _SNAPSHOT_NAME = re.compile(r"snapshot-(\d{20})\.snap")
 _WRITE_CHUNK_BYTES = 1 << 20
+_LENGTH = struct.Struct(">I")
 
 
 def snapshot_name(seq: int) -> str:
@@ -46,14 +61,14 @@ def write_snapshot(fs: OsFileSystem, directory: Directory, state: State) -> str:
     before publishing it): it is replaced by a new file (fs.create).
     """
     filename = snapshot_name(state.last_seq)
-    count = len(state.tasks)
+    count = state.task_count()
     fd = fs.create(directory, filename)
     try:
         chunk = [encode_frame({"format": FORMAT, "kind": "walqueue.snapshot",
                                "seq": state.last_seq, "task_count": count})]
         size = 0
-        for entry in state.entries():
-            frame = encode_frame(entry)
+        for body in state.entry_bodies():
+            frame = frame_of_body(body)
             chunk.append(frame)
             size += len(frame)
             if size >= _WRITE_CHUNK_BYTES:
@@ -90,6 +105,15 @@ def load_snapshot(fs: OsFileSystem, directory: Directory, filename: str, seq: in
 
 def _parse_snapshot(data, filename: str, seq: int, problems: Problems | None = None,
                     progress=None) -> State:
+    """The State the snapshot `data` holds (see load_snapshot).
+
+    One reader at two speeds: the general one (codec.complete_frames, then
+    State.load_entry for each entry) reads every frame, except that before
+    the end frame it stops at a tombstone entry tombstones.ENTRY matches;
+    `_load_plain_tombstones` takes those a block at a time, and the general
+    reader goes on after them. Keeping going or not, both report a bad
+    entry with its file and offset.
+    """
     state = State()
     already_found = 0 if problems is None else len(problems.found)
 
@@ -101,58 +125,141 @@ def _parse_snapshot(data, filename: str, seq: int, problems: Problems | None = N
         report_or_raise(problems, CorruptStore(f"{filename}: {message}", file=filename,
                                                offset=offset, seq=at_seq))
 
-    frames = complete_frames(data, filename, problems, progress)
-    header = next(frames, None)
+    first = True   # no frame read yet: the next one at offset 0 is the header
     count = None
-    last_end = 0
-    if header is None or header.offset != 0:
-        # Only when keeping going can a first frame come from past damage:
-        # it is an entry, and the damage at offset 0 is already reported.
-        if header is not None:
-            frames = itertools.chain([header], frames)
-        elif clean():
-            fail("no complete header frame at offset 0", 0)
-    else:
-        value = header.value
-        last_end = header.end
-        if (value.keys() != {"format", "kind", "seq", "task_count"}
-                or not _is_int(value["format"]) or value["format"] != FORMAT
-                or value["kind"] != "walqueue.snapshot" or not _is_int(value["seq"])
-                or not _is_int(value["task_count"]) or value["task_count"] < 0):
-            fail(f"header frame at offset 0 is not a format-{FORMAT} snapshot header: "
-                 f"{value!r:.200}", 0)
-        elif value["seq"] != seq:
-            fail(f"header says seq {value['seq']!r}, CURRENT says {seq}", 0, at_seq=value["seq"])
-        else:
-            count = value["task_count"]
     loaded = 0
     end = None
-    for frame in frames:
-        last_end = frame.end
+    last_end = offset = released = 0
+    while True:
+        frames = complete_frames(data, filename, problems, progress, start=offset,
+                                 stop=ENTRY if end is None else None)
+        while True:
+            try:
+                frame = next(frames)
+            except StopIteration as stop:
+                tail = stop.value
+                break
+            released = release_pages(data, released, frame.offset)
+            last_end = frame.end
+            if first:
+                first = False
+                if frame.offset == 0:
+                    count = _check_header(frame.value, seq, fail)
+                    continue
+                # Only when keeping going can a first frame come from past damage:
+                # it is an entry, and the damage at offset 0 is already reported.
+            if end is not None:
+                fail(f"frame at offset {frame.offset} follows the end frame (at offset "
+                     f"{end.offset})", frame.offset)
+                continue
+            entry = frame.value
+            if entry.get("kind") == "end":
+                end = frame
+                if (entry.keys() != {"kind", "task_count"} or not _is_int(entry["task_count"])
+                        or (clean() and (entry["task_count"] != count or loaded != count))):
+                    fail(f"end frame at offset {frame.offset} is {entry!r:.200} after {loaded} "
+                         f"entries; header says {count}", frame.offset)
+                continue
+            loaded += _load_entry(state, entry, filename, frame.offset, problems)
+        if tail.kind != "stopped":
+            break
+        offset = tail.offset
+        if first:
+            first = False
+            if offset == 0:
+                # A tombstone entry where the header belongs: the general reader reads
+                # it, and the header check says so.
+                frame = _frame_at(data, 0, filename)
+                count = _check_header(frame.value, seq, fail)
+                offset = last_end = frame.end
+                continue
         if end is not None:
-            fail(f"frame at offset {frame.offset} follows the end frame (at offset {end.offset})",
-                 frame.offset)
-            continue
-        entry = frame.value
-        if entry.get("kind") == "end":
-            end = frame
-            if (entry.keys() != {"kind", "task_count"} or not _is_int(entry["task_count"])
-                    or (clean() and (entry["task_count"] != count or loaded != count))):
-                fail(f"end frame at offset {frame.offset} is {entry!r:.200} after {loaded} "
-                     f"entries; header says {count}", frame.offset)
-            continue
-        try:
-            state.load_entry(entry)
-        except WalQueueError as error:
-            report_or_raise(problems, CorruptStore(f"{filename}: entry at offset {frame.offset}: "
-                                                   f"{error}", file=filename, offset=frame.offset))
-            continue
-        loaded += 1
+            continue   # the general reader reports the frames after the end frame
+        taken = BLOCK_TOMBSTONES
+        while taken == BLOCK_TOMBSTONES:
+            start = offset
+            offset, taken, good = _load_plain_tombstones(state, data, offset, filename, problems)
+            loaded += good
+            last_end = offset
+            if progress is not None:
+                progress(offset - start)
+            released = release_pages(data, released, offset)
+    if first and clean():
+        fail("no complete header frame at offset 0", 0)
     if end is None and clean():
         fail(f"no end frame at offset {last_end}, after {loaded} entries (the file is torn or "
              f"truncated)", last_end)
     state.finish_loading(seq)
     return state
+
+
+def _check_header(value: dict, seq: int, fail) -> int | None:
+    """The task count of a valid header (the value of the frame at offset 0); else `fail`s."""
+    if (value.keys() != {"format", "kind", "seq", "task_count"}
+            or not _is_int(value["format"]) or value["format"] != FORMAT
+            or value["kind"] != "walqueue.snapshot" or not _is_int(value["seq"])
+            or not _is_int(value["task_count"]) or value["task_count"] < 0):
+        fail(f"header frame at offset 0 is not a format-{FORMAT} snapshot header: "
+             f"{value!r:.200}", 0)
+    elif value["seq"] != seq:
+        fail(f"header says seq {value['seq']!r}, CURRENT says {seq}", 0, at_seq=value["seq"])
+    else:
+        return value["task_count"]
+    return None
+
+
+def _load_entry(state: State, entry: dict, filename: str, offset: int,
+                problems: Problems | None) -> int:
+    """Load one entry through State.load_entry: 1, or 0 for a bad one reported (else raised)."""
+    try:
+        state.load_entry(entry)
+    except WalQueueError as error:
+        report_or_raise(problems, CorruptStore(f"{filename}: entry at offset {offset}: {error}",
+                                               file=filename, offset=offset))
+        return 0
+    return 1
+
+
+def _load_plain_tombstones(state: State, data, offset: int, filename: str,
+                           problems: Problems | None) -> tuple[int, int, int]:
+    """Load up to BLOCK_TOMBSTONES frames at `offset` holding tombstones.ENTRY entries.
+
+    The fast path of snapshot loading: for each frame the length, bounds
+    and digest are checked as codec does and the body must match ENTRY
+    (which matches only canonical JSON); the rules of State.load_entry are
+    then checked in bulk. It stops at the first frame it cannot take, which
+    the general reader then reads (and reports if it is bad). If an entry
+    breaks a rule, the general reader loads the frames taken one at a time,
+    to name it (and, keeping going, every other). Returns the offset after
+    the frames taken, how many, and how many entries were loaded.
+    """
+    start, size = offset, len(data)
+    unpack, sha256, match = _LENGTH.unpack_from, hashlib.sha256, ENTRY.fullmatch
+    rows = []
+    while len(rows) < BLOCK_TOMBSTONES and offset + LENGTH_BYTES <= size:
+        (length,) = unpack(data, offset)
+        body_end = offset + LENGTH_BYTES + length
+        if not 0 < length <= MAX_FRAME_BYTES or body_end + DIGEST_BYTES > size:
+            break
+        body = data[offset + LENGTH_BYTES:body_end]
+        if sha256(body).digest() != data[body_end:body_end + DIGEST_BYTES]:
+            break
+        row = match(body)
+        if row is None:
+            break
+        rows.append(row.groups())
+        offset = body_end + DIGEST_BYTES
+    if not rows or state.load_plain_tombstones(rows):
+        return offset, len(rows), len(rows)
+    # Some entry breaks a rule (and nothing was added): one at a time, to say which.
+    loaded = sum(_load_entry(state, frame.value, filename, frame.offset, problems)
+                 for frame in islice(scan_frames(data, filename, start=start), len(rows)))
+    return offset, len(rows), loaded
+
+
+def _frame_at(data, offset: int, filename: str) -> Frame:
+    """The frame at `offset`, known to be complete and valid, as the general reader reads it."""
+    return next(scan_frames(data, filename, start=offset))
 
 
 def read_current(fs: OsFileSystem, directory: Directory) -> tuple[int, str] | None:

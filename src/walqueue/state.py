@@ -12,10 +12,19 @@ Invariants kept (and checked when a snapshot is loaded):
     generation >= attempts; only leased tasks have a worker and a deadline;
     only completed tasks have no payload.
 
+Where tasks live: `tasks` holds the live ones (ready, leased, dead: a dead
+task keeps its payload and can be revived) as Task objects, and
+`task_id_by_key` their keys; a completed task leaves both for `tombstones`,
+a packed store (see tombstones.py) that costs a fraction of a Task. Ack is
+the only way in, while serving as while replaying, and a snapshot loads its
+completed entries straight into it, so serving and recovery build the same
+store. Ids and keys are unique across both.
+
 Indexes: `_ready` is a heap of (available_at, task_id) and `_leases` a heap
 of (deadline, task_id). Entries are never removed in place; an entry is live
 only while the task still has that status and that time, so stale entries
-are dropped when they surface, and the heaps are filtered when more than
+are dropped when they surface (also when the task has become a tombstone
+since), and the heaps are filtered when more than
 half of them is stale. Leasing one task among a million ready ones therefore
 costs O(log n).
 
@@ -35,16 +44,21 @@ serving built them.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import heapq
 import re
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import chain, islice
+from operator import le, lt
 from typing import Any
 
 from . import validation
 from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
+from .tombstones import Tombstone, TombstoneStore
 
 READY, LEASED, COMPLETED, DEAD = validation.STATUSES
 MAX_EXPIRE_IDS = 10_000
@@ -124,8 +138,9 @@ class Task:
 
 class State:
     def __init__(self) -> None:
-        self.tasks: dict[str, Task] = {}
+        self.tasks: dict[str, Task] = {}       # the live tasks: ready, leased, dead
         self.task_id_by_key: dict[str, str] = {}
+        self.tombstones = TombstoneStore()     # the completed tasks
         self.counts = dict.fromkeys(validation.STATUSES, 0)
         self.last_seq = 0
         self._ready: list[tuple[int, str]] = []
@@ -137,6 +152,18 @@ class State:
         self._last_loaded = ""  # the task id of the last snapshot entry loaded
 
     # -- queries --------------------------------------------------------
+
+    def get(self, task_id: str) -> Task | None:
+        """The task with this id (a tombstone as a fresh completed Task), or None."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            tombstone = self.tombstones.get(task_id)
+            if tombstone is not None:
+                return _task_of(tombstone)
+        return task
+
+    def task_count(self) -> int:
+        return len(self.tasks) + len(self.tombstones)
 
     def due_ready(self, now: int, limit: int) -> list[str]:
         """Up to `limit` ready tasks with available_at <= now, in lease order."""
@@ -175,8 +202,8 @@ class State:
         oldest = None
         while fifo:
             seq, task_id = fifo[0], fifo[1]
-            task = tasks[task_id]
-            if task.status != READY or task.ready_seq != seq:
+            task = tasks.get(task_id)
+            if task is None or task.status != READY or task.ready_seq != seq:
                 fifo.popleft()
                 fifo.popleft()
                 continue
@@ -190,8 +217,8 @@ class State:
             break
         while delayed:
             available_at, seq, task_id = delayed[0]
-            task = tasks[task_id]
-            if task.status != READY or task.ready_seq != seq:
+            task = tasks.get(task_id)
+            if task is None or task.status != READY or task.ready_seq != seq:
                 heapq.heappop(delayed)
                 continue
             if available_at <= now and (oldest is None or available_at < oldest):
@@ -199,7 +226,7 @@ class State:
             break
         if len(delayed) > 2 * self.counts[READY] + 1024:
             delayed[:] = [entry for entry in delayed
-                          if tasks[entry[2]].status == READY and tasks[entry[2]].ready_seq == entry[1]]
+                          if _is_ready_since(tasks.get(entry[2]), entry[1])]
             heapq.heapify(delayed)
         return oldest
 
@@ -216,8 +243,8 @@ class State:
         seen: set[str] = set()
         count = 0
         for deadline, task_id in self._leases:
-            task = tasks[task_id]
-            if task.status != LEASED or task.deadline != deadline or task_id in seen:
+            task = tasks.get(task_id)
+            if task is None or task.status != LEASED or task.deadline != deadline or task_id in seen:
                 continue
             seen.add(task_id)
             if task.lease_start is not None and 2 * now >= task.lease_start + deadline:
@@ -232,8 +259,9 @@ class State:
         while heap and len(picked) < limit and heap[0][0] <= now:
             entry = heapq.heappop(heap)
             time, task_id = entry
-            task = tasks[task_id]
-            if task.status != status or getattr(task, attribute) != time or task_id in seen:
+            task = tasks.get(task_id)
+            if (task is None or task.status != status or getattr(task, attribute) != time
+                    or task_id in seen):
                 continue  # stale, or a duplicate of an entry already kept
             seen.add(task_id)
             picked.append(task_id)
@@ -246,8 +274,8 @@ class State:
         tasks = self.tasks
         while heap:
             time, task_id = heap[0]
-            task = tasks[task_id]
-            if task.status == status and getattr(task, attribute) == time:
+            task = tasks.get(task_id)
+            if task is not None and task.status == status and getattr(task, attribute) == time:
                 return time
             heapq.heappop(heap)
         return None
@@ -265,14 +293,14 @@ class State:
         new_ids: set[str] = set()
         for request in requests:
             key = request["key"]
-            task_id_for_key = self.task_id_by_key.get(key)
-            if task_id_for_key is not None:
-                existing = self.tasks[task_id_for_key]
-                if _identity_of_request(request) != existing.pin_identity():
+            owner = self._owner_of_key(key)
+            if owner is not None:
+                existing_id, existing_identity = owner
+                if _identity_of_request(request) != existing_identity:
                     raise KeyConflict(
-                        f"key {key!r} is already used by task {existing.task_id!r} "
+                        f"key {key!r} is already used by task {existing_id!r} "
                         f"with a different request")
-                ids.append(existing.task_id)
+                ids.append(existing_id)
                 continue
             if key in new_by_key:
                 earlier, identity = new_by_key[key]
@@ -284,9 +312,10 @@ class State:
                 ids.append(earlier["task_id"])
                 continue
             task_id = request["task_id"]
-            if task_id in self.tasks:
+            existing = self.get(task_id)
+            if existing is not None:
                 raise KeyConflict(f"task id {task_id!r} is already used "
-                                  f"(under key {self.tasks[task_id].key!r})")
+                                  f"(under key {existing.key!r})")
             if task_id in new_ids:
                 raise KeyConflict(f"task id {task_id!r} appears twice in the batch under different keys")
             new_by_key[key] = (request, None)
@@ -294,6 +323,20 @@ class State:
             new.append(request)
             ids.append(task_id)
         return ids, new
+
+    def _owner_of_key(self, key: str) -> tuple[str, str] | None:
+        """(task id, identity) of the task that holds `key`, or None."""
+        task_id = self.task_id_by_key.get(key)
+        if task_id is not None:
+            task = self.tasks[task_id]
+            return task.task_id, task.pin_identity()
+        tombstone = self.tombstones.get_by_key(key)
+        if tombstone is not None:
+            return tombstone.task_id, tombstone.identity.hex()
+        return None
+
+    def _key_taken(self, key: str) -> bool:
+        return key in self.task_id_by_key or self.tombstones.has_key(key)
 
     # -- transitions ----------------------------------------------------
 
@@ -342,9 +385,9 @@ class State:
             validation.integer(task["max_attempts"], f"{where}.max_attempts", minimum=1)
             if type(task["payload"]) is not dict:
                 raise InvalidRequest(f"{where}.payload must be an object")
-            if key in self.task_id_by_key or key in new_keys:
+            if key in new_keys or self._key_taken(key):
                 raise KeyConflict(f"key {key!r} is already used")
-            if task_id in self.tasks or task_id in new_ids:
+            if task_id in new_ids or task_id in self.tasks or task_id in self.tombstones:
                 raise KeyConflict(f"task id {task_id!r} is already used")
             new_keys.add(key)
             new_ids.add(task_id)
@@ -411,11 +454,13 @@ class State:
 
     def _commit_ack(self, record, targets):
         (task,) = targets
-        task.pin_identity()
-        task.status = COMPLETED
-        task.payload = None
-        task.worker = None
-        task.deadline = None
+        # The task leaves the live tasks for the tombstones: stale heap and
+        # FIFO entries for it find no live task and are dropped.
+        identity = bytes.fromhex(task.pin_identity())
+        del self.tasks[task.task_id]
+        del self.task_id_by_key[task.key]
+        self.tombstones.add(task.task_id, task.key, identity, task.attempts, task.max_attempts,
+                            task.generation, task.available_at)
         self.counts[LEASED] -= 1
         self.counts[COMPLETED] += 1
 
@@ -477,7 +522,7 @@ class State:
             raise InvalidRequest(f"task_ids lists {len(task_ids)} tasks, above {maximum}")
         targets = []
         for index, task_id in enumerate(task_ids):
-            task = self.tasks.get(task_id) if type(task_id) is str else None
+            task = self.get(task_id) if type(task_id) is str else None
             if task is None:
                 validation.name(task_id, f"task_ids[{index}]")
                 raise InvalidRequest(f"task {task_id!r} is unknown")
@@ -504,7 +549,7 @@ class State:
         worker = validation.name(record["worker"], "worker")
         generation = validation.integer(record["generation"], "generation")
         now = validation.integer(record["now"], "now")
-        task = self.tasks.get(task_id)
+        task = self.get(task_id)
         if task is None:
             raise StaleLease(f"task {task_id!r} is unknown", task_id=task_id,
                              status=None, generation=None)
@@ -544,7 +589,7 @@ class State:
             entries = iter(fifo)
             for seq in entries:
                 task_id = next(entries)
-                if tasks[task_id].status == READY and tasks[task_id].ready_seq == seq:
+                if _is_ready_since(tasks.get(task_id), seq):
                     kept.append(seq)
                     kept.append(task_id)
             self._ready_fifo = kept
@@ -553,17 +598,40 @@ class State:
         attribute = "available_at" if status == READY else "deadline"
         tasks = self.tasks
         live = {(time, task_id) for time, task_id in heap
-                if tasks[task_id].status == status and getattr(tasks[task_id], attribute) == time}
+                if (task := tasks.get(task_id)) is not None and task.status == status
+                and getattr(task, attribute) == time}
         heap[:] = live
         heapq.heapify(heap)
 
-    # -- snapshots ------------------------------------------------------
+    # -- in task_id order: listings and snapshots ---------------------------
 
-    def entries(self):
-        """Every task as a snapshot entry, in task_id order."""
+    def in_order(self, status: str | None = None) -> Iterator[Task]:
+        """The tasks (optionally of one status) in task_id order.
+
+        Which tasks is fixed when called; each is as it is when the iterator
+        reaches it. Costs O(live tasks) when called, not O(history).
+        """
+        live = sorted(task_id for task_id, task in self.tasks.items()
+                      if status is None or task.status == status)
+        if status not in (None, COMPLETED) or not self.tombstones:
+            return map(self.get, live)   # a live task may be a tombstone when reached
+        return (self.get(item) if type(item) is str else _task_of(item)
+                for item in _merged(live, self.tombstones.frozen()))
+
+    def entries(self) -> Iterator[dict]:
+        """Every task as a snapshot entry (a dict), in task_id order."""
+        return (self.tasks[item].entry() if type(item) is str else _task_of(item).entry()
+                for item in _merged(sorted(self.tasks), self.tombstones.frozen()))
+
+    def entry_bodies(self) -> Iterator[bytes]:
+        """Every task's snapshot entry as canonical JSON, in task_id order (what a snapshot holds).
+
+        Tombstones are formatted from their packed form, without a dict or
+        the JSON encoder; the extra memory is O(live tasks).
+        """
         tasks = self.tasks
-        for task_id in sorted(tasks):
-            yield tasks[task_id].entry()
+        return (canonical_json(tasks[item].entry()) if type(item) is str else item
+                for item in _merged(sorted(tasks), self.tombstones.frozen().bodies()))
 
     def load_entry(self, entry: Any) -> None:
         """Add one snapshot entry; entries must come in ascending task_id order.
@@ -599,9 +667,14 @@ class State:
                                  f"generation={generation} are impossible for a {status} task")
         if task_id <= self._last_loaded:
             raise InvalidRequest(f"task {task_id!r} is out of task_id order")
-        if key in self.task_id_by_key:
+        if self._key_taken(key):
             raise InvalidRequest(f"key {key!r} is used by two tasks")
         self._last_loaded = task_id
+        if status == COMPLETED:
+            self.tombstones.add(task_id, key, bytes.fromhex(identity), attempts, max_attempts,
+                                generation, available_at)
+            self.counts[COMPLETED] += 1
+            return
         self.tasks[task_id] = Task(task_id, key, identity, status, attempts, max_attempts,
                                    generation, available_at, deadline, worker, payload)
         self.task_id_by_key[key] = task_id
@@ -613,11 +686,86 @@ class State:
         elif status == LEASED:
             self._leases.append((deadline, task_id))
 
+    def load_plain_tombstones(self, rows: list[tuple[bytes, ...]]) -> bool:
+        """Add consecutive snapshot entries matched by tombstones.ENTRY, in bulk.
+
+        Each row is the match's groups. Returns False, having added nothing,
+        if any entry breaks a rule load_entry checks (task_id order, a key
+        used twice, counters out of range or impossible): the caller then
+        loads them one by one through load_entry, which says which and why.
+        """
+        attempts, available_at, generation, identities, keys, max_attempts, task_ids = zip(*rows, strict=True)
+        try:
+            numbers = array("q", chain.from_iterable(zip(
+                map(int, attempts), map(int, max_attempts), map(int, generation),
+                map(int, available_at), strict=True)))
+        except OverflowError:
+            return False   # a number of 2**63 or more
+        if not self._plain_tombstones_in_order_and_possible(task_ids, numbers):
+            return False
+        if keys != task_ids:
+            return self._load_tombstones_one_by_one(rows, numbers)
+        if (self.task_id_by_key or self.tombstones.has_other_keys()) and any(
+                self._key_taken(task_id.decode()) for task_id in task_ids):
+            return False
+        self.tombstones.extend(list(task_ids), binascii.unhexlify(b"".join(identities)), numbers)
+        self.counts[COMPLETED] += len(rows)
+        self._last_loaded = task_ids[-1].decode()
+        return True
+
+    def _plain_tombstones_in_order_and_possible(self, task_ids, numbers) -> bool:
+        """Ids ascending after the last one loaded; 1 <= attempts <= max_attempts, generation."""
+        attempts = numbers[0::4]
+        return (min(attempts) >= 1 and all(map(le, attempts, numbers[1::4]))
+                and all(map(le, attempts, numbers[2::4]))
+                and task_ids[0].decode() > self._last_loaded
+                and all(map(lt, task_ids, task_ids[1:])))
+
+    def _load_tombstones_one_by_one(self, rows, numbers) -> bool:
+        """load_plain_tombstones for rows of which some have a key that is not their id."""
+        keys = [row[4].decode() for row in rows]
+        if len(set(keys)) != len(keys) or any(map(self._key_taken, keys)):
+            return False
+        for index, row in enumerate(rows):
+            attempts, max_attempts, generation, available_at = numbers[4 * index:4 * index + 4]
+            self.tombstones.add(row[6].decode(), keys[index], binascii.unhexlify(row[3]),
+                                attempts, max_attempts, generation, available_at)
+        self.counts[COMPLETED] += len(rows)
+        self._last_loaded = rows[-1][6].decode()
+        return True
+
     def finish_loading(self, seq: int) -> None:
         """Called after the last snapshot entry: heapify and set the seq."""
         heapq.heapify(self._ready)
         heapq.heapify(self._leases)
         self.last_seq = seq
+
+
+def _merged(live: list[str], tombstones) -> Iterator:
+    """Sorted live task ids and (UTF-8 id, item) pairs of tombstones, merged in task_id order.
+
+    Yields a live task's id (a str) or a tombstone's item.
+    """
+    position, count = 0, len(live)
+    upcoming = live[0].encode() if live else None
+    for name, item in tombstones:
+        while upcoming is not None and upcoming < name:
+            yield live[position]
+            position += 1
+            upcoming = live[position].encode() if position < count else None
+        yield item
+    yield from islice(live, position, None)
+
+
+def _task_of(tombstone: Tombstone) -> Task:
+    """A tombstone as a completed Task (a copy: changing it changes nothing)."""
+    return Task(tombstone.task_id, tombstone.key, tombstone.identity.hex(), COMPLETED,
+                tombstone.attempts, tombstone.max_attempts, tombstone.generation,
+                tombstone.available_at, None, None, None)
+
+
+def _is_ready_since(task: Task | None, seq: int) -> bool:
+    return task is not None and task.status == READY and task.ready_seq == seq
 
 
 def _identity_of_request(request: dict) -> str:

@@ -24,7 +24,7 @@ import re
 
 from .codec import Problems, Tail, report_or_raise, scan_frames, torn_write_length
 from .errors import CorruptStore
-from .fs import Directory, OsFileSystem
+from .fs import Directory, OsFileSystem, release_pages
 
 # The largest preallocation step Queue accepts: far beyond any useful step
 # (a few MiB amortize the allocation), small enough not to fill a disk by a typo.
@@ -101,6 +101,7 @@ class SegmentReader:
         filename, problems = self.filename, self.problems
         data = self.fs.read(self.directory, filename)
         self.file_size = len(data)
+        released = 0
         try:
             scanner = scan_frames(data, filename, problems, self.progress)
             while True:
@@ -109,6 +110,8 @@ class SegmentReader:
                 except StopIteration as stop:
                     self.tail = stop.value
                     break
+                # The pages already read go back (see fs.release_pages).
+                released = release_pages(data, released, frame.offset)
                 record = frame.value  # codec guarantees a JSON object
                 seq = record.get("seq")
                 if type(seq) is not int:

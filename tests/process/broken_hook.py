@@ -20,10 +20,13 @@ from collections.abc import Callable
 from unittest import mock
 
 from tests import broken
+from walqueue.daemon import compaction
+from walqueue.daemon.compaction import ChildReport, Compactor, InFlight, SnapshotChild
 from walqueue.daemon.service import Service
 from walqueue.errors import StaleLease
+from walqueue.queue import Queue
 
-from .kill_hook import hook
+from .kill_hook import child_hook, hook
 
 
 def _reserving_before_acking(real: Callable) -> Callable:
@@ -61,6 +64,77 @@ def _patch_service(method: str, wrap: Callable[[Callable], Callable]) -> context
     return mock.patch.object(Service, method, wrap(getattr(Service, method)))
 
 
+def _publishing_when_the_child_starts() -> contextlib.AbstractContextManager:
+    """A snapshot child taken for done once it has started ("it forked, the snapshot is on its way"):
+    CURRENT is published, and the covered WAL deleted, before the child's fsync."""
+    def poll(self):
+        if self.report is None:
+            self.report = ChildReport(True, snapshot_bytes=0)
+        return self.report
+    return mock.patch.object(SnapshotChild, "poll", poll)
+
+
+@contextlib.contextmanager
+def _forking_after_the_next_turn():
+    """A compaction that fixes its seq at the end of one turn but forks at the end of the next
+    ("the fork can wait for a quieter turn"), with the library's seq guard bypassed in the child:
+    the snapshot named S holds the state after the next turn's requests too."""
+    begun: dict[Compactor, tuple] = {}
+    real_maybe_start = Compactor.maybe_start
+    real_write = Queue.write_compaction_snapshot
+
+    def _start(self, queue, reason, now):
+        compaction_in_steps = queue.begin_compaction()
+        if compaction_in_steps is not None:
+            begun[self] = (queue, compaction_in_steps, reason, now)
+
+    def maybe_start(self, wrote):
+        if self not in begun:
+            return real_maybe_start(self, wrote)
+        queue, compaction_in_steps, reason, now = begun.pop(self)
+        child = SnapshotChild(queue, compaction_in_steps, self.directory, self._child_hook)
+        self.in_flight = InFlight(compaction_in_steps, child, now, reason)
+        self._watch(child.fileno())
+
+    def write_compaction_snapshot(self, compaction_in_steps):
+        self._state.last_seq = compaction_in_steps.seq  # in the child: "the guard is only a check"
+        return real_write(self, compaction_in_steps)
+
+    with mock.patch.object(Compactor, "_start", _start), \
+            mock.patch.object(Compactor, "maybe_start", maybe_start), \
+            mock.patch.object(Queue, "write_compaction_snapshot", write_compaction_snapshot):
+        yield
+
+
+def _finishing_with_deletes_first() -> contextlib.AbstractContextManager:
+    """finish_compaction that deletes the covered WAL and the old snapshot before publishing CURRENT
+    ("it is replaced next anyway"): the daemon's twin of tests/broken.py's
+    compaction_deletes_before_publishing, which patches compact()'s steps, a path walqueued no
+    longer takes. A crash in between leaves CURRENT naming a deleted snapshot, or a WAL gap."""
+    def finish_compaction(self, compaction_in_steps):
+        self._check_open()
+        self._check_in_progress(compaction_in_steps)
+        self._compaction = None
+        try:
+            self._call_hook("snapshot.after_write")
+            self._delete_covered(compaction_in_steps.seq)
+            self._publish(compaction_in_steps.seq)
+        except BaseException:
+            self._die()
+            raise
+        return compaction_in_steps.seq
+    return mock.patch.object(Queue, "finish_compaction", finish_compaction)
+
+
+def _outliving_the_parent() -> contextlib.AbstractContextManager:
+    """A snapshot child that neither asks to die with its parent nor closes what it inherited
+    ("it only writes a file"): a killed daemon's child lives on, holding the directory's LOCK."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(compaction, "_die_with_parent", lambda parent_pid: None))
+    stack.enter_context(mock.patch.object(compaction, "_close_inherited_descriptors", lambda keep_fd: None))
+    return stack
+
+
 DAEMON_VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "ack_and_reserve_reserves_before_acking":
         lambda: _patch_service("_ack_and_reserve", _reserving_before_acking),
@@ -68,6 +142,10 @@ DAEMON_VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: _patch_service("_ack_and_reserve", _reserving_after_a_stale_ack),
     "stats_handler_has_a_bug":
         lambda: _patch_service("_stats", _stats_with_a_bug),
+    "compaction_publishes_when_the_child_starts": _publishing_when_the_child_starts,
+    "compaction_forks_after_the_next_turn": _forking_after_the_next_turn,
+    "compaction_finish_deletes_before_publishing": _finishing_with_deletes_first,
+    "snapshot_child_outlives_its_parent": _outliving_the_parent,
 }
 
 
@@ -82,4 +160,4 @@ _variant = contextlib.ExitStack()
 if os.environ.get("WALQUEUE_BROKEN"):
     _variant.enter_context(active(os.environ["WALQUEUE_BROKEN"]))
 
-__all__ = ["hook"]
+__all__ = ["child_hook", "hook"]

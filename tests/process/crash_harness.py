@@ -2,8 +2,8 @@
 
 ``run_seed(seed)`` draws everything from ``random.Random(seed)``
 (``schedule_for``): the number of worker processes, the daemon's
-``--compact-wal-bytes``, and a list of daemon *incarnations*, each of which
-dies by SIGKILL:
+``--compact-wal-bytes`` and ``--compact-wal-ratio``, and a list of daemon
+*incarnations*, each of which dies by SIGKILL:
 
 * armed: walqueued runs with ``--test-hook tests.process.kill_hook:hook``,
   which kills it at the n-th occurrence of a named phase (SPEC §6);
@@ -17,7 +17,21 @@ dies by SIGKILL:
   survive. Every other incarnation preallocates (``--preallocate-wal-bytes``
   4 MiB; the daemon's default is to append), so the directory changes hands
   between appending and preallocating daemons;
-* timed: unarmed, and the harness sends SIGKILL a seeded time after READY.
+* while a snapshot child writes (``child.writing``, a kill point of the
+  harness, not a phase of SPEC §6): the daemon compacts in a forked child,
+  and kill_hook's ``child_hook`` in the n-th child SIGKILLs the daemon, then
+  lingers as a long write would. The phases a background compaction passes
+  through in the daemon (wal.after_rotate before the fork; snapshot.after_write,
+  current.after_write, current.after_publish, compact.after_delete after the
+  child exited) are the hook's, as before;
+* timed: unarmed, and the harness sends SIGKILL a seeded time after READY
+  (a snapshot child may be writing then: those kills are counted apart).
+
+After every kill the harness checks that each snapshot child the daemon had
+(the kill hook lists them from /proc before it kills; the harness reads them
+before a timed kill) is gone within ``CHILD_EXIT_SECONDS`` — a child must
+die with its parent — and the next incarnation must find the directory
+unlocked (an orphan holding the LOCK would make it exit 3).
 
 Like a supervisor, the harness starts the next incarnation on the same
 directory as soon as one dies. The workers (tests/process/crash_worker.py,
@@ -48,6 +62,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -62,12 +77,13 @@ from pathlib import Path
 
 from walqueue import PHASES, CorruptStore
 
-from . import checker
+from . import checker, kill_hook
 from .crash_worker import CrashWorker
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = "tests.process.kill_hook:hook"
 BROKEN_HOOK = "tests.process.broken_hook:hook"  # the same hook in a daemon running a tests/broken.py variant
+CHILD_HOOK = "tests.process.kill_hook:child_hook"
 READY_SECONDS = 20.0
 FALLBACK_SECONDS = 8.0
 PREALLOCATE_WAL_BYTES = 4 * 1024 * 1024  # untorn incarnations preallocate, torn ones append
@@ -78,12 +94,17 @@ DRAIN_SECONDS = 40.0
 STOP_SECONDS = 15.0
 REAP_SECONDS = 10.0
 WAL_SAMPLE_SECONDS = 0.02
+# A snapshot child may outlive its killed parent by this much, no more: SIGKILL
+# waits for a write or fsync in progress, which a busy shared disk can stretch.
+CHILD_EXIT_SECONDS = 5.0
 
 TIMER = "timer"
 FALLBACK = "fallback"
+CHILD_WRITING = kill_hook.CHILD_WRITING  # the daemon killed by its snapshot child, while it writes
+TIMER_WITH_CHILD = "timer with a snapshot child"
 COMPACTION_PHASES = ("wal.after_rotate", "snapshot.after_write", "current.after_write",
                      "current.after_publish", "compact.after_delete")
-KILL_MODES = (*PHASES, TIMER)
+KILL_MODES = (*PHASES, CHILD_WRITING, TIMER)
 MAX_TORN_BYTES = 235  # below 4 + 200 + 32: kill_hook's torn frame is always incomplete
 
 
@@ -108,13 +129,14 @@ class Schedule:
     seed: int
     workers: int
     compact_wal_bytes: int
+    compact_wal_ratio: float
     incarnations: tuple[Incarnation, ...]
     final_seconds: float
 
     def describe(self) -> str:
         kills = ", ".join(incarnation.describe() for incarnation in self.incarnations)
         return (f"seed={self.seed} workers={self.workers} compact_wal_bytes={self.compact_wal_bytes} "
-                f"kills=[{kills}] final={self.final_seconds:.2f}s")
+                f"compact_wal_ratio={self.compact_wal_ratio:g} kills=[{kills}] final={self.final_seconds:.2f}s")
 
 
 def schedule_for(seed: int) -> Schedule:
@@ -122,6 +144,7 @@ def schedule_for(seed: int) -> Schedule:
     rng = random.Random(seed)
     workers = rng.randint(2, 4)
     compact_wal_bytes = rng.choice([2048, 4096, 16384, 65536])
+    compact_wal_ratio = rng.choice([0.0, 0.5, 1.0])
     incarnations: list[Incarnation] = []
     for _ in range(rng.randint(2, 4)):
         mode = rng.choice(KILL_MODES)
@@ -131,11 +154,11 @@ def schedule_for(seed: int) -> Schedule:
             incarnations.append(Incarnation("wal.before_write", at=rng.randint(1, 30),
                                             tear_bytes=rng.randint(1, MAX_TORN_BYTES)))
             incarnations.append(Incarnation("recover.after_truncate", at=1))
-        elif mode in COMPACTION_PHASES:
+        elif mode in COMPACTION_PHASES or mode == CHILD_WRITING:
             incarnations.append(Incarnation(mode, at=rng.randint(1, 2)))
         else:
             incarnations.append(Incarnation(mode, at=rng.randint(1, 40)))
-    return Schedule(seed, workers, compact_wal_bytes, tuple(incarnations),
+    return Schedule(seed, workers, compact_wal_bytes, compact_wal_ratio, tuple(incarnations),
                     round(rng.uniform(FINAL_MIN_SECONDS, 1.0), 3))
 
 
@@ -143,7 +166,7 @@ def schedule_for(seed: int) -> Schedule:
 class SeedResult:
     seed: int
     schedule: Schedule
-    kills: list[str] = field(default_factory=list)  # a phase, "timer" or "fallback" per kill
+    kills: list[str] = field(default_factory=list)  # a phase, CHILD_WRITING, TIMER(_WITH_CHILD) or FALLBACK
     operations: int = 0
     outcomes: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)  # the checker's, and the harness's own failures
@@ -189,14 +212,15 @@ class DaemonRun:
 
     def __init__(self, workdir: Path, number: int, directory: Path, socket_path: Path,
                  compact_wal_bytes: int, env: dict[str, str], broken: str | None = None,
-                 preallocate_wal_bytes: int | None = None) -> None:
+                 preallocate_wal_bytes: int | None = None, compact_wal_ratio: float = 1.0) -> None:
         self.log_path = workdir / f"daemon-{number}.log"
         self.notify_path = workdir / f"n{number}.sock"
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._notify.bind(str(self.notify_path))
         command = [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(directory),
                    "--socket", str(socket_path), "--compact-wal-bytes", str(compact_wal_bytes),
-                   "--log-level", "info", "--test-hook", BROKEN_HOOK if broken else HOOK]
+                   "--compact-wal-ratio", str(compact_wal_ratio), "--log-level", "info",
+                   "--test-hook", BROKEN_HOOK if broken else HOOK, "--test-child-hook", CHILD_HOOK]
         if preallocate_wal_bytes is not None:
             command += ["--preallocate-wal-bytes", str(preallocate_wal_bytes)]
         if broken:
@@ -228,6 +252,14 @@ class DaemonRun:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(REAP_SECONDS)
 
+    def children(self) -> list[int]:
+        """The daemon's child processes now (its snapshot children), from /proc."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as file:
+                return [int(pid) for pid in file.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            return []
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.sigkill()
@@ -256,6 +288,7 @@ class Run:
         self.workers: list[subprocess.Popen] = []
         self.worker_logs: list[Path] = []
         self.kills: list[str] = []
+        self.children: set[int] = set()  # snapshot children seen: killed by pid at cleanup if alive
         self.wal_history = checker.WalHistory()  # every WAL record the harness managed to read
         self._wal_lock = threading.Lock()
         self._sampling = threading.Event()
@@ -272,7 +305,8 @@ class Run:
                 env["WALQUEUE_KILL_TEAR_BYTES"] = str(incarnation.tear_bytes)
                 preallocate = 0  # the hook's tear is an append cut short (see the module header)
         daemon = DaemonRun(self.workdir, len(self.daemons) + 1, self.directory, self.socket_path,
-                           self.schedule.compact_wal_bytes, env, self.broken, preallocate)
+                           self.schedule.compact_wal_bytes, env, self.broken, preallocate,
+                           self.schedule.compact_wal_ratio)
         self.daemons.append(daemon)
         return daemon
 
@@ -331,8 +365,10 @@ class Run:
             try:
                 daemon.proc.wait(incarnation.timer)
             except subprocess.TimeoutExpired:
+                children = daemon.children()
                 daemon.sigkill()
-                self.kills.append(TIMER)
+                self.kills.append(TIMER_WITH_CHILD if children else TIMER)
+                self.expect_children_gone(children, "a timed kill")
                 return
             raise self.unexpected_exit(daemon, "on its own")
         try:
@@ -348,6 +384,17 @@ class Run:
             raise HarnessFailure(f"walqueued armed at {incarnation.describe()} died by SIGKILL but the kill "
                                  f"log says {lines}")
         self.kills.append(incarnation.phase)
+        children = lines[0].get("children", []) + ([lines[0]["child_pid"]] if "child_pid" in lines[0] else [])
+        self.expect_children_gone(children, f"the kill at {incarnation.describe()}")
+
+    def expect_children_gone(self, children: list[int], what: str) -> None:
+        """Each snapshot child of a killed daemon must be gone within CHILD_EXIT_SECONDS."""
+        self.children.update(children)
+        deadline = time.monotonic() + CHILD_EXIT_SECONDS
+        for pid in children:
+            if not process_exits(pid, max(0.0, deadline - time.monotonic())):
+                raise HarnessFailure(f"snapshot child pid {pid} outlived its daemon by more than "
+                                     f"{CHILD_EXIT_SECONDS} s after {what}")
 
     def run(self) -> bool:
         """Kills, final serve, drain, stop. Returns whether the drain emptied the queue."""
@@ -415,7 +462,13 @@ class Run:
         return "\n".join(tails) or "(no stderr)"
 
     def cleanup(self) -> None:
-        """SIGKILL and reap, by pid, every child still running."""
+        """SIGKILL and reap, by pid, every child still running (and any snapshot child left over)."""
+        for pid in self.children:
+            if not process_exits(pid, 0.0) and is_daemon_of(pid, self.directory):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for worker in self.workers:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGKILL)
@@ -428,6 +481,30 @@ class Run:
                 daemon.close()
             except subprocess.TimeoutExpired:
                 pass
+
+
+def process_exits(pid: int, timeout: float) -> bool:
+    """True if process ``pid`` (not a child of ours) is gone, or exits within ``timeout``."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([pidfd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(pidfd)
+
+
+def is_daemon_of(pid: int, directory: Path) -> bool:
+    """True if ``pid`` runs walqueued on ``directory`` (a snapshot child is a fork of it): never
+    signal a process the pid was reused for."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            arguments = file.read().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return b"walqueue.daemon.cli" in arguments and str(directory).encode() in arguments
 
 
 def count_operations(log_paths: list[Path]) -> tuple[int, Counter]:
@@ -517,7 +594,8 @@ class Summary:
         return {phase for phase in PHASES if self.kills_by_phase[phase]}
 
     def line(self) -> str:
-        by_phase = {phase: self.kills_by_phase[phase] for phase in (*PHASES, TIMER, FALLBACK)}
+        by_phase = {phase: self.kills_by_phase[phase]
+                    for phase in (*PHASES, CHILD_WRITING, TIMER, TIMER_WITH_CHILD, FALLBACK)}
         outcomes = {name: self.outcomes[name] for name in ("ok", "error", "unknown")}
         return (f"[crash proof] seeds={self.seeds} kills={self.kills} kills_by_phase={by_phase} "
                 f"operations={self.operations} outcomes={outcomes} "

@@ -14,6 +14,15 @@ subprocess:
 * ``WALQUEUE_TEST_CORRUPT_SEGMENT``: with the above, also append a zero
   length prefix and non-zero bytes to this WAL segment before raising, so the
   daemon's reopen meets a corrupt directory.
+
+``child_hook`` is for ``--test-child-hook`` (it runs in each forked snapshot
+child before the child writes):
+
+* ``WALQUEUE_TEST_CHILD_ENOSPC``: the child fails with OSError(ENOSPC), as
+  a snapshot write on a full disk does.
+* ``WALQUEUE_TEST_CHILD_GATE``: a FIFO; the child appends its pid to
+  ``<FIFO>.pids``, then blocks until a byte (or EOF) comes through the FIFO,
+  so a test can act while a child is writing.
 """
 
 import errno
@@ -43,3 +52,17 @@ def hook(phase: str) -> None:
             with open(segment, "ab") as file:
                 file.write(b"\0\0\0\0not a frame")
         raise OSError(errno.ENOSPC, "injected by the test hook: no space left on device")
+
+
+def child_hook() -> None:
+    if os.environ.get("WALQUEUE_TEST_CHILD_ENOSPC"):
+        raise OSError(errno.ENOSPC, "injected by the test child hook: no space left on device")
+    gate = os.environ.get("WALQUEUE_TEST_CHILD_GATE")
+    if gate:
+        with open(gate + ".pids", "a") as pids:
+            pids.write(f"{os.getpid()}\n")
+        fd = os.open(gate, os.O_RDONLY)  # blocks until the test opens it for writing
+        try:
+            os.read(fd, 1)
+        finally:
+            os.close(fd)

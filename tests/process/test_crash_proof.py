@@ -1,9 +1,11 @@
 """The crash proof in CI: real walqueued processes SIGKILLed under real workers.
 
 A handful of seeds (``CI_SEEDS``) whose schedules, together, arm every one of
-the nine phases of SPEC §6; the test asserts the kills really happened at all
-nine, that every seed killed its daemon at least once, and that the checker
-found nothing. ``scripts/crash_proof.py --seeds N`` runs hundreds.
+the nine phases of SPEC §6 and a kill while a snapshot child writes; the test
+asserts the kills really happened at all nine and in a child, that every
+seed killed its daemon at least once, and that the checker found nothing
+(the harness also fails a seed whose snapshot child outlives its daemon).
+``scripts/crash_proof.py --seeds N`` runs hundreds.
 
 The checker is itself tested: each of its claims is shown to fail on a log
 or a directory doctored from a real run, and its judgement of ack_and_reserve
@@ -25,12 +27,15 @@ import pytest
 from walqueue import PHASES
 
 from . import checker
-from .crash_harness import FALLBACK, Summary, run_seed, schedule_for
+from .crash_harness import CHILD_WRITING, FALLBACK, Summary, run_seed, schedule_for
 
 # Chosen so that their schedules arm all nine phases (a tear and a kill in
-# the recovery that truncates it included); test_the_ci_seeds_arm_every_phase
-# keeps that true if the schedule generator changes.
-CI_SEEDS = (311, 312, 313, 314, 315, 316)
+# the recovery that truncates it included) and a kill while a snapshot child
+# writes, each with a compaction floor of at most 4 KiB and a ratio of at most
+# 0.5, so that compactions come soon also on a busy machine;
+# test_the_ci_seeds_arm_every_phase keeps that true if the schedule generator
+# changes.
+CI_SEEDS = (304, 306, 308, 310, 318, 339)
 JOBS = 3
 # Variants of tests/broken.py that a daemon killed under load exposes (the
 # others need a power loss, a damaged file or a clock edge: the crash matrix
@@ -38,23 +43,38 @@ JOBS = 3
 # tests/process/broken_hook.py, each run on one seed. Left out:
 # ack_and_reserve_reserves_after_a_stale_ack, caught only when the WAL
 # sampler reads the stray reserve frame before a compaction deletes it
-# (about half the seeds), too often missed for three tries.
-CAUGHT_BY_KILLS = ("compaction_deletes_before_publishing", "snapshot_drops_lease_state",
+# (about half the seeds), too often missed for three tries; and
+# compaction_deletes_before_publishing, which patches Queue.compact()'s steps:
+# walqueued compacts in steps (begin, a child's write, finish), so its twin
+# compaction_finish_deletes_before_publishing is run instead. The other
+# compaction variants are the daemon's (walqueue.daemon.compaction):
+# publishing when the snapshot child has started instead of exited 0, a fork
+# taken a turn late with the seq guard bypassed (the snapshot named S holds a
+# later state), a child that neither dies with its parent nor closes the LOCK.
+CAUGHT_BY_KILLS = ("compaction_finish_deletes_before_publishing", "snapshot_drops_lease_state",
                    "snapshot_drops_tombstones", "stale_ack_appends_a_frame",
-                   "ack_and_reserve_reserves_before_acking")
-BROKEN_SEED = 311
+                   "ack_and_reserve_reserves_before_acking", "compaction_publishes_when_the_child_starts",
+                   "compaction_forks_after_the_next_turn", "snapshot_child_outlives_its_parent")
+BROKEN_SEED = 310
+# Variants that need a kill point the BROKEN_SEED's schedule lacks: a seed that arms it.
+VARIANT_SEEDS = {"compaction_publishes_when_the_child_starts": 318,  # current.after_publish#1 first
+                 "snapshot_child_outlives_its_parent": 306}  # child.writing#1
 
 
 @pytest.fixture(scope="module")
 def all_runs():
     """The CI seeds on the real library, and BROKEN_SEED on each broken variant, side by side."""
-    runs = [(seed, None) for seed in CI_SEEDS] + [(BROKEN_SEED, variant) for variant in CAUGHT_BY_KILLS]
+    runs = [(seed, None) for seed in CI_SEEDS] + [(seed_for(variant), variant) for variant in CAUGHT_BY_KILLS]
     with ThreadPoolExecutor(JOBS) as pool:
         results = list(pool.map(lambda run: run_seed(run[0], keep=True, broken=run[1]), runs))
     yield {run: result for run, result in zip(runs, results, strict=True)}
     for run, result in zip(runs, results, strict=True):
         if result.ok or run[1] is not None:  # a failure on the real library keeps its evidence
             shutil.rmtree(result.workdir, ignore_errors=True)
+
+
+def seed_for(variant: str) -> int:
+    return VARIANT_SEEDS.get(variant, BROKEN_SEED)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +84,7 @@ def ci_results(all_runs):
 
 def test_the_ci_seeds_arm_every_phase():
     armed = {incarnation.phase for seed in CI_SEEDS for incarnation in schedule_for(seed).incarnations}
-    assert set(PHASES) <= armed
+    assert set(PHASES) | {CHILD_WRITING} <= armed
 
 
 def test_the_same_seed_draws_the_same_schedule():
@@ -72,7 +92,7 @@ def test_the_same_seed_draws_the_same_schedule():
     assert schedule_for(311) != schedule_for(312)
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(400)
 def test_killed_daemons_lose_no_answered_write_and_run_no_completed_task_again(ci_results, capsys):
     summary = Summary()
     for result in ci_results:
@@ -86,6 +106,7 @@ def test_killed_daemons_lose_no_answered_write_and_run_no_completed_task_again(c
         assert real_kills, f"seed {result.seed} never killed its daemon: {result.schedule.describe()}"
         assert result.outcomes["ok"] > 0 and result.tasks > 0, f"seed {result.seed} did nothing"
     assert summary.phases_hit() == set(PHASES), f"phases never killed at: {set(PHASES) - summary.phases_hit()}"
+    assert summary.kills_by_phase[CHILD_WRITING] > 0, "no daemon was killed while a snapshot child wrote"
     # Kills that interrupt requests must show up as unknown outcomes somewhere,
     # or the workers were not really working while the daemon died.
     assert summary.outcomes["unknown"] > 0
@@ -98,10 +119,11 @@ def test_killed_daemons_lose_no_answered_write_and_run_no_completed_task_again(c
 def test_real_kills_catch_a_broken_library(all_runs, variant):
     # Whether a kill lands where the variant's damage shows depends on the
     # operating system's timing as well as the seed, so a seed that happens to
-    # miss is followed by up to two more before the variant counts as uncaught.
-    result = all_runs[(BROKEN_SEED, variant)]
+    # miss is followed by up to two more (CI seeds) before the variant counts as uncaught.
+    first = seed_for(variant)
+    result = all_runs[(first, variant)]
     passed = []
-    for seed in (BROKEN_SEED + 1, BROKEN_SEED + 2):
+    for seed in [seed for seed in CI_SEEDS if seed != first][:2]:
         if not result.ok:
             break
         passed.append(f"seed {result.schedule.seed}: {result.schedule.describe()}, kills {result.kills}")

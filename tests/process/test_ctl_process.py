@@ -219,3 +219,22 @@ def test_tasks_next_and_json_errors_through_a_real_daemon(daemon, workdir):
     assert error["error"] == "DaemonUnavailable" and "regular file, not a socket" in error["message"]
     version = ctl("--version")
     assert version.returncode == 0 and version.stdout.startswith("walqueue-ctl ")
+
+
+def test_force_release_ends_a_lease_by_task_id_after_asking(daemon):
+    """Issue 12 item 6: an operator ends leases granted during a clock jump, whoever holds them."""
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "a-stuck", "{}").returncode == 0
+    assert ctl(*s, "put", "b-other", "{}").returncode == 0
+    (lease,) = json_lines(ctl(*s, "reserve", "w1", "--lease-seconds", "3600"))
+    # Not on a terminal and no --yes: nothing happens.
+    refused = ctl(*s, "force-release", "a-stuck")
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    # One of the tasks is not leased: all or nothing.
+    assert ctl(*s, "force-release", "a-stuck", "b-other", "--yes").returncode == 2
+    assert json_lines(ctl(*s, "get", "a-stuck"))[0]["status"] == "leased"
+    assert json_lines(ctl(*s, "force-release", "a-stuck", "--yes")) == [{"task_ids": ["a-stuck"]}]
+    task = json_lines(ctl(*s, "get", "a-stuck"))[0]
+    assert (task["status"], task["attempts"], task["generation"]) == ("ready", 1, 1)
+    # The worker that held it can no longer complete it.
+    assert ctl(*s, "ack", "-", input=json.dumps(lease)).returncode == EXIT_STALE_LEASE

@@ -87,8 +87,13 @@ def test_walqueued_reports_its_version_to_a_version_2_hello_and_on_its_command_l
     assert (answer.version, answer.walqueue_version) == (2, walqueue.__version__)
     assert read_message(sock).stats.version == walqueue.__version__
     sock.close()
-    with Client(daemon.socket_path) as client:  # a version-1 client is sent version 1's fields
-        assert client.daemon_stats().version == ""
+    with Client(daemon.socket_path) as client:  # this package's clients announce the newest version
+        assert client.daemon_stats().version == walqueue.__version__
+    version_1 = raw_connect(daemon.socket_path)  # a version-1 client is sent version 1's fields
+    version_1.sendall(p.encode(p.Hello(id=1, version=1)) + p.encode(p.DaemonStatsReq(id=2)))
+    assert read_message(version_1).walqueue_version == ""
+    assert read_message(version_1).stats.version == ""
+    version_1.close()
     printed = subprocess.run([sys.executable, "-m", "walqueue.daemon.cli", "--version"], env=child_env(),
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0 and printed.stdout == f"walqueued {walqueue.__version__}\n"
@@ -440,12 +445,14 @@ def test_socket_activation_uses_the_passed_descriptor(make_daemon, workdir):
 
 
 def test_compaction_happens_on_its_own_past_the_threshold(make_daemon):
-    daemon = make_daemon("--compact-wal-bytes", "2000")
+    # Ratio 0: the floor alone decides. A forked child writes each snapshot in
+    # the background, so the WAL is back under the floor once the last one is published.
+    daemon = make_daemon("--compact-wal-bytes", "2000", "--compact-wal-ratio", "0")
     with Client(daemon.socket_path) as client:
         for index in range(30):
             client.put(f"t{index}", {"pad": "x" * 50})
-        stats = client.stats()
-        assert stats.snapshot_seq > 0 and stats.wal_bytes <= 2000
+        wait_until(lambda: (lambda stats: stats.snapshot_seq > 0 and stats.wal_bytes <= 2000)(client.stats()),
+                   20, "a background compaction to publish")
     assert "compacted" in daemon.log()
 
 

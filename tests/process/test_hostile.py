@@ -728,3 +728,38 @@ def test_a_payload_with_a_key_twice_is_refused_and_nothing_is_stored(daemon):
     assert "key 'k' appears twice in request['payload']" in refused.message
     assert answer == p.TaskOk(id=6, task=None)
     sock.close()
+
+
+def test_a_directory_others_can_write_is_refused_with_exit_6_before_any_file_is_opened(make_daemon, workdir):
+    """Issue 12 item 1: whoever can write into the directory could plant a link where the
+    daemon writes. walqueued refuses to start (the library's Queue only warns) and says
+    what to chmod; it opens nothing, not even LOCK."""
+    directory = workdir / "queue"
+    directory.mkdir()
+    directory.chmod(0o777)
+    daemon = make_daemon(start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 6, daemon.log()
+    assert f"chmod go-w {directory}" in daemon.log()
+    assert os.listdir(directory) == []
+    directory.chmod(0o750)
+    assert make_daemon().terminate() == 0  # the same directory, made safe, serves
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving the directory to another user needs root")
+def test_a_root_daemon_refuses_a_directory_another_user_owns_and_never_follows_its_links(
+        make_daemon, workdir):
+    """The attack of issue 12 item 1: as root, a daemon on a directory owned by another
+    user followed that user's `wal-...log -> /root-owned-file`. Now it refuses to start;
+    and a link planted after the start is never followed (O_NOFOLLOW)."""
+    directory = workdir / "queue"
+    directory.mkdir(mode=0o750)
+    victim = workdir / "root-owned-file"
+    victim.write_bytes(b"precious")
+    (directory / "CURRENT.tmp").symlink_to(victim)
+    os.chown(directory, 12345, 12345)
+    daemon = make_daemon(start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 6, daemon.log()
+    assert "owned by uid 12345" in daemon.log() and f"chown root {directory}" in daemon.log()
+    assert victim.read_bytes() == b"precious"

@@ -1,5 +1,6 @@
-"""Smoke test of scripts/bench_library.py (issue 2): it runs end to end and
-prints its table. Tiny sizes, one run: this checks the script, not the speed."""
+"""Smoke tests of the benchmark scripts (bench_library.py: issue 2;
+bench_history.py: issue 11): they run end to end and print their tables.
+Tiny sizes, one run: this checks the scripts, not the speed."""
 
 import json
 import subprocess
@@ -55,3 +56,23 @@ def test_bench_ab_compares_two_trees_and_prints_its_table():
     assert [row.split(" | ")[0][2:] for row in rows[1:]] == [
         "put_batch100_us", "put_many1000_us_per_task", "reserve_ack_batch100_us",
         "reserve_release_batch100_us", "recover_wal_s", "recover_snapshot_s"]
+
+
+def test_bench_history_tiny_run_prints_a_row_per_size_and_cleans_up(tmp_path):
+    results = tmp_path / "history.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_history.py"), "--sizes", "0,1500",
+         "--runs", "1", "--wal-acks", "500", "--json", str(results), "--tmp-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| N | RSS/tombstone, writer |")
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 0", "| 1,500"]
+    data = json.loads(results.read_text())
+    row = data["rows"][1]
+    assert row["n"] == 1500 and row["snapshot_bytes"] > 1500 * 200
+    assert data["results"][1]["open"]["samples"][0]["completed"] == 1500
+    assert data["results"][1]["open_wal"]["samples"][0]["completed"] == 2000
+    assert row["peak_ratio"] >= 0.9 and row["reopened_rss_per_tombstone"] is not None
+    # The scratch directories are gone: only the JSON file is left in tmp_path.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.json"]

@@ -40,7 +40,8 @@ class FsyncFailsOnce(OsFileSystem):
 def build(directory, filesystem=None) -> tuple[Service, GroupCommit, Recorder]:
     queue = Queue(directory, filesystem=filesystem)
     recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0)
-    service = Service(queue, compact=lambda reason: commit.compact(reason), report=lambda now: None)
+    service = Service(queue, compact=lambda peer, request_id: commit.compaction.request(peer, request_id),
+                      report=lambda now: None)
     commit = GroupCommit(service, directory=str(directory), open_queue=lambda: Queue(directory),
                          recorder=recorder, clock=SystemClock(), compact_wal_bytes=10**12)
     return service, commit, recorder
@@ -118,16 +119,3 @@ def test_a_failing_fsync_answers_queue_closed_and_reopens_the_queue(tmp_path):
 def test_the_fsync_check_catches_a_commit_that_lets_a_failed_write_through(tmp_path, monkeypatch):
     monkeypatch.setattr(commit_module, "WRITE_FAILURES", ())
     assert problems_with_a_failed_fsync(tmp_path / "queue") != []
-
-
-def test_an_automatic_compaction_runs_past_the_threshold_and_not_while_a_backup_pins(tmp_path):
-    service, commit, recorder = build(tmp_path / "queue")
-    commit.compact_wal_bytes = 1
-    service.queue.put("a", {})
-    service.backup_holder = FakePeer("backup")
-    commit.maybe_compact()
-    assert service.queue.stats().snapshot_seq == 0
-    service.backup_holder = None
-    commit.maybe_compact()
-    assert service.queue.stats().snapshot_seq == 1 and recorder.compactions_total == 1
-    service.queue.close()

@@ -12,12 +12,12 @@ from walqueue.daemon import connection as connection_module
 from walqueue.daemon.connection import (
     LARGE_FRAME_BYTES,
     OUTPUT_HIGH_WATER_BYTES,
+    PEER_OPEN,
+    PEER_SHUT,
     Connection,
     ConnectionFault,
     InputBudget,
     ListingBudget,
-    PEER_OPEN,
-    PEER_SHUT,
     Selector,
 )
 

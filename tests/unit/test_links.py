@@ -226,3 +226,25 @@ def test_a_directory_whose_safety_cannot_be_examined_still_opens(directory, monk
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnsafeDirectoryWarning)
         Queue(directory).close()
+
+
+def test_write_access_for_the_owners_private_group_is_harmless_and_any_other_group_is_named(directory):
+    """umask 002 systems make directories 0775 with the owner's private group: no one else
+    can write through it; a shared group can."""
+    import grp
+    import pwd
+
+    user = pwd.getpwuid(os.geteuid())
+    try:
+        private = grp.getgrgid(user.pw_gid)
+    except KeyError:
+        pytest.skip("the user's primary group has no entry")
+    if private.gr_name != user.pw_name or set(private.gr_mem) - {user.pw_name}:
+        pytest.skip(f"the user's primary group {private.gr_name} is not a private group")
+    directory.mkdir()
+    directory.chmod(0o770)
+    assert check_directory_safety(directory) == []
+    if os.geteuid() == 0:  # giving the directory to another group needs root
+        os.chown(directory, -1, 12345)
+        (finding,) = check_directory_safety(directory)
+        assert "writable by its group (mode 0770)" in finding

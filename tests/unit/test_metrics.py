@@ -288,6 +288,16 @@ EXPECTED_FAMILIES = {
     "walqueue_last_recovery_duration_seconds": "gauge",
     "walqueue_clock_steps": "counter",
     "walqueue_clock_offset_seconds": "gauge",
+    "walqueue_last_compaction_pause_seconds": "gauge",
+    "walqueue_compact_wal_ratio": "gauge",
+    "walqueue_compaction_in_progress": "gauge",
+    "walqueue_compaction_failures": "counter",
+    "walqueue_compaction_consecutive_failures": "gauge",
+    "walqueue_compaction_retry_in_seconds": "gauge",
+    "walqueue_last_compaction_error_info": "gauge",
+    "walqueue_snapshot_bytes": "gauge",
+    "walqueue_snapshot_bytes_written": "counter",
+    "walqueue_wal_bytes_written": "counter",
 }
 
 
@@ -300,7 +310,11 @@ def sample_stats(**changes) -> DaemonStats:
         fsync_window=60, requests_total=500, requests_per_fsync=8.25, write_failures_total=3,
         compactions_total=4, last_compaction_seconds=0.5, connections=6, parked_reserves=7,
         paused=True, uptime_seconds=3600.5, start_time_seconds=1.8e9, last_recovery_seconds=0.125,
-        directory="/var/lib/walqueue", version="1.2.3",
+        directory="/var/lib/walqueue", version="1.2.3", compact_wal_ratio=1.0,
+        compaction_in_progress=True, compaction_failures_total=2, compaction_consecutive_failures=2,
+        last_compaction_error='OSError: [Errno 28] No space left on device: "snapshot"',
+        compaction_retry_in_seconds=3.5, last_compaction_pause_seconds=0.004, snapshot_bytes=4096,
+        snapshot_bytes_written_total=8192, wal_bytes_written_total=65536,
     )
     fields.update(changes)
     return DaemonStats(**fields)
@@ -332,6 +346,12 @@ def test_every_metric_family_is_present_with_its_type_and_value():
     assert value(families, "walqueue_requests_total") == 500
     assert value(families, "walqueue_write_failures_total") == 3
     assert value(families, "walqueue_compactions_total") == 4
+    assert value(families, "walqueue_compaction_failures_total") == 2
+    assert value(families, "walqueue_compaction_retry_in_seconds") == 3.5
+    assert value(families, "walqueue_compaction_in_progress") == 1
+    assert value(families, "walqueue_last_compaction_error_info",
+                 error='OSError: [Errno 28] No space left on device: "snapshot"') == 1
+    assert value(families, "walqueue_snapshot_bytes_written_total") == 8192
     assert value(families, "walqueue_paused") == 1
     assert value(families, "walqueue_oldest_ready_age_seconds") == 42
     assert value(families, "walqueue_wal_bytes") == 12345
@@ -370,9 +390,19 @@ def test_missing_figures_are_nan_and_the_label_is_escaped():
 
 def test_the_daemon_report_crosses_the_wire_field_by_field():
     assert tuple(field.name for field in dataclasses.fields(DaemonStats)) == p.WireDaemonStats.__struct_fields__
-    stats = sample_stats(fsync_p50_seconds=None)
+    stats = sample_stats(fsync_p50_seconds=None, clock_steps_total=2, clock_offset_seconds=1.5)
+    names = [field.name for field in dataclasses.fields(DaemonStats)]
+
+    def without(first_added: str, report: DaemonStats) -> DaemonStats:
+        """The report as an older version carries it: the fields added from `first_added` on, at their defaults."""
+        return dataclasses.replace(report, **{name: DaemonStats.__dataclass_fields__[name].default
+                                              for name in names[names.index(first_added):]})
+
+    version_3 = without("compact_wal_ratio", stats)
+    version_2 = without("clock_steps_total", version_3)
+    version_1 = dataclasses.replace(version_2, version="")
     reader = p.FrameReader()
-    for protocol_version, expected in ((2, stats), (1, dataclasses.replace(stats, version=""))):
+    for protocol_version, expected in ((4, stats), (3, version_3), (2, version_2), (1, version_1)):
         reader.feed(p.encode(p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats, protocol_version))))
         decoded = p.decode_response(reader.next_body())
         assert p.daemon_stats_from_wire(decoded.stats) == expected

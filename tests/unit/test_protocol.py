@@ -188,8 +188,8 @@ def test_version_2_answers_carry_the_daemon_version_and_version_1_gets_the_old_b
     answer = p.HelloOk(id=1, version=2, server="walqueued/1", max_body_bytes=5, walqueue_version="9.9.9")
     assert p.decode_response(p.encode(answer)[4:]).walqueue_version == "9.9.9"
     stats = sample_daemon_stats()
-    version_1_fields = p.WireDaemonStats.__struct_fields__[:p.WireDaemonStats.__struct_fields__.index("version")]
-    old_layout = {name: getattr(stats, name) for name in version_1_fields}
+    fields = p.WireDaemonStats.__struct_fields__
+    old_layout = {name: getattr(stats, name) for name in fields[:fields.index("version")]}
     old_layout["queue"] = msgspec.structs.asdict(p.WireStats(*[getattr(stats.queue, name) for name in
                                                               p.WireStats.__struct_fields__]))
     assert msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 1)) == msgspec.msgpack.encode(old_layout)
@@ -203,6 +203,11 @@ def test_version_3_daemon_stats_carry_the_clock_steps_and_offset():
     wire = p.daemon_stats_to_wire(stats, 3)
     assert p.daemon_stats_from_wire(msgspec.msgpack.decode(msgspec.msgpack.encode(wire),
                                                            type=p.WireDaemonStats)) == stats
+    # Version 4 adds the compaction figures; version 3 gets them as defaults, which are omitted.
+    failing = dataclasses.replace(stats, compaction_failures_total=4, last_compaction_error="ENOSPC")
+    assert p.daemon_stats_to_wire(failing, 4).compaction_failures_total == 4
+    assert msgspec.msgpack.encode(p.daemon_stats_to_wire(failing, 3)) == \
+        msgspec.msgpack.encode(p.daemon_stats_to_wire(stats, 3))
 
 
 def sample_daemon_stats() -> p.DaemonStats:

@@ -44,9 +44,11 @@ class Harness:
         queue = Queue(directory)
         self.service = Service(queue, compact=self._compact, report=lambda now: None)
 
-    def _compact(self, reason: str) -> int:
-        self.compactions.append(reason)
-        return self.service.queue.compact()
+    def _compact(self, peer, request_id: int) -> None:
+        """Compact in the turn and answer, as the compactor would once its child publishes."""
+        self.compactions.append("on request")
+        seq = self.service.queue.compact()
+        self.service.answer(peer, request_id, [p.Compacted(id=request_id, seq=seq)])
 
     @property
     def queue(self) -> Queue:

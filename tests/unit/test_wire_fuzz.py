@@ -20,6 +20,7 @@ Three claims, each checked with seeded (derandomized), bounded hypothesis runs:
 from __future__ import annotations
 
 import contextlib
+import select
 import signal
 import socket
 import struct
@@ -316,12 +317,16 @@ def _turns_until_quiet(instance: Loop, sock: socket.socket, out: bytearray, max_
     """Run turns until the daemon has nothing left for this client; True if it closed the stream."""
     quiet = 0
     for _ in range(max_turns):
+        flight = instance.compaction.in_flight
+        if flight is not None and flight.child.report is None:
+            # A compact is answered once its snapshot child exits: wait for that, bounded.
+            select.select([flight.child.fileno()], [], [], 30.0)
         instance.one_turn()
         before = len(out)
         if _read_available(sock, out):
             return True
-        busy = any(conn.out or conn.backlog or conn.deferred or conn.parked
-                   for conn in instance.connections.values())
+        busy = instance.compaction.in_flight is not None or any(
+            conn.out or conn.backlog or conn.deferred or conn.parked for conn in instance.connections.values())
         quiet = 0 if busy or len(out) != before else quiet + 1
         if quiet >= 3:
             return False

@@ -28,6 +28,7 @@ from walqueue.client.calls import (
     complete,
     daemon_stats_call,
     encode_request,
+    force_release_call,
     get_call,
     hello_answer,
     hello_request,
@@ -50,6 +51,6 @@ __all__ = [
     "DaemonUnavailable", "NoSocket", "ack_and_reserve_call", "ack_call", "backup_begin_call",
     "backup_end_call", "compact_call", "complete", "daemon_stats_call", "encode_request", "get_call",
     "hello_answer", "hello_request", "pause_call", "put_call", "put_many_call", "release_call",
-    "reserve_call", "result", "resume_call", "revive_call", "socket_path", "stats_call", "tasks_call",
+    "reserve_call", "result", "resume_call", "revive_call", "force_release_call", "socket_path", "stats_call", "tasks_call",
     "touch_call", "unix_address",
 ]

@@ -56,6 +56,7 @@ class ClientApi:
         self.name = name
         self._closed = False
         self._reached = False  # a daemon answered at this path once: a missing socket is a restart
+        self._version = calls.CLIENT_PROTOCOL_VERSIONS[0]  # the hello's protocol version
         self._init_connections()
 
     def _init_connections(self) -> None:
@@ -124,6 +125,17 @@ class ClientApi:
     def revive(self, task_ids: Iterable[str]) -> list[str]:
         """Make dead tasks ready again. Raises InvalidRequest if one is not dead."""
         return self._run(calls.revive_call, task_ids)
+
+    def force_release(self, task_ids: Iterable[str]) -> list[str]:
+        """End the current leases of ``task_ids`` now, whoever holds them (an operator's tool).
+
+        Each becomes an ordinary release at the daemon's now (an attempt
+        spent; dead at max_attempts), e.g. for leases granted while the
+        wall clock was far ahead (docs/security.md). All or nothing: raises
+        InvalidRequest, writing nothing, if a task is unknown or not leased.
+        Never retried; a daemon older than 0.2 refuses it (DaemonUnavailable).
+        """
+        return self._run(calls.force_release_call, task_ids)
 
     def get(self, task_id: str) -> TaskView | None:
         """The task, or None if no task has that id."""

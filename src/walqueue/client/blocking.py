@@ -40,6 +40,7 @@ from walqueue import protocol as p
 from walqueue.client.address import connect_error, unix_address
 from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, ClientApi
 from walqueue.client.calls import (
+    CLIENT_PROTOCOL_VERSIONS,
     Call,
     DaemonUnavailable,
     complete,
@@ -49,6 +50,7 @@ from walqueue.client.calls import (
     last_words,
     refused,
     result,
+    version_refused,
 )
 
 _TIMEVAL = struct.Struct("@ll")  # struct timeval, for SO_RCVTIMEO/SO_SNDTIMEO
@@ -66,7 +68,7 @@ class Connection:
     """
 
     def __init__(self, path: str, *, timeout: float | None = DEFAULT_TIMEOUT_SECONDS, name: str = "",
-                 reached_before: bool = False) -> None:
+                 reached_before: bool = False, version: int = CLIENT_PROTOCOL_VERSIONS[0]) -> None:
         self.path = path
         self.timeout = timeout
         self._next_id = 1
@@ -89,7 +91,7 @@ class Connection:
             self._sock.close()
             raise connect_error(path, exc, reached_before=reached_before) from exc
         try:
-            (hello_id,) = self.send(hello_request(name))
+            (hello_id,) = self.send(hello_request(name, version))
             answer = hello_answer(path, self.receive(hello_id))
         except WalQueueError as exc:
             self.close()
@@ -331,8 +333,17 @@ class Client(ClientApi):
             raise QueueClosed(f"this Client of {self.path} is closed")
         connection = line.connection
         if connection is None or connection.broken or connection.idle_and_closed_by_peer():
-            line.connection = connection = Connection(self.path, timeout=self.timeout, name=self.name,
-                                                      reached_before=self._reached)
+            for version in CLIENT_PROTOCOL_VERSIONS[CLIENT_PROTOCOL_VERSIONS.index(self._version):]:
+                try:
+                    connection = Connection(self.path, timeout=self.timeout, name=self.name,
+                                            reached_before=self._reached, version=version)
+                except DaemonUnavailable as exc:
+                    if version == CLIENT_PROTOCOL_VERSIONS[-1] or not version_refused(exc):
+                        raise
+                    continue
+                self._version = version  # an older daemon: announce what it speaks from now on
+                break
+            line.connection = connection
             self._reached = True
         return connection
 

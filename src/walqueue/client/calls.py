@@ -46,10 +46,24 @@ class NoSocket(DaemonUnavailable):
     """
 
 
-def hello_request(name: str) -> p.Hello:
+# The protocol versions these clients announce, newest first. A daemon older
+# than the first refuses that hello ("protocol version N is not supported")
+# and closes the connection; the client then connects again announcing the
+# next one (walqueued 0.1 speaks only version 1). The newest brings the
+# daemon's walqueue version, its clock and its compaction figures (protocol.py).
+CLIENT_PROTOCOL_VERSIONS = (p.COMPACTION_REPORTING_VERSION, p.PROTOCOL_VERSION)
+
+
+def hello_request(name: str, version: int = CLIENT_PROTOCOL_VERSIONS[0]) -> p.Hello:
     # The name only labels the connection in the daemon's log; a hello must
     # stay below protocol.MAX_HELLO_BYTES.
-    return p.Hello(id=0, version=p.PROTOCOL_VERSION, client=name[:256])
+    return p.Hello(id=0, version=version, client=name[:256])
+
+
+def version_refused(exc: BaseException) -> bool:
+    """True if a failed connect was the daemon refusing the hello's protocol version."""
+    cause = exc.__cause__ if isinstance(exc, DaemonUnavailable) else exc
+    return isinstance(cause, InvalidRequest) and "is not supported" in str(cause)
 
 
 def hello_answer(path: str, messages: list) -> p.HelloOk:
@@ -264,6 +278,14 @@ def touch_call(lease: Any, *, lease_seconds: Any) -> Call:
         lease_seconds=_check_int("lease_seconds", lease_seconds),
     )
     return Call(request, lambda answer: p.lease_from_wire(answer.lease))
+
+
+def force_release_call(task_ids: Iterable[Any]) -> Call:
+    # Never retried: after a lost answer a retry finds the tasks no longer leased.
+    ids = [_check_str("task_id", task_id) for task_id in task_ids]
+    if not ids:
+        return Call(None, _no_ids)
+    return Call(p.ForceRelease(id=0, task_ids=ids), lambda answer: answer.task_ids)
 
 
 def revive_call(task_ids: Iterable[Any]) -> Call:

@@ -20,10 +20,13 @@ import click
 
 import walqueue
 from walqueue import CorruptStore, QueueLocked
+from walqueue.fs import DIRECTORY_MODE, check_directory_safety
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
+from .compaction import DEFAULT_COMPACT_WAL_RATIO
 from .exits import (
     EXIT_CORRUPT,
+    EXIT_DIRECTORY_UNSAFE,
     EXIT_DIRECTORY_UNUSABLE,
     EXIT_FAILURE,
     EXIT_LOCKED,
@@ -51,10 +54,10 @@ DEFAULT_PREALLOCATE_WAL_BYTES = 0
 RESERVED_DESCRIPTORS = 32
 
 
-def _load_hook(spec: str) -> Callable[[str], None]:
+def _load_hook(spec: str, option: str = "--test-hook") -> Callable:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
-        raise click.BadParameter("expected MODULE:CALLABLE", param_hint="--test-hook")
+        raise click.BadParameter("expected MODULE:CALLABLE", param_hint=option)
     return getattr(importlib.import_module(module_name), attribute)
 
 
@@ -82,7 +85,10 @@ Exit codes:
   4  the directory is corrupt (CorruptStore), at start or at a reopen
   5  the directory cannot be used as it is: read-only file system, no
      permission, an entry of the wrong type (e.g. CURRENT.tmp a directory),
-     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5)
+     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5 6)
+  6  the directory or a parent is not safe: owned by another user, or
+     writable by a group or others who could plant links in it; the log
+     says what to chown or chmod (nothing was opened)
 """
 
 
@@ -108,7 +114,15 @@ def cli() -> None:
 @click.option("--compact-wal-bytes", type=click.IntRange(min=1), default=DEFAULT_COMPACT_WAL_BYTES,
               show_default=True, metavar="BYTES",
               help="Compact (write a snapshot, drop the WAL it covers) when the WAL since the last "
-                   "snapshot grows past this many bytes. Service pauses while it runs.")
+                   "snapshot grows past this many bytes (the floor) and past --compact-wal-ratio "
+                   "times the snapshot's size. A forked child writes the snapshot while the daemon "
+                   "serves.")
+@click.option("--compact-wal-ratio", type=click.FloatRange(min=0), default=DEFAULT_COMPACT_WAL_RATIO,
+              show_default=True, metavar="RATIO",
+              help="Compact only once the WAL since the last snapshot is past RATIO times that "
+                   "snapshot's size (and past --compact-wal-bytes), so the snapshot bytes written "
+                   "stay within about 1/RATIO + 0.5 times the WAL bytes however large the history "
+                   "(docs/daemon.md). 0 leaves only the floor.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
               show_default=True,
               help="Connections beyond this are answered with an error and closed. Lowered to fit "
@@ -134,9 +148,12 @@ def cli() -> None:
                    "the queue's directory and load; put a firewall in front).")
 @click.option("--test-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
+@click.option("--test-child-hook", default=None, hidden=True,
+              help="TEST ONLY: MODULE:CALLABLE called in each snapshot child before it writes.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
-          max_connections: int, hello_timeout_seconds: float, log_level: str, metrics_listen: str | None,
-          metrics_allow_remote: bool, test_hook: str | None, preallocate_wal_bytes: int) -> None:
+          compact_wal_ratio: float, max_connections: int, hello_timeout_seconds: float, log_level: str,
+          metrics_listen: str | None, metrics_allow_remote: bool, test_hook: str | None,
+          test_child_hook: str | None, preallocate_wal_bytes: int) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT.
 
     DIRECTORY is created (mode 0750) if missing; the daemon holds its lock, so
@@ -163,9 +180,14 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
     if test_hook is not None:
         hook = _load_hook(test_hook)
         log.warning("TEST ONLY fault-injection hook loaded: %s", test_hook)
+    child_hook = None
+    if test_child_hook is not None:
+        child_hook = _load_hook(test_child_hook, "--test-child-hook")
+        log.warning("TEST ONLY snapshot child hook loaded: %s", test_child_hook)
     sys.exit(serve_directory(directory, socket_path=socket_path, mode=mode,
-                             compact_wal_bytes=compact_wal_bytes, max_connections=max_connections,
-                             hook=hook, hello_timeout_seconds=hello_timeout_seconds,
+                             compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
+                             max_connections=max_connections, hook=hook, child_hook=child_hook,
+                             hello_timeout_seconds=hello_timeout_seconds,
                              preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address))
 
 
@@ -193,17 +215,46 @@ def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
     return max_connections
 
 
+def unsafe_directory_findings(directory: str) -> list[str]:
+    """What lets another user plant files or links in `directory` (issue 12 item 1).
+
+    A missing directory is created first (mode 0750, its name fsynced), so
+    the checked directory is the one the Queue then opens: the library's
+    Queue only warns, the daemon refuses. Raises OSError.
+    """
+    if not os.path.isdir(directory):
+        parent = os.path.dirname(directory)
+        os.makedirs(directory, mode=DIRECTORY_MODE, exist_ok=True)
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return check_directory_safety(directory)
+
+
 def serve_directory(directory: str, *, socket_path: str | None, mode: int, compact_wal_bytes: int,
                     max_connections: int, hook: Callable[[str], None] | None,
                     hello_timeout_seconds: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
                     preallocate_wal_bytes: int = DEFAULT_PREALLOCATE_WAL_BYTES,
-                    metrics_address: tuple[str, int] | None = None) -> int:
+                    metrics_address: tuple[str, int] | None = None,
+                    compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
+                    child_hook: Callable[[], None] | None = None) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
     metrics_descriptors = 0 if metrics_address is None else METRICS_DESCRIPTORS
     max_connections = descriptor_budget(max_connections, metrics_descriptors)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
+    try:
+        unsafe = unsafe_directory_findings(directory)
+    except OSError as exc:
+        log.error("cannot examine %s: %s", directory, exc)
+        return open_failure_code(exc)
+    if unsafe:
+        for finding in unsafe:
+            log.error("refusing to serve %s: %s", directory, finding)
+        return EXIT_DIRECTORY_UNSAFE
     log.info("opening %s", directory)
     started = time.monotonic()
     try:
@@ -265,6 +316,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
         preallocate_wal_bytes=preallocate_wal_bytes,
         recovery_seconds=recovery_seconds,
         metrics_endpoint=metrics_endpoint,
+        compact_wal_ratio=compact_wal_ratio,
+        child_hook=child_hook,
     )
     try:
         return loop.run()

@@ -17,47 +17,53 @@ handling (a TypeError, say) propagates out of the loop, which logs its
 traceback and exits non-zero, instead of being answered as a "write
 failure" and reopening a queue that may be fine while the bug remains.
 
-Compaction is driven from here too (`compact`, for a request and for the
-automatic threshold alike), so that one place decides how a compaction runs:
-where a forked child could later write the snapshot while the loop serves.
-The recorder only observes: it is told how long each batch's end (the
-fsync) took, how many requests it held, and what failed.
+Compaction is driven from here too: the group commit owns the `Compactor`
+(walqueue.daemon.compaction), which writes snapshots from a forked child
+while the loop serves, and whose child a reopen kills first (its Queue is
+gone). The recorder only observes: it is told how long each batch's end
+(the fsync) took, how many requests it held, and what failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from walqueue import CorruptStore, Queue, QueueClosed, WalQueueError
+from walqueue import CorruptStore, Queue, WalQueueError
 
 from .clock import Clock
+from .compaction import DEFAULT_COMPACT_WAL_RATIO, WRITE_FAILURES, Compactor, freeze_heap
 from .exits import EXIT_CORRUPT, EXIT_FAILURE, DaemonExit
 from .log import log
 from .recorder import Recorder
 from .service import Service
 
-# What a failed write raises (see the module docstring); anything else is a bug.
-WRITE_FAILURES = (OSError, QueueClosed)
+# WRITE_FAILURES (from .compaction): what a failed write raises; anything else is a bug.
+__all__ = ["WRITE_FAILURES", "GroupCommit"]
 
 
 class GroupCommit:
-    """The batch around each turn, its failure handling, and compaction.
+    """The batch around each turn, its failure handling, and compaction (``compaction``).
 
     ``open_queue()`` opens the directory's Queue again after a failure
-    (raising what ``Queue()`` raises); ``before_long_stall()`` runs before an
-    automatic compaction (the loop pings the systemd watchdog).
+    (raising what ``Queue()`` raises). ``watch``/``unwatch`` and
+    ``child_hook`` go to the `Compactor`.
     """
 
     def __init__(self, service: Service, *, directory: str, open_queue: Callable[[], Queue],
                  recorder: Recorder, clock: Clock, compact_wal_bytes: int,
-                 before_long_stall: Callable[[], None] = lambda: None) -> None:
+                 compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
+                 watch: Callable[[int], None] = lambda fd: None,
+                 unwatch: Callable[[int], None] = lambda fd: None,
+                 child_hook: Callable[[], None] | None = None) -> None:
         self.service = service
         self.directory = directory
-        self.compact_wal_bytes = compact_wal_bytes
         self._open_queue = open_queue
         self._recorder = recorder
         self._clock = clock
-        self._before_long_stall = before_long_stall
+        self.compaction = Compactor(service, recorder, clock, directory=directory,
+                                    floor_bytes=compact_wal_bytes, ratio=compact_wal_ratio,
+                                    reopen=self.reopen, watch=watch, unwatch=unwatch,
+                                    child_hook=child_hook)
 
     def turn(self, apply: Callable[[], None]) -> bool:
         """Run ``apply()`` (the service's work for this turn) inside one batch.
@@ -98,6 +104,7 @@ class GroupCommit:
 
     def reopen(self) -> None:
         """Drop the Queue and open it again from disk. Raises DaemonExit if that fails."""
+        self.compaction.reset("the queue was reopened after a failed write")
         old = self.service.replace_queue(None)
         try:
             old.close()
@@ -111,39 +118,7 @@ class GroupCommit:
         except (OSError, WalQueueError) as exc:
             raise DaemonExit(EXIT_FAILURE, f"reopening {self.directory} failed: {exc!r}") from exc
         self.service.queue = queue
+        freeze_heap()  # the reopened state: out of the cyclic collector's reach
+        self.compaction.snapshot_bytes = self.compaction.published_snapshot_bytes()
         self._recorder.recovered(self._clock.monotonic_seconds() - started)
         log.info("reopened %s", self.directory)
-
-    # -- compaction -------------------------------------------------------------------
-
-    def compact(self, reason: str) -> int:
-        """Compact the queue now (SPEC §5's steps, inside the caller's batch if any); its seq.
-
-        Raises what ``Queue.compact()`` raises.
-        """
-        started = self._clock.monotonic_seconds()
-        wal_bytes = self.service.queue.stats().wal_bytes
-        seq = self.service.queue.compact()
-        seconds = self._clock.monotonic_seconds() - started
-        self._recorder.compacted(seconds)
-        log.info("compacted %d WAL bytes %s through seq %d in %.3f s", wal_bytes, reason, seq, seconds)
-        return seq
-
-    def maybe_compact(self) -> None:
-        """Compact if the WAL since the last snapshot grew past the threshold (after a turn wrote).
-
-        Postponed while a backup pins the files: the first write after it
-        ends compacts. A failed compaction reopens the queue, as a failed
-        write does; anything else propagates.
-        """
-        if self.service.backup_holder is not None:
-            return
-        try:
-            if self.service.queue.stats().wal_bytes <= self.compact_wal_bytes:
-                return
-            # The loop stalls for the compaction: let the watchdog know first.
-            self._before_long_stall()
-            self.compact("automatically")
-        except WRITE_FAILURES as exc:
-            log.error("automatic compaction failed: %r", exc)
-            self.reopen()

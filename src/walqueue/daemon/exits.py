@@ -10,8 +10,11 @@ EXIT_USAGE = 2
 EXIT_LOCKED = 3
 EXIT_CORRUPT = 4
 # The directory cannot be used as it is, and starting again will not change
-# that: an operator must act (units: RestartPreventExitStatus=3 4 5).
+# that: an operator must act (units: RestartPreventExitStatus=3 4 5 6).
 EXIT_DIRECTORY_UNUSABLE = 5
+# The directory, or a parent, lets another user plant files or links in it
+# (walqueue.fs.check_directory_safety): refused before any file is opened.
+EXIT_DIRECTORY_UNSAFE = 6
 # What opening the directory raises when the fault is in the directory or its
 # file system, not in the moment: a read-only mount, a permission, an entry of
 # the wrong type (CURRENT.tmp a directory), a full disk.

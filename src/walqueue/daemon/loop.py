@@ -12,12 +12,14 @@ One loop turn = one ``select()`` call, on one thread:
    the daemon's own work that is due: the expiry of leases whose deadline
    passed, and serving parked reserves. Requests of a saturated connection
    are deferred to a later turn instead;
-4. end waits that timed out; hand the turn's answers to their connections
-   only now, after the batch exited without error; send; set each touched
-   connection's selector interest;
-5. ping the watchdog, compact if the WAL grew past the threshold, close
-   metrics scrapes past their deadline, and publish the metrics text if a
-   scrape waits for it.
+4. collect a snapshot child that exited and publish its snapshot
+   (walqueue.daemon.compaction); end waits that timed out; hand the turn's
+   answers to their connections only now, after the batch exited without
+   error; send; set each touched connection's selector interest;
+5. ping the watchdog; begin a compaction and fork its child if one is due
+   or requested (right after the batch: nothing else has been applied
+   since); close metrics scrapes past their deadline, and publish the
+   metrics text if a scrape waits for it.
 
 While one batch is fsyncing, the next requests accumulate in the kernel's
 socket buffers and become the next turn's batch, so the batch size adapts
@@ -28,9 +30,13 @@ ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 Timers, without polling: the select timeout is the earliest of the next
 hello deadline, frame deadline, accept resumption, watchdog ping, end of a
 wait, a metrics scrape's deadline, and the service's next due time (a lease
-deadline, or a task due while reserves wait). Time comes from an injected `Clock`: ``now`` (whole seconds on the
-monotonic clock from a wall-clock anchor at start, never backwards:
-walqueue.daemon.clock) for leases, monotonic seconds for waits and timers.
+deadline, or a task due while reserves wait) — or the end of the reaper's
+back-off after a reap that failed to write (disk full: retried after 1, 2,
+4, ... s up to 5 minutes, not every second). A snapshot child's exit wakes
+the loop through its pidfd. Time comes from an injected `Clock`: ``now``
+(whole seconds on the monotonic clock from a wall-clock anchor at start,
+never backwards: walqueue.daemon.clock) for leases, monotonic seconds for
+waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
 
 A bug (any exception but the ones the service and the commit handle) stops
@@ -55,6 +61,7 @@ from walqueue.unix_socket import unix_address
 
 from .clock import Clock, DaemonNow, SystemClock
 from .commit import GroupCommit
+from .compaction import DEFAULT_COMPACT_WAL_RATIO, Backoff, freeze_heap
 from .connection import (
     MAX_LISTINGS_STARTED_PER_TURN,
     MAX_RECV_BYTES,
@@ -86,6 +93,7 @@ MAX_TIMER_SECONDS = 60.0
 
 _LISTENER = object()
 _WAKEUP = object()
+_COMPACTION = object()  # a snapshot child's pidfd: readable once it exited
 
 
 def bind_listener(path: str, mode: int) -> socket.socket:
@@ -136,7 +144,9 @@ class Loop:
     ``listener`` the listening socket; ``socket_path`` is unlinked at exit
     (None when systemd owns the socket); ``hook`` and
     ``preallocate_wal_bytes`` are passed to the Queue reopened after a
-    failed write.
+    failed write; ``compact_wal_bytes`` and ``compact_wal_ratio`` say when
+    to compact (walqueue.daemon.compaction), ``child_hook`` (tests only)
+    runs in each snapshot child before it writes.
     """
 
     def __init__(
@@ -155,7 +165,10 @@ class Loop:
         preallocate_wal_bytes: int = 0,
         recovery_seconds: float = 0.0,
         metrics_endpoint: MetricsEndpoint | None = None,
+        compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
+        child_hook: Callable[[], None] | None = None,
     ) -> None:
+        freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
         self.listener = listener
         self.socket_path = socket_path
@@ -168,15 +181,19 @@ class Loop:
         self.metrics_endpoint = metrics_endpoint  # GET /metrics, served and rendered by this loop
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
-                                 wall_clock=self.clock.wall_seconds)
-        self.service = Service(queue, compact=lambda reason: self.commit.compact(reason),
-                               report=self.report)
+                                 wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
+        self.service = Service(queue, report=self.report,
+                               compact=lambda peer, request_id: self.compaction.request(peer, request_id))
+        self.selector = Selector()
         self.commit = GroupCommit(
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
-            compact_wal_bytes=compact_wal_bytes,
+            compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
             open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes),
-            before_long_stall=lambda: self._watchdog(force=True))
-        self.selector = Selector()
+            watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _COMPACTION),
+            unwatch=self.selector.unregister, child_hook=child_hook)
+        self.compaction = self.commit.compaction
+        # The daemon's own reaping after a failed write: spaced out, not every second.
+        self.reap_backoff = Backoff()
         self.connections: dict[int, Connection] = {}
         self.turn = 0
         self.stopping = False
@@ -207,7 +224,8 @@ class Loop:
         report = self.recorder.report(
             self.service.queue, now=now, connections=len(self.connections),
             parked_reserves=self.service.parked.live, paused=self.service.paused,
-            compact_wal_bytes=self.compact_wal_bytes, directory=self.directory)
+            compact_wal_bytes=self.compact_wal_bytes, directory=self.directory,
+            compaction=self.compaction.status())
         return dataclasses.replace(report, clock_steps_total=self.now.steps,
                                    clock_offset_seconds=self.now.offset_seconds)
 
@@ -268,6 +286,8 @@ class Loop:
                 self._drain_wakeup()
             elif metrics is not None and metrics.owns(key.data):
                 metrics.on_event(key.data, mask, polled)
+            elif key.data is _COMPACTION:
+                pass  # a snapshot child exited: collected right after the batch
             else:
                 conn: Connection = key.data
                 self._touched.add(conn)
@@ -282,6 +302,7 @@ class Loop:
             self._expire_hellos()
         self._expire_frames()
         wrote = self._apply(requests)
+        self.compaction.settle()
         if self.service.parked:
             self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
@@ -300,8 +321,7 @@ class Loop:
             self._settle(conn)
         if self.notifier.watchdog_seconds is not None:
             self._watchdog()
-        if wrote:
-            self.commit.maybe_compact()
+        self.compaction.maybe_start(wrote)
         if metrics is not None:
             metrics.expire(clock.monotonic_seconds())
             if metrics.wanted:
@@ -329,8 +349,10 @@ class Loop:
                 self._fatal(conn, None, late_frame_message(conn))
 
     def _timeout(self) -> float | None:
-        if self._deferring and any(conn.can_resume() for conn in self._deferring):
-            return 0.0  # deferred requests can go now: no event will announce it
+        if (self._deferring and any(conn.can_resume() for conn in self._deferring)) or self.service.outbox:
+            # Deferred requests can go now, or answers produced after the last
+            # delivery (a failed compaction's) wait: no event will announce either.
+            return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
         if self._awaiting_hello:
@@ -349,9 +371,10 @@ class Loop:
         due = self.service.next_due_time()
         if due is not None:
             if due <= self.now.last_now:
-                # Should not happen (due work is done in the turn it is due);
-                # never spin on it.
-                deadlines.append(1.0)
+                # Due work is done in the turn it is due, unless the reaper is
+                # backing off after a failed write: wake when that ends; never spin.
+                retry = self.reap_backoff.remaining(monotonic_seconds)
+                deadlines.append(1.0 if retry is None else max(retry, 0.001))
             else:
                 # +1 ms so the daemon's whole seconds have reached `due` on waking.
                 deadlines.append(due - self.now.seconds() + 0.001)
@@ -359,10 +382,10 @@ class Loop:
             return None
         return min(MAX_TIMER_SECONDS, max(0.0, min(deadlines)))
 
-    def _watchdog(self, *, force: bool = False) -> None:
+    def _watchdog(self) -> None:
         if self.notifier.watchdog_seconds is None:
             return
-        if force or self.clock.monotonic_seconds() >= self._next_watchdog:
+        if self.clock.monotonic_seconds() >= self._next_watchdog:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = self.clock.monotonic_seconds() + self.notifier.watchdog_seconds
 
@@ -503,7 +526,7 @@ class Loop:
             requests = resumed + requests
         service = self.service
         now = self.now()
-        reap = service.reap_due(now)
+        reap = service.reap_due(now) and self.reap_backoff.ready(self.clock.monotonic_seconds())
         if not requests and not service.parked and not reap:
             return False
         service.begin_turn(now, self.clock.monotonic_seconds())
@@ -533,7 +556,21 @@ class Loop:
                 conn.turn_requests += 1
                 service.handle(conn, request)
 
-        return self.commit.turn(apply) and writing
+        committed = self.commit.turn(apply)
+        if reap:
+            self._reaped(committed)
+        return committed and writing
+
+    def _reaped(self, committed: bool) -> None:
+        """Space out the daemon's own reaps after a failed one (the commit logged the failure)."""
+        if committed:
+            if self.reap_backoff.failures:
+                log.info("expiring leases works again after %d failed attempt(s)", self.reap_backoff.failures)
+            self.reap_backoff.succeeded()
+            return
+        delay = self.reap_backoff.failed(self.clock.monotonic_seconds())
+        log.error("expiring due leases failed to write (%d in a row); next attempt in %.0f s (a reserve "
+                  "still reaps first)", self.reap_backoff.failures, delay)
 
     def _queue_answers(self) -> None:
         outbox = self.service.outbox
@@ -556,6 +593,7 @@ class Loop:
         self.notifier.notify("STOPPING=1")
         log.info("stopping: %d connection(s), %d parked reserve(s)", len(self.connections),
                  self.service.parked.live)
+        self.compaction.stop()  # kill and reap a snapshot child first; its requests are answered
         try:
             self.selector.unregister(self.listener)
         except (KeyError, ValueError):
@@ -605,6 +643,7 @@ class Loop:
     def close_without_serving(self) -> None:
         """Release what __init__ made, for a Loop whose run() never ran (tests); the queue stays open."""
         self._spare_descriptor.close()
+        self.compaction.stop()
         self.selector.close()
         self._wake_read.close()
         self._wake_write.close()

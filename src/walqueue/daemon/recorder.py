@@ -104,7 +104,7 @@ class Recorder:
 
     def __init__(self, *, next_seq: int, now: int, recovery_seconds: float,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, wal_bytes: int = 0) -> None:
         self._clock = clock
         self.started = clock()
         self.start_time_seconds = wall_clock()
@@ -116,6 +116,12 @@ class Recorder:
         self.write_failures_total = 0
         self.compactions_total = 0
         self.last_compaction_seconds: float | None = None
+        self.compaction_failures_total = 0
+        self.last_compaction_pause_seconds: float | None = None
+        self.snapshot_bytes_written_total = 0
+        # WAL bytes written since start = the WAL now - the WAL at start + what compactions dropped.
+        self._wal_bytes_at_start = wal_bytes
+        self._wal_bytes_compacted = 0
         # (monotonic end, seconds, requests in its batch) of recent fsyncs.
         self._window: deque[tuple[float, float, int]] = deque(maxlen=FSYNC_WINDOW)
 
@@ -126,9 +132,19 @@ class Recorder:
             self.fsync_seconds_total += seconds
             self._window.append((self._clock(), seconds, requests))
 
-    def compacted(self, seconds: float) -> None:
+    def compaction_started(self, pause_seconds: float) -> None:
+        """A compaction began; the loop stood still ``pause_seconds`` (rotation and fork)."""
+        self.last_compaction_pause_seconds = pause_seconds
+
+    def compacted(self, seconds: float, *, snapshot_bytes: int = 0, covered_bytes: int = 0) -> None:
+        """A compaction published its snapshot ``seconds`` after it began."""
         self.compactions_total += 1
         self.last_compaction_seconds = seconds
+        self.snapshot_bytes_written_total += snapshot_bytes
+        self._wal_bytes_compacted += covered_bytes
+
+    def compaction_failed(self) -> None:
+        self.compaction_failures_total += 1
 
     def write_failed(self) -> None:
         self.write_failures_total += 1
@@ -142,16 +158,30 @@ class Recorder:
         self.last_recovery_seconds = seconds
 
     def report(self, queue, *, now: int, connections: int, parked_reserves: int, paused: bool,
-               compact_wal_bytes: int, directory: str) -> DaemonStats:
-        """The full report at `now` (the daemon's clock, whole seconds)."""
+               compact_wal_bytes: int, directory: str, compaction=None) -> DaemonStats:
+        """The full report at `now` (the daemon's clock, whole seconds).
+
+        ``compaction`` is the compactor's `Status` (walqueue.daemon.compaction), if any.
+        """
         clock = self._clock()
         window = self._window
         while window and window[0][0] < clock - FSYNC_WINDOW_SECONDS:
             window.popleft()
         durations = sorted(seconds for _, seconds, _ in window)
         due_since = queue.ready_due_since(now, self.seq_clock.time_of)
+        stats = queue.stats()
+        compaction_fields = {}
+        if compaction is not None:
+            compaction_fields = dict(
+                compact_wal_ratio=compaction.ratio,
+                compaction_in_progress=compaction.in_progress,
+                compaction_retry_in_seconds=compaction.retry_in_seconds,
+                compaction_consecutive_failures=compaction.consecutive_failures,
+                last_compaction_error=compaction.last_error,
+                snapshot_bytes=compaction.snapshot_bytes,
+            )
         return DaemonStats(
-            queue=queue.stats(),
+            queue=stats,
             oldest_ready_age_seconds=0 if due_since is None else max(0, now - due_since),
             leases_past_half=queue.leases_past_half(now),
             wal_segments=queue.segment_count(),
@@ -175,4 +205,10 @@ class Recorder:
             last_recovery_seconds=self.last_recovery_seconds,
             directory=directory,
             version=walqueue.__version__,
+            compaction_failures_total=self.compaction_failures_total,
+            last_compaction_pause_seconds=self.last_compaction_pause_seconds,
+            snapshot_bytes_written_total=self.snapshot_bytes_written_total,
+            wal_bytes_written_total=max(0, stats.wal_bytes - self._wal_bytes_at_start
+                                        + self._wal_bytes_compacted),
+            **compaction_fields,
         )

@@ -215,12 +215,13 @@ def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> l
 class Service:
     """One Queue served to many peers; see the module docstring.
 
-    ``compact(reason)`` runs a compaction and returns its seq (the group
-    commit's, so every compaction is driven from one place); ``report(now)``
-    builds the daemon's full report (DaemonStats) for ``daemon_stats``.
+    ``compact(peer, request_id)`` takes a ``compact`` request, which the
+    compactor (walqueue.daemon.compaction) answers through `answer` once a
+    snapshot covering it is published; ``report(now)`` builds the daemon's
+    full report (DaemonStats) for ``daemon_stats``.
     """
 
-    def __init__(self, queue: Queue, *, compact: Callable[[str], int],
+    def __init__(self, queue: Queue, *, compact: Callable[[Peer, int], None],
                  report: Callable[[int], protocol.DaemonStats]) -> None:
         self.queue = queue
         self.queue_epoch = 0  # bumped whenever the Queue is replaced after a failure
@@ -447,6 +448,10 @@ class Service:
 
     # -- answers -------------------------------------------------------------------------
 
+    def answer(self, peer: Peer, request_id: int, messages: list) -> None:
+        """Queue an answer produced outside a request's handler (a compaction's, once published)."""
+        self._answer(peer, request_id, messages)
+
     def _answer(self, peer: Peer, request_id: int | None, messages: list) -> None:
         """Queue an answer, encoded now into one bytes value."""
         try:
@@ -532,8 +537,7 @@ class Service:
         if self.backup_holder is not None:
             raise InvalidRequest(f"a backup is in progress ({self.backup_holder.name}); compaction "
                                  "would delete the files it copies: compact after it ends")
-        seq = self._compact("on request")
-        self._answer(peer, request.id, [protocol.Compacted(id=request.id, seq=seq)])
+        self._compact(peer, request.id)  # answered once CURRENT names a snapshot covering it
 
     def _pause_or_resume(self, peer: Peer, request: protocol.Pause | protocol.Resume) -> None:
         """Pause or resume leasing (idempotent); resuming serves parked reserves in arrival order."""

@@ -1,0 +1,450 @@
+"""The daemon half of the history benchmark (issue 11): walqueued on a directory holding N
+completed tasks, under 16 client processes, with compactions inside the window.
+
+    .venv/bin/python scripts/bench_history_daemon.py [--tasks 0,1000000] [--seconds 60]
+        [--clients 16] [--compact-wal-bytes 8388608] [--compact-wal-ratio 0]
+        [--directory DIR] [--json PATH] [--tmp-dir DIR]
+
+For each N of ``--tasks`` (or once, for a directory already filled by
+scripts/bench_history.py: ``--directory``), it fills a fresh directory through
+the library with N completed tasks (17-character ids, 100-byte payloads, in
+batches of 1,000, then one compaction, so the daemon starts from a
+snapshot), starts walqueued on it (as a user would: no test hook) and runs
+``--clients`` client processes for ``--seconds``. Each client alternates
+two cycles, put + reserve + ack and put + ack_and_reserve (acking the lease
+the previous one handed out). Reported per N, over the whole window:
+
+* cycles/s (acks answered), p50/p99/max cycle latency, and the longest gap
+  between two answers any client saw (the stall a compaction would cause);
+* the daemon's RSS at the end and its peak, and the peak of the daemon plus
+  its snapshot child (the child's copy-on-write pages), sampled every 0.2 s;
+* every compaction of the window from the daemon's log: its duration (from
+  rotation to publication), how long the loop paused for it (rotation and
+  fork) and the snapshot's size; snapshot bytes written / WAL bytes written
+  from the daemon's own counters (protocol version 3 ``daemon_stats``);
+* the restart after the window: time from start to READY (recovery) and the
+  peak RSS of the restarted process.
+
+The window forces compactions with a low floor (``--compact-wal-bytes``, 8 MiB)
+and ``--compact-wal-ratio 0``, so that at least two happen inside it whatever N:
+with a 1M-task snapshot (~290 MB) the production trigger (ratio 1) would
+compact only after ~290 MB of WAL, minutes at this load. The write
+amplification of the production trigger is then given by its arithmetic from
+the measured growth g of the snapshot per WAL byte: <= 1/ratio + g
+(docs/daemon.md). The targets of issue 11 are printed beside the figures.
+Not part of the test suite (tests/process/test_bench_history_daemon.py runs
+it on tiny sizes). The machine's load is printed: figures from a busy
+machine are noisy; compare ratios taken in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+from walqueue import Queue  # noqa: E402
+from walqueue import protocol as p  # noqa: E402
+from walqueue.client import Client  # noqa: E402
+
+READY_SECONDS = 600.0  # a 10M-task recovery takes minutes
+STOP_SECONDS = 120.0
+RSS_SAMPLE_SECONDS = 0.2
+FILL_BATCH = 1000
+PAYLOAD = {"data": "x" * 90}  # 100 bytes as canonical JSON
+COMPACTED = re.compile(r"^(\S+ \S+) walqueued\[\d+\] INFO compacted (\d+) WAL bytes \w+(?: \w+)? through "
+                       r"seq (\d+) in ([\d.]+) s \(loop paused ([\d.]+) s; snapshot (\d+) bytes", re.M)
+def log_time(text: str) -> float:
+    """Unix time of a log line's timestamp (``2026-12-01 14:08:21,123``, local time)."""
+    return time.mktime(time.strptime(text[:19], "%Y-%m-%d %H:%M:%S")) + int(text[20:23]) / 1000
+
+
+def gap_context(client: dict, compactions: list[dict]) -> str:
+    """Where the longest gap fell against the compactions: at a fork, during a child's write, outside."""
+    end, start = client["longest_gap_end"], client["longest_gap_end"] - client["longest_gap"]
+    for item in compactions:
+        began = item["published"] - item["seconds"]
+        if start - 0.01 <= began <= end + 0.01:
+            return "at a rotation and fork"
+        if abs(item["published"] - end) <= client["longest_gap"] + 0.01:
+            return "at a publication"
+        if began < start and end < item["published"]:
+            return f"while a child wrote ({start - began:.1f} s after its fork)"
+    return "outside any compaction"
+
+
+DEFAULT_RATIO = 1.0  # the production trigger, whose write amplification is given by its arithmetic
+RECOVERED = re.compile(r"recovered .* in ([\d.]+) s:")
+TARGETS = {
+    "cycles_ratio": 0.9,  # cycles/s at N >= 0.9 x at 0
+    "max_latency_ms": 100.0,
+    "p99_ratio": 2.0,  # p99 at N <= 2 x p99 at 0
+    "amplification": 2.0,  # snapshot bytes written <= 2 x WAL bytes written
+}
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def task_id(index: int) -> str:
+    return f"history-{index:09d}"  # 17 characters
+
+
+def fill(directory: Path, tasks: int) -> float:
+    """N completed tasks through the library, in batches of FILL_BATCH, then a compaction; seconds."""
+    started = time.monotonic()
+    with Queue(directory) as queue:
+        for start in range(0, tasks, FILL_BATCH):
+            with queue.batch():
+                queue.put_many([{"task_id": task_id(index), "payload": PAYLOAD}
+                                for index in range(start, min(tasks, start + FILL_BATCH))])
+                for lease in queue.reserve("filler", now=1, lease_seconds=60, limit=FILL_BATCH):
+                    queue.ack(lease, now=2)
+        queue.compact()
+    return time.monotonic() - started
+
+
+# -- /proc ----------------------------------------------------------------------------
+
+
+def status_kib(pid: int, field: str) -> int:
+    """A field of /proc/PID/status in KiB (VmRSS, VmHWM); 0 if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as file:
+            for line in file:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as file:
+            return [int(child) for child in file.read().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS of the daemon alone and of the daemon plus its (snapshot) children."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_kib = 0
+        self.peak_with_children_kib = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(RSS_SAMPLE_SECONDS):
+            own = status_kib(self.pid, "VmRSS")
+            self.peak_kib = max(self.peak_kib, own)
+            self.peak_with_children_kib = max(
+                self.peak_with_children_kib, own + sum(status_kib(child, "VmRSS") for child in children(self.pid)))
+
+    def stop(self) -> None:
+        self._done.set()
+        if self.is_alive():
+            self.join(10)
+
+
+# -- the daemon ---------------------------------------------------------------------------
+
+
+class Daemon:
+    """walqueued on ``directory``, started as a user would; READY awaited on a notify socket."""
+
+    def __init__(self, workdir: Path, directory: Path, options: list[str], name: str) -> None:
+        self.socket_path = str(workdir / "wq.sock")
+        self.log_path = workdir / f"{name}.log"
+        notify_path = str(workdir / f"{name}-notify.sock")
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(notify_path)
+        env = dict(os.environ, NOTIFY_SOCKET=notify_path, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]))
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "walqueue.daemon.cli", "serve", str(directory), "--socket",
+                 self.socket_path, "--log-level", "info", *options],
+                stdout=log, stderr=log, env=env, cwd=REPO)
+        notify.settimeout(1.0)
+        deadline = started + READY_SECONDS
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"walqueued exited with {self.proc.returncode}: {self.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"walqueued not ready in {READY_SECONDS} s")
+                try:
+                    if b"READY=1" in notify.recv(4096):
+                        break
+                except TimeoutError:
+                    continue
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            notify.close()
+            os.unlink(notify_path)
+        self.ready_seconds = time.monotonic() - started
+        self.peak_at_ready_kib = status_kib(self.proc.pid, "VmHWM")
+        recovered = RECOVERED.search(self.log_path.read_text(errors="replace"))
+        self.recovery_seconds = float(recovered[1]) if recovered else float("nan")
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+
+    def report(self) -> p.DaemonStats:
+        """daemon_stats in protocol version 3 (with the compaction figures)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(60)
+            sock.connect(self.socket_path)
+            sock.sendall(p.encode(p.Hello(id=0, version=p.COMPACTION_REPORTING_VERSION)) +
+                         p.encode(p.DaemonStatsReq(id=1)))
+            answers = {}
+            reader = p.FrameReader()
+            while 1 not in answers:
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    raise RuntimeError("walqueued closed the report connection")
+                reader.feed(chunk)
+                while (body := reader.next_body()) is not None:
+                    message = p.decode_response(body)
+                    answers[message.id] = message
+        return p.daemon_stats_from_wire(answers[1].stats)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+# -- clients -------------------------------------------------------------------------------
+
+
+def client_process(socket_path: str, name: str, start_at: float, end_at: float, results) -> None:
+    """Alternate put + reserve + ack and put + ack_and_reserve until ``end_at`` (monotonic)."""
+    latencies: list[float] = []
+    longest_gap = 0.0
+    longest_gap_end = 0.0  # wall time, to place it against the compactions in the daemon's log
+    cycles = errors = index = 0
+    held = None  # the lease the last ack_and_reserve handed out
+    with Client(socket_path, name=name) as client:
+        client.stats()  # connected before the window opens
+        while time.monotonic() < start_at:
+            time.sleep(max(0.0, min(0.05, start_at - time.monotonic())))  # the shared start time
+        last_answer = time.perf_counter()
+
+        def answered() -> None:
+            nonlocal last_answer, longest_gap, longest_gap_end
+            now = time.perf_counter()
+            if now - last_answer > longest_gap:
+                longest_gap, longest_gap_end = now - last_answer, time.time()
+            last_answer = now
+
+        while time.monotonic() < end_at:
+            index += 1
+            started = time.perf_counter()
+            try:
+                client.put(f"{name}-{index:09d}", PAYLOAD)
+                answered()
+                if index % 2:  # put + reserve + ack
+                    leases = client.reserve(name, lease_seconds=300)
+                    answered()
+                    for lease in leases:
+                        client.ack(lease)
+                        answered()
+                        cycles += 1
+                elif held is not None:  # put + ack_and_reserve: ack the held lease, hold the next
+                    leases = client.ack_and_reserve(held, lease_seconds=300)
+                    answered()
+                    cycles += 1
+                    held = leases[0] if leases else None
+                else:  # the first lease to hold
+                    held = next(iter(client.reserve(name, lease_seconds=300)), None)
+                    answered()
+            except Exception:  # noqa: BLE001 - counted and reported, the window goes on
+                errors += 1
+                continue
+            latencies.append(time.perf_counter() - started)
+    results.put({"cycles": cycles, "errors": errors, "latencies": latencies, "longest_gap": longest_gap,
+                 "longest_gap_end": longest_gap_end})
+
+
+# -- one N ---------------------------------------------------------------------------------
+
+
+def measure(workdir: Path, directory: Path, tasks: int, args) -> dict:
+    options = ["--compact-wal-bytes", str(args.compact_wal_bytes), "--compact-wal-ratio", str(args.compact_wal_ratio)]
+    daemon = Daemon(workdir, directory, options, f"daemon-{tasks}")
+    sampler = RssSampler(daemon.proc.pid)
+    try:
+        before = daemon.report()
+        log_offset = daemon.log_path.stat().st_size
+        results = multiprocessing.Queue()
+        start_at = time.monotonic() + 2.0 + 0.1 * args.clients
+        end_at = start_at + args.seconds
+        processes = [multiprocessing.Process(target=client_process,
+                                             args=(daemon.socket_path, f"c{n:02d}", start_at, end_at, results))
+                     for n in range(args.clients)]
+        for process in processes:
+            process.start()
+        sampler.start()
+        gathered = [results.get(timeout=args.seconds + 300) for _ in processes]
+        for process in processes:
+            process.join(60)
+        after = daemon.report()
+        rss_end_kib = status_kib(daemon.proc.pid, "VmRSS")
+        window_log = daemon.log_path.read_bytes()[log_offset:].decode(errors="replace")
+    finally:
+        sampler.stop()
+        daemon.stop()
+    compactions = [{"published": log_time(m[1]), "covered_bytes": int(m[2]), "seq": int(m[3]),
+                    "seconds": float(m[4]), "pause_seconds": float(m[5]), "snapshot_bytes": int(m[6])}
+                   for m in COMPACTED.finditer(window_log)]
+    restart = Daemon(workdir, directory, options, f"restart-{tasks}")
+    restart.stop()
+    latencies = [value for item in gathered for value in item["latencies"]]
+    snapshot_written = after.snapshot_bytes_written_total - before.snapshot_bytes_written_total
+    wal_written = after.wal_bytes_written_total - before.wal_bytes_written_total
+    growth = None
+    if len(compactions) >= 2:
+        covered = sum(item["covered_bytes"] for item in compactions[1:])
+        growth = (compactions[-1]["snapshot_bytes"] - compactions[0]["snapshot_bytes"]) / max(1, covered)
+    return {
+        "tasks": tasks,
+        "cycles_per_second": sum(item["cycles"] for item in gathered) / args.seconds,
+        "errors": sum(item["errors"] for item in gathered),
+        "p50_ms": percentile(latencies, 0.5) * 1e3,
+        "p99_ms": percentile(latencies, 0.99) * 1e3,
+        "max_ms": max(latencies, default=float("nan")) * 1e3,
+        "longest_gap_ms": max(item["longest_gap"] for item in gathered) * 1e3,
+        "longest_gap_when": gap_context(max(gathered, key=lambda item: item["longest_gap"]), compactions),
+        "rss_end_mib": rss_end_kib / 1024,
+        "rss_peak_mib": sampler.peak_kib / 1024,
+        "rss_peak_with_child_mib": sampler.peak_with_children_kib / 1024,
+        "compactions": compactions,
+        "snapshot_bytes_written": snapshot_written,
+        "wal_bytes_written": wal_written,
+        "amplification": snapshot_written / max(1, wal_written),
+        "growth_per_wal_byte": growth,
+        "production_bound": None if growth is None else 1.0 / DEFAULT_RATIO + growth,
+        "write_failures": after.write_failures_total - before.write_failures_total,
+        "compaction_failures": after.compaction_failures_total - before.compaction_failures_total,
+        "restart_seconds": restart.ready_seconds,
+        "recovery_seconds": restart.recovery_seconds,
+        "restart_peak_rss_mib": restart.peak_at_ready_kib / 1024,
+    }
+
+
+def print_table(rows: list[dict], args) -> None:
+    base = rows[0] if rows and rows[0]["tasks"] == 0 else None
+    print(f"\n{args.clients} clients, {args.seconds:g} s window, --compact-wal-bytes {args.compact_wal_bytes} "
+          f"--compact-wal-ratio {args.compact_wal_ratio:g}; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
+    print("| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | compactions | durations s "
+          "(max) | loop pause max ms | snapshot MB | snapshot/WAL written | g | restart s (recovery) | "
+          "restart peak RSS MiB | RSS end / peak / +child MiB | errors |")
+    print("|" + "---:|" * 16)
+    for row in rows:
+        compactions = row["compactions"]
+        durations = [item["seconds"] for item in compactions]
+        print(f"| {row['tasks']:,} | {row['cycles_per_second']:,.0f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+              f"{row['max_ms']:.1f} | {row['longest_gap_ms']:.1f} | {len(compactions)} | "
+              f"{percentile(durations, 0.5):.2f} ({max(durations, default=float('nan')):.2f}) | "
+              f"{max((item['pause_seconds'] for item in compactions), default=float('nan')) * 1e3:.1f} | "
+              f"{(compactions[-1]['snapshot_bytes'] / 1e6 if compactions else float('nan')):.1f} | "
+              f"{row['amplification']:.2f} | "
+              f"{'-' if row['growth_per_wal_byte'] is None else format(row['growth_per_wal_byte'], '.2f')} | "
+              f"{row['restart_seconds']:.2f} ({row['recovery_seconds']:.2f}) | {row['restart_peak_rss_mib']:.0f} | "
+              f"{row['rss_end_mib']:.0f} / {row['rss_peak_mib']:.0f} / {row['rss_peak_with_child_mib']:.0f} | "
+              f"{row['errors']} |")
+    for row in rows:
+        print(f"- N={row['tasks']:,}: the longest gap fell {row['longest_gap_when']}")
+    print("\nTargets (issue 11):")
+    for row in rows:
+        checks = [f"max {row['max_ms']:.0f} ms <= {TARGETS['max_latency_ms']:.0f}: "
+                  f"{'met' if row['max_ms'] <= TARGETS['max_latency_ms'] else 'NOT met'}",
+                  f"at least two compactions in the window: {'yes' if len(row['compactions']) >= 2 else 'NO'}"]
+        if base is not None and row is not base:
+            ratio = row["cycles_per_second"] / base["cycles_per_second"]
+            p99_ratio = row["p99_ms"] / base["p99_ms"]
+            checks.append(f"cycles/s {ratio:.2f}x N=0 (>= {TARGETS['cycles_ratio']}: "
+                          f"{'met' if ratio >= TARGETS['cycles_ratio'] else 'NOT met'})")
+            checks.append(f"p99 {p99_ratio:.2f}x N=0 (<= {TARGETS['p99_ratio']}: "
+                          f"{'met' if p99_ratio <= TARGETS['p99_ratio'] else 'NOT met'})")
+        if row["production_bound"] is not None:
+            checks.append(f"production trigger (ratio {DEFAULT_RATIO:g}): snapshot/WAL <= 1/ratio + g = "
+                          f"{row['production_bound']:.2f} (<= {TARGETS['amplification']:g}: "
+                          f"{'met' if row['production_bound'] <= TARGETS['amplification'] else 'NOT met'})")
+        print(f"- N={row['tasks']:,}: " + "; ".join(checks))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="0,1000000", help="comma-separated N to fill and measure")
+    parser.add_argument("--directory", type=Path, default=None,
+                        help="measure this directory (filled by scripts/bench_history.py) instead of filling")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--compact-wal-bytes", type=int, default=8 * 1024 * 1024)
+    parser.add_argument("--compact-wal-ratio", type=float, default=0.0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--tmp-dir", type=Path, default=REPO / "var")
+    args = parser.parse_args(argv)
+    args.tmp_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    if args.directory is not None:
+        with Queue(args.directory) as queue:
+            tasks = sum(getattr(queue.stats(), status) for status in ("ready", "leased", "completed", "dead"))
+        workdir = Path(tempfile.mkdtemp(prefix="bench-history-", dir="/tmp"))  # short socket paths
+        try:
+            rows.append(measure(workdir, args.directory, tasks, args))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        for tasks in [int(text) for text in args.tasks.split(",")]:
+            scratch = Path(tempfile.mkdtemp(prefix="bench-history-", dir=args.tmp_dir))
+            workdir = Path(tempfile.mkdtemp(prefix="bench-history-", dir="/tmp"))
+            try:
+                seconds = fill(scratch / "queue", tasks)
+                print(f"filled {tasks:,} completed tasks in {seconds:.1f} s", flush=True)
+                rows.append(measure(workdir, scratch / "queue", tasks, args))
+                print(json.dumps({key: value for key, value in rows[-1].items() if key != "compactions"}),
+                      flush=True)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+                shutil.rmtree(workdir, ignore_errors=True)
+    print_table(rows, args)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"arguments": {key: str(value) for key, value in vars(args).items()},
+                                         "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
