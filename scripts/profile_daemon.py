@@ -13,6 +13,12 @@ cProfile slows pure-Python code more than C and syscalls, so read (2) for the
 proportions between groups, and (1) for absolute microseconds.
 
     .venv/bin/python scripts/profile_daemon.py --clients 16 --seconds 5
+    .venv/bin/python scripts/profile_daemon.py --clients 1 --mode client --no-profile --src /tmp/base/src
+
+``--mode client`` runs the plain Client cycle (put, reserve, ack) instead;
+``--src`` runs the daemon and the clients from another tree's ``src`` (an A/B
+on a busy machine: alternate the trees and compare medians); ``--no-profile``
+skips (2).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def client(socket_path: str, seconds: float, results) -> None:
+def client(socket_path: str, seconds: float, mode: str, results) -> None:
     from walqueue.client import Client
 
     name = f"p{os.getpid()}"
@@ -68,12 +74,16 @@ def client(socket_path: str, seconds: float, results) -> None:
         while time.monotonic() - started < seconds:
             c.put(f"{name}-{count}", PAYLOAD)
             count += 1
+            if mode == "client":
+                (lease,) = c.reserve(name, lease_seconds=60)
+                c.ack(lease)
+                continue
             leases = c.ack_and_reserve(held, lease_seconds=60) if held else c.reserve(name, lease_seconds=60)
             held = leases[0]
         results.put((count, time.process_time() - started_cpu))
 
 
-def load(daemon_args: list[str], clients: int, seconds: float) -> dict:
+def load(daemon_args: list[str], clients: int, seconds: float, mode: str = "ack_and_reserve") -> dict:
     directory = tempfile.mkdtemp(prefix="profile-daemon-", dir=REPO / "var")
     socket_path = os.path.join(directory, "q", "walqueued.sock")
     daemon = subprocess.Popen([sys.executable, *daemon_args, "serve", os.path.join(directory, "q"),
@@ -85,7 +95,7 @@ def load(daemon_args: list[str], clients: int, seconds: float) -> dict:
                 raise SystemExit("walqueued did not start")
             time.sleep(0.05)
         results = multiprocessing.Queue()
-        workers = [multiprocessing.Process(target=client, args=(socket_path, seconds, results))
+        workers = [multiprocessing.Process(target=client, args=(socket_path, seconds, mode, results))
                    for _ in range(clients)]
         before = cpu_seconds(daemon.pid)
         for worker in workers:
@@ -99,7 +109,7 @@ def load(daemon_args: list[str], clients: int, seconds: float) -> dict:
         daemon.wait(60)
         shutil.rmtree(directory, ignore_errors=True)
     cycles = sum(count for count, _ in gathered)
-    requests = 2 * cycles
+    requests = (3 if mode == "client" else 2) * cycles
     return {"cycles_per_second": cycles / seconds, "requests": requests,
             "daemon_us": daemon_cpu / requests * 1e6,
             "client_us": sum(cpu for _, cpu in gathered) / requests * 1e6}
@@ -110,16 +120,28 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=15, help="functions listed by own time")
+    parser.add_argument("--mode", choices=("ack_and_reserve", "client"), default="ack_and_reserve",
+                        help="put + ack_and_reserve cycles, or the plain Client's put, reserve, ack")
+    parser.add_argument("--src", help="run the daemon and clients from this src directory instead")
+    parser.add_argument("--no-profile", action="store_true", help="measure CPU per request only")
     args = parser.parse_args()
     (REPO / "var").mkdir(exist_ok=True)
+    if args.src:
+        source = os.path.abspath(args.src)
+        sys.path.insert(0, source)  # the clients (forked from here) import it too
+        os.environ["PYTHONPATH"] = os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])
 
-    plain = load(["-m", "walqueue.daemon.cli"], args.clients, args.seconds)
-    print(f"{args.clients} clients, put + ack_and_reserve cycles, {args.seconds:g} s, no profiler:")
+    plain = load(["-m", "walqueue.daemon.cli"], args.clients, args.seconds, args.mode)
+    cycle = "put, reserve, ack" if args.mode == "client" else "put + ack_and_reserve"
+    print(f"{args.clients} clients, {cycle} cycles, {args.seconds:g} s, no profiler:")
     print(f"  {plain['cycles_per_second']:,.0f} cycles/s; daemon CPU {plain['daemon_us']:.0f} us per request; "
           f"client CPU {plain['client_us']:.0f} us per request (each client its own process)")
+    if args.no_profile:
+        return
 
     profile = Path(tempfile.mkdtemp(prefix="profile-", dir=REPO / "var")) / "daemon.prof"
-    profiled = load(["-m", "cProfile", "-o", str(profile), "-m", "walqueue.daemon.cli"], args.clients, args.seconds)
+    profiled = load(["-m", "cProfile", "-o", str(profile), "-m", "walqueue.daemon.cli"], args.clients, args.seconds,
+                    args.mode)
     stats = pstats.Stats(str(profile))
     shares: dict[str, float] = {label: 0.0 for label, _ in GROUPS}
     shares["other"] = 0.0

@@ -352,7 +352,8 @@ class Client(ClientApi):
         if call.request is None:
             return call.convert(None)
         timeout = self._call_timeout(call)
-        retry = self._retry(call)
+        # Only idempotent calls are ever retried (retry.py, rule 1): no Retry for the others.
+        retry = self._retry(call) if call.idempotent else None
         while True:
             try:
                 connection = await self._connected()
@@ -360,6 +361,8 @@ class Client(ClientApi):
             except (DaemonUnavailable, QueueClosed) as exc:
                 # A DaemonUnavailable has already dropped the broken connection
                 # (it is never closed here: other coroutines may be using it).
+                if retry is None:
+                    raise
                 pause = retry.pause_after(exc, now=time.monotonic(), client_closed=self._closed)
                 if pause is None:
                     raise

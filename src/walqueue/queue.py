@@ -150,6 +150,25 @@ class Queue:
             raise validation.InvalidRequest("requests must be a list of PutRequest or mappings")
         return self._put([_put_request_of(item, index) for index, item in enumerate(requests)])
 
+    # walqueued's entries (not part of SPEC's API): the same checks, errors and
+    # records as put/put_many, minus the payload copy. Each request is any
+    # object with PutRequest's attributes (walqueued's wire structs), and its
+    # payload is handed over: the caller never uses it again (walqueued's is
+    # freshly decoded), so a payload that is plain JSON already is stored as it is.
+
+    def put_without_copy(self, request: Any) -> str:
+        """put() of ``request``'s fields, storing its payload without a copy (see above)."""
+        self._check_open()
+        return self._put([_put_request(request.task_id, request.payload, request.key, request.available_at,
+                                       request.max_attempts, "", copy=False)])[0]
+
+    def put_many_without_copy(self, requests: list) -> list[str]:
+        """put_many() of ``requests``' fields, storing their payloads without a copy (see above)."""
+        self._check_open()
+        return self._put([_put_request(item.task_id, item.payload, item.key, item.available_at,
+                                       item.max_attempts, f"requests[{index}].", copy=False)
+                          for index, item in enumerate(requests)])
+
     def _put(self, requests: list[dict]) -> list[str]:
         if not requests:
             return []
@@ -164,6 +183,16 @@ class Queue:
 
         Returns the leases in (available_at, task_id) order.
         """
+        return [_lease_of(task) for task in self._reserve(worker, now, lease_seconds, limit)]
+
+    def reserve_fields(self, worker: str, *, now: int, lease_seconds: int, limit: int = 1) -> list[tuple]:
+        """reserve() for walqueued, which encodes each lease at once: the fields of each
+        Lease as a tuple, in Lease's order, with the STORED payload (no copy: encode it,
+        never keep or change it). Not part of SPEC's API."""
+        return [(task.task_id, task.worker, task.generation, task.deadline, task.attempts, task.payload)
+                for task in self._reserve(worker, now, lease_seconds, limit)]
+
+    def _reserve(self, worker: str, now: int, lease_seconds: int, limit: int) -> list[Task]:
         self._check_open()
         validation.name(worker, "worker")
         validation.integer(now, "now")
@@ -174,10 +203,12 @@ class Queue:
         with self.batch():
             self._reap(now)
             task_ids = state.due_ready(now, limit)
-            if task_ids:
-                self._append({"lease_seconds": lease_seconds, "now": now, "op": "reserve",
-                              "seq": self._next_seq(), "task_ids": task_ids, "worker": worker})
-        return [_lease_of(state.tasks[task_id]) for task_id in task_ids]
+            if not task_ids:
+                return []
+            self._append({"lease_seconds": lease_seconds, "now": now, "op": "reserve",
+                          "seq": self._next_seq(), "task_ids": task_ids, "worker": worker})
+        tasks = state.tasks
+        return [tasks[task_id] for task_id in task_ids]
 
     def expire_due(self, *, now: int) -> int:
         """Reap alone: expire every lease with deadline <= `now`, as reserve does first.
@@ -202,32 +233,35 @@ class Queue:
 
     def ack(self, lease: Lease, *, now: int) -> None:
         """Complete the task held by `lease`. Raises StaleLease if it is not current."""
-        self._lease_operation("ack", lease, now=now)
+        self._lease_operation(self._lease_record("ack", lease, now))
 
     def release(self, lease: Lease, *, now: int, delay: int = 0) -> None:
         """Give the task back, available again at now + delay (or dead at max_attempts)."""
-        self._lease_operation("release", lease, now=now, delay=delay)
+        record = self._lease_record("release", lease, now)
+        record["delay"] = validation.integer(delay, "delay")
+        validation.time_plus(now, delay, "delay")
+        self._lease_operation(record)
 
     def touch(self, lease: Lease, *, now: int, lease_seconds: int) -> Lease:
         """Extend a live lease to now + lease_seconds; returns the new Lease."""
-        task = self._lease_operation("touch", lease, now=now, lease_seconds=lease_seconds)
-        return _lease_of(task)
+        record = self._lease_record("touch", lease, now)
+        record["lease_seconds"] = validation.integer(lease_seconds, "lease_seconds", minimum=1)
+        validation.time_plus(now, lease_seconds, "lease_seconds")
+        return _lease_of(self._lease_operation(record))
 
-    def _lease_operation(self, op: str, lease: Lease, **numbers: int) -> Task | None:
+    def _lease_record(self, op: str, lease: Lease, now: int) -> dict:
+        """The checked fields of a lease operation's record, in the order they are checked.
+
+        Only task_id, worker and generation are read from ``lease`` (any object with them).
+        """
         self._check_open()
-        record = {"op": op}
-        for field in ("task_id", "worker", "generation"):
-            value = getattr(lease, field, None)
-            if field == "generation":
-                record[field] = validation.integer(value, "lease.generation")
-            else:
-                record[field] = validation.name(value, f"lease.{field}")
-        for field, value in numbers.items():
-            minimum = 1 if field == "lease_seconds" else 0
-            record[field] = validation.integer(value, field, minimum=minimum)
-        for field in ("delay", "lease_seconds"):
-            if field in record:
-                validation.time_plus(record["now"], record[field], field)
+        return {"op": op,
+                "task_id": validation.name(getattr(lease, "task_id", None), "lease.task_id"),
+                "worker": validation.name(getattr(lease, "worker", None), "lease.worker"),
+                "generation": validation.integer(getattr(lease, "generation", None), "lease.generation"),
+                "now": validation.integer(now, "now")}
+
+    def _lease_operation(self, record: dict) -> Task | None:
         with self.batch():
             record["seq"] = self._next_seq()
             self._append(record)
@@ -582,10 +616,13 @@ class Queue:
         """Check, write and apply one record. Must run inside a batch."""
         change = self._state.check(record)
         frame = encode_frame(record)
+        hook = self._hook
         try:
-            self._call_hook("wal.before_write")
+            if hook is not None:
+                hook("wal.before_write")
             self._active.append(frame)
-            self._call_hook("wal.after_write")
+            if hook is not None:
+                hook("wal.after_write")
         except BaseException:
             self._die()
             raise
@@ -660,14 +697,19 @@ def _take_lock(directory: str) -> int:
     return fd
 
 
-def _put_request(task_id, payload, key, available_at, max_attempts, where: str) -> dict:
-    """A validated put request, shaped like a task of a put record."""
+def _put_request(task_id, payload, key, available_at, max_attempts, where: str, *, copy: bool = True) -> dict:
+    """A validated put request, shaped like a task of a put record.
+
+    Without ``copy`` a payload that is plain JSON already is kept as it is
+    (validation.plain_json); any other goes through the full check and copy.
+    """
     task_id = validation.name(task_id, f"{where}task_id")
     return {
         "available_at": validation.integer(available_at, f"{where}available_at"),
         "key": task_id if key is None else validation.name(key, f"{where}key"),
         "max_attempts": validation.integer(max_attempts, f"{where}max_attempts", minimum=1),
-        "payload": validation.payload(payload, f"{where}payload"),
+        "payload": (payload if not copy and validation.plain_json(payload)
+                    else validation.payload(payload, f"{where}payload")),
         "task_id": task_id,
     }
 

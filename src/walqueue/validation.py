@@ -66,6 +66,52 @@ def payload(value: Any, field: str = "payload") -> dict:
     return _json_value(value, field, 0)
 
 
+def plain_json(value: Any, depth: int = 0) -> bool:
+    """True if `value` is a dict that `payload` would accept and return equal to itself:
+    only dict, list, str, int, float, bool and None, exactly those types, within every
+    bound. A fast check, no copy: False means "ask `payload`", which says what is wrong."""
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if type(value) is dict:
+        for key in value:
+            if type(key) is not str or not (key.isascii() or _encodable(key)):
+                return False
+        items = value.values()
+    elif type(value) is list and depth:
+        items = value
+    else:
+        return False
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if not (item.isascii() or _encodable(item)):
+                return False
+        elif kind is int:
+            if not MIN_PAYLOAD_INT <= item <= MAX_PAYLOAD_INT:
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind is dict or kind is list:
+            if not plain_json(item, depth + 1):
+                return False
+        elif item is not None and kind is not bool:
+            return False
+    return True
+
+
+# plain_json recurses only this deep; deeper payloads take `payload`'s walk.
+_PLAIN_DEPTH = 64
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _json_value(value: Any, path: str, depth: int) -> Any:
     if depth > MAX_PAYLOAD_DEPTH:
         raise InvalidRequest(f"{path} is nested deeper than {MAX_PAYLOAD_DEPTH} levels")

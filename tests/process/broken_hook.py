@@ -22,7 +22,7 @@ from unittest import mock
 from tests import broken
 from walqueue.daemon import compaction
 from walqueue.daemon.compaction import ChildReport, Compactor, InFlight, SnapshotChild
-from walqueue.daemon.service import Service, lease_of
+from walqueue.daemon.service import Service
 from walqueue.errors import StaleLease
 from walqueue.queue import Queue
 
@@ -34,7 +34,7 @@ def _reserving_before_acking(real: Callable) -> Callable:
         """ack_and_reserve that leases first "so the ack cannot hold up the next task": the
         reserve frame precedes the ack frame, and a stale ack leaves its leases granted."""
         leases = self._lease_due(request.worker, request.lease_seconds, request.limit)
-        self.queue.ack(lease_of(request), now=self.now)
+        self.queue.ack(request, now=self.now)
         self._answer_leases(peer, request.id, leases)
     return _ack_and_reserve
 
@@ -44,7 +44,7 @@ def _reserving_after_a_stale_ack(real: Callable) -> Callable:
         """ack_and_reserve that leases even when the ack is refused ("the worker is free either way"),
         then answers StaleLease: the leases are granted to a worker that never hears of them."""
         try:
-            self.queue.ack(lease_of(request), now=self.now)
+            self.queue.ack(request, now=self.now)
         except StaleLease:
             self._lease_due(request.worker, request.lease_seconds, request.limit)
             raise

@@ -1,5 +1,6 @@
 """walqueued's per-connection parts without a loop: framing and hello, admission, deferral."""
 
+import selectors
 import socket
 import struct
 
@@ -11,10 +12,13 @@ from walqueue.daemon import connection as connection_module
 from walqueue.daemon.connection import (
     LARGE_FRAME_BYTES,
     OUTPUT_HIGH_WATER_BYTES,
+    PEER_OPEN,
+    PEER_SHUT,
     Connection,
     ConnectionFault,
     InputBudget,
     ListingBudget,
+    Selector,
 )
 
 
@@ -102,6 +106,45 @@ def test_answers_beyond_the_high_water_mark_wait_in_the_backlog_in_order():
     del conn.out[:]
     conn.fill(ListingBudget())
     assert bytes(conn.out) == b"second" and conn.can_resume()
+
+
+@pytest.mark.skipif(Selector is selectors.DefaultSelector, reason="needs epoll")
+def test_the_selector_tells_a_peer_that_shut_its_end_from_one_that_did_not():
+    open_ours, open_theirs = socket.socketpair()
+    shut_ours, shut_theirs = socket.socketpair()
+    writing_ours, writing_theirs = socket.socketpair()
+    selector = Selector()
+    try:
+        open_theirs.sendall(b"x")
+        shut_theirs.sendall(b"request")
+        shut_theirs.shutdown(socket.SHUT_WR)  # the request and the end of stream arrive together
+        writing_theirs.close()
+        selector.register(open_ours, selectors.EVENT_READ, "open")
+        selector.register(shut_ours, selectors.EVENT_READ | selectors.EVENT_WRITE, "shut")
+        selector.register(writing_ours, selectors.EVENT_WRITE, "writing")  # not watched for reading
+        masks = {key.data: mask for key, mask in selector.select(0)}
+        assert masks["open"] == selectors.EVENT_READ | PEER_OPEN
+        assert masks["shut"] == selectors.EVENT_READ | selectors.EVENT_WRITE | PEER_SHUT
+        assert not masks["writing"] & (PEER_OPEN | PEER_SHUT)
+    finally:
+        selector.close()
+        for sock in (open_ours, open_theirs, shut_ours, shut_theirs, writing_ours):
+            sock.close()
+
+
+def test_gone_trusts_what_this_turns_poll_saw_and_peeks_otherwise():
+    ours, theirs = socket.socketpair()
+    try:
+        conn = Connection(sock=ours, name="test")
+        theirs.close()
+        conn.peer_open_at_poll = True  # the poll saw it open: no syscall, whatever happened since
+        assert not conn.gone()
+        conn.peer_open_at_poll = False
+        assert conn.gone()
+        conn.peer_open_at_poll = None  # not seen this turn: it peeks
+        assert conn.gone()
+    finally:
+        ours.close()
 
 
 def test_gone_sees_a_closed_peer_without_consuming_its_bytes():

@@ -180,3 +180,17 @@ def test_an_expired_lease_is_reaped_at_its_deadline_without_any_reserve(served):
     client.send(p.Tasks(id=3, status="dead"))
     assert [task.task_id for task in client.answer(3).tasks] == ["job"]
     assert loop.timer_seconds() is None  # nothing is due: the loop sleeps until an event
+
+
+def test_a_reserve_read_with_the_end_of_its_stream_leases_nothing_and_one_read_beside_it_leases(served):
+    loop, clock, connect = served
+    producer, leaver, stayer = connect(), connect(), connect()
+    producer.send(p.Put(id=1, task_id="a", payload={}), p.Put(id=2, task_id="b", payload={}))
+    producer.answer(2)
+    # One turn reads both: the poll sees one peer's end shut, the other's open.
+    leaver.send(p.Reserve(id=3, worker="leaver"))
+    leaver.sock.shutdown(socket.SHUT_WR)
+    stayer.send(p.Reserve(id=4, worker="stayer"))
+    assert leaver.answer(3) == p.Leases(id=3, leases=[])
+    assert [lease.task_id for lease in stayer.answer(4).leases] == ["a"]
+    assert loop.queue.get("b").status == "ready"

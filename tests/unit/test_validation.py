@@ -5,6 +5,7 @@ Also the Queue's lifecycle: close, QueueClosed, QueueLocked, discarding.
 """
 
 import dataclasses
+import functools
 import gc
 import math
 import os
@@ -26,6 +27,7 @@ from walqueue import (
     QueueClosed,
     QueueLocked,
     WalQueueError,
+    validation,
 )
 
 from .frames import canonical, put_record, put_task, read_dir
@@ -289,6 +291,61 @@ def test_json_values_of_every_kind_are_accepted_at_depth(q):
     }
     q.put("every-kind", payload)
     assert q.get("every-kind").payload == payload
+
+
+@pytest.mark.parametrize("bad", BAD_PAYLOADS)
+def test_walqueueds_put_entries_refuse_a_bad_payload_exactly_as_put_does(q, directory, bad):
+    """put_without_copy / put_many_without_copy (the daemon's) skip the copy, not a check."""
+    with pytest.raises(InvalidRequest) as by_put:
+        q.put("fresh", bad)
+    error = assert_rejected(q, directory, "payload", lambda: q.put_without_copy(PutRequest("fresh", bad)))
+    assert str(error) == str(by_put.value)
+    with pytest.raises(InvalidRequest) as by_put_many:
+        q.put_many([PutRequest("fresh", {}), PutRequest("x", bad)])
+    error = assert_rejected(q, directory, "payload", lambda: q.put_many_without_copy(
+        [PutRequest("fresh", {}), PutRequest("x", bad)]))
+    assert str(error) == str(by_put_many.value)
+
+
+PLAIN_PAYLOADS = [
+    {},
+    {"data": "x" * 100, "n": 2**64 - 1, "m": -(2**63), "f": -0.0, "none": None, "flags": [True, False]},
+    {"é \u2603": ["\U0001f600", {"": [[]]}, 1.5e300]},
+    {"deep": [[[[{"a": [{"b": [[[[{}]]]]}]}]]]]},
+]
+
+
+@pytest.mark.parametrize("payload", PLAIN_PAYLOADS)
+def test_a_plain_json_payload_is_one_the_full_check_returns_unchanged(payload):
+    assert validation.plain_json(payload)
+    assert validation.payload(payload) == payload
+
+
+@pytest.mark.parametrize("payload", [
+    pytest.param({"a": (1, 2)}, id="tuple"),
+    pytest.param(OrderedDict(a=1), id="dict-subclass"),
+    pytest.param({"a": types.MappingProxyType({})}, id="mapping"),
+    pytest.param({"a": 2**64}, id="int-beyond-the-wire"),
+    pytest.param({"a": [math.nan]}, id="nan-in-a-list"),
+    pytest.param({"a\ud800": 1}, id="lone-surrogate-key"),
+    pytest.param({"a": [{"b": "\udfff"}]}, id="lone-surrogate-at-depth"),
+    pytest.param({"a": {1: 2}}, id="int-key-at-depth"),
+    pytest.param({"a": True, 3: 4}, id="int-key"),
+    pytest.param(functools.reduce(lambda inner, _: [inner], range(100), {}), id="deeper-than-the-fast-walk"),
+])
+def test_a_payload_that_needs_the_full_check_is_not_plain_json(payload):
+    assert not validation.plain_json({"p": payload} if not isinstance(payload, dict) else payload)
+
+
+def test_walqueueds_put_entries_store_what_put_stores(q):
+    payloads = [*PLAIN_PAYLOADS, {"t": (1, (2,))}, OrderedDict(b=1, a={"c": 2})]
+    for index, payload in enumerate(payloads):
+        q.put(f"by-put-{index}", payload)
+        q.put_without_copy(PutRequest(f"by-entry-{index}", payload))
+    q.put_many_without_copy([PutRequest(f"by-many-{index}", payload) for index, payload in enumerate(payloads)])
+    for index in range(len(payloads)):
+        stored = q.get(f"by-put-{index}").payload
+        assert q.get(f"by-entry-{index}").payload == stored == q.get(f"by-many-{index}").payload
 
 
 # -- integer parameters -------------------------------------------------------

@@ -354,11 +354,14 @@ class Client(ClientApi):
         timeout = self._call_timeout(call)
         line = self._line()
         with line.lock:
-            retry = self._retry(call)
+            # Only idempotent calls are ever retried (retry.py, rule 1): no Retry for the others.
+            retry = self._retry(call) if call.idempotent else None
             while True:
                 try:
                     return call.convert(self._connected(line).call(call.request, timeout=timeout))
                 except (DaemonUnavailable, QueueClosed) as exc:
+                    if retry is None:
+                        raise
                     pause = retry.pause_after(exc, now=time.monotonic(), client_closed=self._closed)
                     if pause is None:
                         raise

@@ -24,8 +24,7 @@ Nothing here opens a socket, reads a clock or sleeps: ``put_call`` is given
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from walqueue import InvalidRequest, Lease, Unavailable, WalQueueError
 from walqueue import protocol as p
@@ -109,6 +108,10 @@ def result(messages: list) -> Any:
 
     Raises the library exception an ``Error`` answer carries.
     """
+    if len(messages) == 1:  # the common case: nothing to merge
+        if isinstance(messages[0], p.Error):
+            raise p.error_from_wire(messages[0])
+        return messages[0]
     first = messages[0]
     for message in messages:
         # An error may also end a chunked answer that had begun.
@@ -168,8 +171,7 @@ def _lease_fields(lease: Any) -> tuple[str, str, int]:
 # -- the calls -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One API call without I/O: what to send and what the answer means.
 
     ``request`` is None when the call needs no round trip (an empty batch);
@@ -177,6 +179,7 @@ class Call:
     value; ``idempotent`` calls may be sent again after a lost answer
     (``walqueue.client.retry`` decides when); ``wait``
     is how long the daemon may hold the answer back (a blocking reserve).
+    A tuple: one is built per call, and a frozen dataclass costs a setattr per field.
     """
 
     request: p.Request | None

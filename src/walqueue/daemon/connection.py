@@ -37,6 +37,8 @@ fatal ``InvalidRequest`` after the answers already due, and closes.
 from __future__ import annotations
 
 import heapq
+import math
+import select
 import selectors
 import socket
 import struct
@@ -87,6 +89,55 @@ class ListingBudget:
         self.remaining_bytes = LISTING_BYTES_PER_TURN
 
 
+# In a mask from `Selector.select`, for a socket watched for reading: its peer had not
+# shut down its end when the poll ran (PEER_OPEN), or had (PEER_SHUT).
+PEER_OPEN = 4
+PEER_SHUT = 8
+
+
+if hasattr(selectors, "EpollSelector"):
+    class Selector(selectors.EpollSelector):
+        """The epoll selector, which also tells whether a peer had shut down its end.
+
+        Every registration for reading also watches EPOLLRDHUP, and `select`
+        adds PEER_OPEN or PEER_SHUT to the mask of a socket watched for
+        reading: the connection then knows without a syscall whether a lease
+        may be handed to it in this turn (`Connection.gone`).
+        """
+
+        _EVENT_READ = select.EPOLLIN | select.EPOLLRDHUP
+
+        def select(self, timeout: float | None = None) -> list:
+            # EpollSelector.select, with PEER_OPEN.
+            if timeout is None:
+                timeout = -1
+            elif timeout <= 0:
+                timeout = 0
+            else:
+                timeout = math.ceil(timeout * 1e3) * 1e-3  # wait at least timeout
+            try:
+                fd_event_list = self._selector.poll(timeout, len(self._fd_to_key) or 1)
+            except InterruptedError:
+                return []
+            ready = []
+            fd_to_key = self._fd_to_key
+            for fd, event in fd_event_list:
+                key = fd_to_key.get(fd)
+                if key:
+                    events = ((event & _NOT_READ and selectors.EVENT_WRITE)
+                              | (event & _NOT_WRITE and selectors.EVENT_READ)) & key.events
+                    if key.events & selectors.EVENT_READ:
+                        events |= PEER_SHUT if event & _SHUT else PEER_OPEN
+                    ready.append((key, events))
+            return ready
+
+    _NOT_READ = ~(select.EPOLLIN | select.EPOLLRDHUP)
+    _NOT_WRITE = ~select.EPOLLOUT
+    _SHUT = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR
+else:  # no epoll: connections peek instead
+    Selector = selectors.DefaultSelector
+
+
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
     """(pid, uid, gid) of the connected peer via SO_PEERCRED, or None if unsupported."""
     try:
@@ -122,6 +173,9 @@ class Connection:
     closed: bool = False
     parked: int = 0  # its waiting reserves (service.Peer)
     events: int = 0  # the selector events it is registered for
+    # What this turn's poll saw of the peer's end (Selector): True open, False shut,
+    # None not seen (not polled for reading this turn). Reset by the loop every turn.
+    peer_open_at_poll: bool | None = None
 
     # -- input ------------------------------------------------------------------
 
@@ -202,10 +256,14 @@ class Connection:
         """True if the peer has closed (checked without consuming anything).
 
         Its reading side may be off (answers piling up), so end of stream is
-        looked for here too before a lease is handed to it.
+        looked for here too before a lease is handed to it: from this turn's
+        poll when it saw the connection (no syscall: a reserve's common case),
+        else with a peek.
         """
         if self.eof or self.closed:
             return True
+        if self.peer_open_at_poll is not None:
+            return not self.peer_open_at_poll
         try:
             return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except (BlockingIOError, InterruptedError):
@@ -337,6 +395,8 @@ class InputBudget:
         """
         length = connection.reader.pending_length()
         large = length is not None and length >= LARGE_FRAME_BYTES
+        if not large and not connection.admitted and not connection.input_waiting:
+            return True  # the common case: no large frame, now or before
         received = connection.reader.buffered_bytes if large else 0
         self.admitted_total += received - connection.admitted
         connection.admitted = received

@@ -65,11 +65,14 @@ from .compaction import DEFAULT_COMPACT_WAL_RATIO, Backoff, freeze_heap
 from .connection import (
     MAX_LISTINGS_STARTED_PER_TURN,
     MAX_RECV_BYTES,
+    PEER_OPEN,
+    PEER_SHUT,
     Connection,
     ConnectionFault,
     FrameDeadlines,
     InputBudget,
     ListingBudget,
+    Selector,
     late_frame_message,
     peer_credentials,
 )
@@ -185,7 +188,7 @@ class Loop:
                                  wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
         self.service = Service(queue, report=self.report,
                                compact=lambda peer, request_id: self.compaction.request(peer, request_id))
-        self.selector = selectors.DefaultSelector()
+        self.selector = Selector()
         self.commit = GroupCommit(
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
             compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
@@ -276,6 +279,7 @@ class Loop:
             self._accept_paused_until = None
             self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
         events = self.selector.select(self._timeout())
+        polled = clock.monotonic_seconds()  # for this turn's reads
         self.listing_budget.renew()
         self._listings_started = 0
         requests: list[tuple[Connection, protocol.Request]] = []
@@ -286,36 +290,43 @@ class Loop:
             elif key.data is _WAKEUP:
                 self._drain_wakeup()
             elif metrics is not None and metrics.owns(key.data):
-                metrics.on_event(key.data, mask, clock.monotonic_seconds())
+                metrics.on_event(key.data, mask, polled)
             elif key.data is _COMPACTION:
                 pass  # a snapshot child exited: collected right after the batch
             else:
                 conn: Connection = key.data
                 self._touched.add(conn)
+                if mask & (PEER_OPEN | PEER_SHUT):
+                    conn.peer_open_at_poll = bool(mask & PEER_OPEN)
                 if mask & selectors.EVENT_WRITE:
                     self._send(conn)
                 if mask & selectors.EVENT_READ and not conn.closed:
-                    self._receive(conn, requests)
+                    self._receive(conn, requests, polled)
         self.turn += 1
-        self._expire_hellos()
+        if self._awaiting_hello:
+            self._expire_hellos()
         self._expire_frames()
         wrote = self._apply(requests)
         self.compaction.settle()
         self.filesystem.free_step()
-        self.service.expire_waits(clock.monotonic_seconds())
+        if self.service.parked:
+            self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
-        for conn in list(self.input_budget.waiting):
-            if self.input_budget.admit(conn):
-                self.frame_deadlines.track(conn, clock.monotonic_seconds())
-                self._touched.add(conn)
+        if self.input_budget.waiting:
+            for conn in list(self.input_budget.waiting):
+                if self.input_budget.admit(conn):
+                    self.frame_deadlines.track(conn, clock.monotonic_seconds())
+                    self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
+            conn.peer_open_at_poll = None  # what the poll saw holds for its turn only
             if conn.closed:
                 continue
             if conn.out:
                 self._send(conn)
             self._settle(conn)
-        self._watchdog()
+        if self.notifier.watchdog_seconds is not None:
+            self._watchdog()
         self.compaction.maybe_start(wrote)
         if metrics is not None:
             metrics.expire(clock.monotonic_seconds())
@@ -344,7 +355,8 @@ class Loop:
                 self._fatal(conn, None, late_frame_message(conn))
 
     def _timeout(self) -> float | None:
-        if any(conn.can_resume() for conn in self._deferring) or self.service.outbox or self.filesystem.freeing:
+        if ((self._deferring and any(conn.can_resume() for conn in self._deferring))
+                or self.service.outbox or self.filesystem.freeing):
             # Deferred requests can go now, answers produced after the last delivery
             # (a failed compaction's) wait, or a deleted file's blocks are still being
             # freed a step a turn: no event will announce any of them.
@@ -476,7 +488,7 @@ class Loop:
         if error is not None:
             self._close(conn, f"send failed: {error}")
 
-    def _receive(self, conn: Connection, requests: list) -> None:
+    def _receive(self, conn: Connection, requests: list, monotonic_seconds: float) -> None:
         try:
             if not conn.receive(self._receive_buffer, self._receive_view):
                 return
@@ -492,7 +504,7 @@ class Loop:
             conn.decode(requests, self.input_budget)
         except ConnectionFault as fault:
             self._fatal(conn, fault.request_id, fault.message)
-        self.frame_deadlines.track(conn, self.clock.monotonic_seconds())
+        self.frame_deadlines.track(conn, monotonic_seconds)
 
     def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
@@ -509,16 +521,17 @@ class Loop:
         Requests of a saturated connection (Connection.saturated) are
         deferred, in order, to a later turn instead.
         """
-        resumed: list[tuple[Connection, protocol.Request]] = []
-        for conn in list(self._deferring):
-            if conn.closed:
-                self._deferring.discard(conn)
-            elif conn.can_resume():
-                resumed.extend((conn, request) for request in conn.deferred)
-                conn.deferred.clear()
-                self._deferring.discard(conn)
-                self._touched.add(conn)
-        requests = resumed + requests
+        if self._deferring:
+            resumed: list[tuple[Connection, protocol.Request]] = []
+            for conn in list(self._deferring):
+                if conn.closed:
+                    self._deferring.discard(conn)
+                elif conn.can_resume():
+                    resumed.extend((conn, request) for request in conn.deferred)
+                    conn.deferred.clear()
+                    self._deferring.discard(conn)
+                    self._touched.add(conn)
+            requests = resumed + requests
         service = self.service
         now = self.now()
         reap = service.reap_due(now) and self.reap_backoff.ready(self.clock.monotonic_seconds())
@@ -577,7 +590,8 @@ class Loop:
             self._touched.add(conn)
         outbox.clear()
         for conn in self._touched:
-            conn.queue_fatal()
+            if conn.fatal is not None:
+                conn.queue_fatal()
             if conn.backlog:
                 conn.fill(self.listing_budget)
 

@@ -53,7 +53,6 @@ from walqueue import (
     InvalidRequest,
     KeyConflict,
     Lease,
-    PutRequest,
     Queue,
     StaleLease,
     protocol,
@@ -199,8 +198,8 @@ class ParkedReserves:
 def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> list:
     """Split a list answer (its items already encoded) into messages of at most
     CHUNK_BUDGET_BYTES of items each."""
-    if not items:
-        return [message_type(request_id, [])]
+    if sum(map(len, items)) <= protocol.CHUNK_BUDGET_BYTES:  # one message: the common case
+        return [message_type(request_id, items)]
     chunks: list[list[protocol.Raw]] = [[]]
     size = 0
     for item in items:
@@ -211,13 +210,6 @@ def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> l
         size += len(item)
     last = len(chunks) - 1
     return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
-
-
-def lease_of(request: protocol.Ack | protocol.AckReserve | protocol.Release | protocol.Touch) -> Lease:
-    """The lease a request presents. Only task_id, worker and generation identify a
-    lease; the other fields are informational and not consulted by ack/release/touch."""
-    return Lease(task_id=request.task_id, worker=request.worker, generation=request.generation,
-                 deadline=0, attempts=0, payload={})
 
 
 class Service:
@@ -437,17 +429,19 @@ class Service:
             return []
         encoded: list[protocol.Raw] = []
         while len(encoded) < limit:
-            leases = self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds,
-                                        limit=limit - len(encoded))
+            # Each lease is encoded at once from its fields (the stored payload, not a copy).
+            leases = self.queue.reserve_fields(worker, now=self.now, lease_seconds=lease_seconds,
+                                               limit=limit - len(encoded))
             carried = 0
-            for lease in leases:
+            for fields in leases:
                 try:
-                    encoded.append(protocol.Raw(protocol.encode_value(lease)))
+                    encoded.append(protocol.Raw(protocol.encode_value(protocol.WireLease(*fields))))
                     carried += 1
                 except ENCODING_ERRORS as exc:
+                    task_id, _, _, deadline, _, _ = fields
                     log.error("task %s leased to %s but not handed out: the wire cannot carry its "
-                              "payload (%s); its lease ends at %d", one_line(repr(lease.task_id)),
-                              one_line(repr(worker)), exc, lease.deadline)
+                              "payload (%s); its lease ends at %d", one_line(repr(task_id)),
+                              one_line(repr(worker)), exc, deadline)
             if carried == len(leases):  # all carried, or nothing was due
                 break
         return encoded
@@ -481,18 +475,14 @@ class Service:
     # -- the requests --------------------------------------------------------------------
 
     def _put(self, peer: Peer, request: protocol.Put) -> None:
-        task_id = self.queue.put(request.task_id, request.payload, key=request.key,
-                                 available_at=request.available_at, max_attempts=request.max_attempts)
+        # The request's payload was just decoded and is used for nothing else.
+        task_id = self.queue.put_without_copy(request)
         self._answer(peer, request.id, [protocol.PutOk(id=request.id, task_id=task_id)])
         if self.parked:
             self.serve_parked()
 
     def _put_many(self, peer: Peer, request: protocol.PutMany) -> None:
-        task_ids = self.queue.put_many([
-            PutRequest(item.task_id, item.payload, key=item.key, available_at=item.available_at,
-                       max_attempts=item.max_attempts)
-            for item in request.requests
-        ])
+        task_ids = self.queue.put_many_without_copy(request.requests)
         self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
         if self.parked:
             self.serve_parked()
@@ -509,21 +499,23 @@ class Service:
         validation.integer(request.limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
         validation.time_plus(self.now, request.lease_seconds, "lease_seconds")
         self._check_may_park(peer, request)
-        self.queue.ack(lease_of(request), now=self.now)
+        # The request stands for the lease: ack/release/touch read only its
+        # task_id, worker and generation, which identify a lease.
+        self.queue.ack(request, now=self.now)
         self._reserve_or_park(peer, request)
 
     def _ack(self, peer: Peer, request: protocol.Ack) -> None:
-        self.queue.ack(lease_of(request), now=self.now)
+        self.queue.ack(request, now=self.now)
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
 
     def _release(self, peer: Peer, request: protocol.Release) -> None:
-        self.queue.release(lease_of(request), now=self.now, delay=request.delay)
+        self.queue.release(request, now=self.now, delay=request.delay)
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
         if self.parked:
             self.serve_parked()
 
     def _touch(self, peer: Peer, request: protocol.Touch) -> None:
-        lease = self.queue.touch(lease_of(request), now=self.now, lease_seconds=request.lease_seconds)
+        lease = self.queue.touch(request, now=self.now, lease_seconds=request.lease_seconds)
         self._answer(peer, request.id, [protocol.LeaseOk(id=request.id, lease=lease)])
 
     def _revive(self, peer: Peer, request: protocol.Revive) -> None:
