@@ -17,12 +17,15 @@ def test_the_history_benchmark_runs_end_to_end_and_prints_its_table(tmp_path):
          "--tmp-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | compactions |" in done.stdout
+    assert ("| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | daemon silent ms | compactions |"
+            in done.stdout)
     assert "Targets (issue 11):" in done.stdout and "- N=300:" in done.stdout
     rows = json.loads(results.read_text())["rows"]
     assert [row["tasks"] for row in rows] == [0, 300]
     for row in rows:
         assert row["cycles_per_second"] > 0 and row["errors"] == 0 and row["write_failures"] == 0
         assert row["restart_seconds"] > 0 and row["wal_bytes_written"] > 0
+        # No client went longer without an answer than the daemon went without answering anyone.
+        assert 0 < row["silence_ms"] <= row["longest_gap_ms"]
     assert rows[1]["compactions"], "no compaction in the window at a 4000-byte floor"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bench.json"]  # scratch removed
