@@ -81,7 +81,7 @@ MAX_RETRY_SECONDS = 300.0
 CHILD_NICENESS = 5
 # The child fdatasyncs its snapshot every this many bytes: a WAL fsync of the
 # parent's then waits for at most this much of the child's dirty data
-# (snapshot.write_snapshot says why; 4 MiB measured ~10 ms at worst on ext4).
+# (snapshot.write_snapshot says why; with 4 MiB, scripts/probe_snapshot_io.py saw 10-30 ms at worst).
 CHILD_SYNC_EVERY_BYTES = 4 << 20
 MAX_REPORT_BYTES = 4096
 # What a failed write raises (as in walqueue.daemon.commit): the Queue then closed itself.
