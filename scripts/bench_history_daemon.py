@@ -369,6 +369,7 @@ def measure(workdir: Path, directory: Path, tasks: int, args) -> dict:
         "longest_gap_when": gap_context(max(gathered, key=lambda item: item["longest_gap"]), compactions),
         "silence_ms": silence["longest_gap"] * 1e3,
         "silence_when": gap_context(silence, compactions),
+        "silence_end": silence["longest_gap_end"],  # wall time, beside the compactions' "published"
         "rss_end_mib": rss_end_kib / 1024,
         "rss_peak_mib": sampler.peak_kib / 1024,
         "rss_peak_with_child_mib": sampler.peak_with_children_kib / 1024,
