@@ -25,8 +25,8 @@ p99 over every cycle of every run). Server CPU is utime+stime from
 The PostgreSQL rows are measured by scripts/bench_pg.py's own functions (its
 cycles, its per-run database, its server CPU, transactions and table figures):
 one cluster of tests/postgres.py for all of them, started as bench_pg starts it
-but in this run's directory under var/ (the disk of the other systems), a fresh
-database for every run, and ``n_dead_tup`` and the table sizes read after each
+(in the system's temp directory, which PostgreSQL's own user can reach; on
+this machine the same disk as var/), a fresh database for every run, and ``n_dead_tup`` and the table sizes read after each
 run.
 
 The machine's limits come from the same run: serial append+fsync, fdatasync
@@ -573,11 +573,11 @@ def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
 
 
 @contextmanager
-def postgres_server(base: Path) -> Iterator[object]:
-    """bench_pg's durable cluster (fsync=on, synchronous_commit=on) in `base`, started;
+def postgres_server() -> Iterator[object]:
+    """bench_pg's durable cluster (fsync=on, synchronous_commit=on) in a new temp directory, started;
     stopped by its pid (tests/postgres.py: SIGINT, then SIGQUIT, then SIGKILL, each
     waited for) and removed on the way out, also on errors."""
-    server = bench_pg.make_server(durable=True, base=base)
+    server = bench_pg.make_server(durable=True)
     try:
         server.start()
         yield server
@@ -1027,23 +1027,21 @@ def main() -> None:
                   flush=True)
     pg = [system for system in systems if system in PG_SYSTEMS]
     if pg:
-        base = Path(tempfile.mkdtemp(prefix="bench-peers-pg-", dir=REPO / "var"))
-        try:
-            with postgres_server(base) as server:  # one cluster, a fresh database per run
-                for system in pg:
-                    for clients in clients_list:
-                        try:
-                            cell = pg_cell(server, system, clients, args.warmup, args.seconds, args.runs)
-                        except Exception as exc:  # as above: keep the other rows
-                            print(f"{system} x{clients}: FAILED {exc!r}", flush=True)
-                            cells[("error", system, clients)] = repr(exc)
-                            continue
-                        cells[(system, clients)] = cell
-                        print(f"{system:<33} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
-                              f"({cell['min']:,.0f}-{cell['max']:,.0f}) p50 {cell['p50']:.2f} ms "
-                              f"p99 {cell['p99']:.2f} ms", flush=True)
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+        # In the system's temp directory (tests/postgres.py), not under the checkout: the
+        # postgres user must reach it, and a checkout may sit in a private directory.
+        with postgres_server() as server:  # one cluster, a fresh database per run
+            for system in pg:
+                for clients in clients_list:
+                    try:
+                        cell = pg_cell(server, system, clients, args.warmup, args.seconds, args.runs)
+                    except Exception as exc:  # as above: keep the other rows
+                        print(f"{system} x{clients}: FAILED {exc!r}", flush=True)
+                        cells[("error", system, clients)] = repr(exc)
+                        continue
+                    cells[(system, clients)] = cell
+                    print(f"{system:<33} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
+                          f"({cell['min']:,.0f}-{cell['max']:,.0f}) p50 {cell['p50']:.2f} ms "
+                          f"p99 {cell['p99']:.2f} ms", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     plot = None if args.no_plot else out.with_suffix(".png")
