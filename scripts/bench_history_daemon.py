@@ -108,6 +108,8 @@ def gap_context(client: dict, compactions: list[dict]) -> str:
 
 
 DEFAULT_RATIO = 1.0  # the production trigger, whose write amplification is given by its arithmetic
+SLOW_TURN = re.compile(r"^\S+ \S+ walqueued\[\d+\] WARNING ((?:a loop turn took|the loop's poll returned) .*)$",
+                       re.M)
 RECOVERED = re.compile(r"recovered .* in ([\d.]+) s:")
 TARGETS = {
     "cycles_ratio": 0.9,  # cycles/s at N >= 0.9 x at 0
@@ -374,6 +376,8 @@ def measure(workdir: Path, directory: Path, tasks: int, args) -> dict:
         "rss_peak_mib": sampler.peak_kib / 1024,
         "rss_peak_with_child_mib": sampler.peak_with_children_kib / 1024,
         "compactions": compactions,
+        # The daemon's own account of its stalls (walqueue.daemon.turn_timer), first ones first.
+        "slow_turns": SLOW_TURN.findall(window_log)[:50],
         "snapshot_bytes_written": snapshot_written,
         "wal_bytes_written": wal_written,
         "amplification": snapshot_written / max(1, wal_written),

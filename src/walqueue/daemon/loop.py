@@ -84,6 +84,7 @@ from .metrics_http import MetricsEndpoint
 from .recorder import Recorder
 from .service import Service
 from .systemd import Notifier
+from .turn_timer import TurnTimer
 
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
@@ -201,6 +202,7 @@ class Loop:
         self.reap_backoff = Backoff()
         self.connections: dict[int, Connection] = {}
         self.turn = 0
+        self.turn_timer = TurnTimer()
         self.stopping = False
         self.input_budget = InputBudget()
         self.frame_deadlines = FrameDeadlines()
@@ -278,8 +280,11 @@ class Loop:
         if self._accept_paused_until is not None and clock.monotonic_seconds() >= self._accept_paused_until:
             self._accept_paused_until = None
             self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
-        events = self.selector.select(self._timeout())
+        timeout = self._timeout()
+        events = self.selector.select(timeout)
         polled = clock.monotonic_seconds()  # for this turn's reads
+        timer = self.turn_timer
+        timer.polled(timeout)
         self.listing_budget.renew()
         self._listings_started = 0
         requests: list[tuple[Connection, protocol.Request]] = []
@@ -306,9 +311,13 @@ class Loop:
         if self._awaiting_hello:
             self._expire_hellos()
         self._expire_frames()
+        timer.part("reading")
         wrote = self._apply(requests)
+        timer.part("applying and fsync")
         self.compaction.settle()
+        timer.part("collecting a snapshot")
         self.filesystem.free_step()
+        timer.part("freeing a deleted file")
         if self.service.parked:
             self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
@@ -325,13 +334,16 @@ class Loop:
             if conn.out:
                 self._send(conn)
             self._settle(conn)
+        timer.part("answering")
         if self.notifier.watchdog_seconds is not None:
             self._watchdog()
         self.compaction.maybe_start(wrote)
+        timer.part("starting a compaction")
         if metrics is not None:
             metrics.expire(clock.monotonic_seconds())
             if metrics.wanted:
                 metrics.publish(render_prometheus(self.report(self.now())), clock.monotonic_seconds())
+        timer.end()
 
     def _expire_hellos(self) -> None:
         """Close connections that did not say hello in time: they hold a slot for nothing."""

@@ -1,0 +1,60 @@
+"""Where a slow loop turn spent its time, said in the log (docs/daemon.md, "Compaction under load").
+
+walqueued answers nobody while a turn runs, so a turn over SLOW_TURN_SECONDS
+is a stall its clients see. The loop marks the end of each part of a turn;
+a slow one is logged with its parts, and so is a poll that returned long
+after its timeout (the process was not running: CPU starvation, a stopped
+VM), which no part of a turn would show.
+
+Real time (perf_counter), not the injected Clock: this measures the process,
+and decides nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .log import log
+
+SLOW_TURN_SECONDS = 0.1
+
+
+class TurnTimer:
+    """Marks of the parts of one turn; `end` logs the turn if it was slow."""
+
+    def __init__(self, slow_seconds: float = SLOW_TURN_SECONDS, clock=time.perf_counter) -> None:
+        self.slow_seconds = slow_seconds
+        self.slow_turns = 0
+        self.longest_seconds = 0.0
+        self._clock = clock
+        self._parts: list[tuple[str, float]] = []
+        self._started = self._mark = clock()
+
+    def polled(self, timeout: float | None) -> None:
+        """The poll returned; a turn begins. A poll far past its timeout is logged."""
+        now = self._clock()
+        waited = now - self._mark
+        if timeout is not None and waited - timeout > self.slow_seconds:
+            log.warning("the loop's poll returned %.0f ms after its %.0f ms timeout: the process was "
+                        "not running (CPU starvation, a paused machine?)",
+                        (waited - timeout) * 1e3, timeout * 1e3)
+        self._parts.clear()
+        self._started = self._mark = now
+
+    def part(self, name: str) -> None:
+        """The part of the turn called `name` ended now."""
+        now = self._clock()
+        self._parts.append((name, now - self._mark))
+        self._mark = now
+
+    def end(self) -> None:
+        """The turn ended: log it if it took longer than slow_seconds."""
+        now = self._clock()
+        seconds = now - self._started
+        self._mark = now
+        self.longest_seconds = max(self.longest_seconds, seconds)
+        if seconds > self.slow_seconds:
+            self.slow_turns += 1
+            log.warning("a loop turn took %.0f ms, answering no one: %s", seconds * 1e3,
+                        ", ".join(f"{name} {part * 1e3:.0f} ms" for name, part in self._parts
+                                  if part >= 0.0005) or "no part stood out")
