@@ -269,7 +269,15 @@ class Daemon:
 
 
 def client_process(socket_path: str, name: str, start_at: float, end_at: float, results) -> None:
-    """Alternate put + reserve + ack and put + ack_and_reserve until ``end_at`` (monotonic)."""
+    """Alternate put + reserve + ack and put + ack_and_reserve until ``end_at`` (monotonic).
+
+    Task ids are new in every run (``r<unix time, hex>-<name>-<n>``): a
+    directory measured again holds the last run's ids as tombstones, and
+    putting one again is an idempotent no-op leaving nothing to reserve. They
+    grow with time and sort after the filled ``history-`` ids, as ids made
+    from a clock do.
+    """
+    prefix = f"r{int(time.time()):08x}-{name}"
     latencies: list[float] = []
     answer_times = array.array("d")  # wall time of every answer: merged, they show when the daemon answered no one
     longest_gap = 0.0
@@ -294,7 +302,7 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
             index += 1
             started = time.perf_counter()
             try:
-                client.put(f"{name}-{index:09d}", PAYLOAD)
+                client.put(f"{prefix}-{index:07d}", PAYLOAD)
                 answered()
                 if index % 2:  # put + reserve + ack
                     leases = client.reserve(name, lease_seconds=300)
@@ -324,7 +332,7 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
 
 def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
     options = ["--compact-wal-bytes", str(args.compact_wal_bytes), "--compact-wal-ratio", str(args.compact_wal_ratio)]
-    daemon = Daemon(workdir, directory, options, f"daemon-{tasks}")
+    daemon = Daemon(workdir, directory, options, f"daemon-{'directory' if tasks is None else tasks}")
     sampler = RssSampler(daemon.proc.pid)
     try:
         before = daemon.report()

@@ -25,6 +25,7 @@ import os
 import statistics
 import threading
 import time
+from functools import partial
 
 MIB = 1 << 20
 
@@ -71,17 +72,35 @@ def beside_a_writer(directory: str, wal: int, megabytes: int, sync_every_mib: in
     return times
 
 
-def beside_a_deletion(directory: str, wal: int, megabytes: int, stepped: bool) -> list[float]:
+def beside_nothing(wal: int, seconds: float) -> list[float]:
+    """WAL fsync times with nothing else going on: the disk's own noise, the baseline."""
+    times = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        times.append(wal_fsync(wal))
+    return times
+
+
+def beside_a_deletion(directory: str, wal: int, megabytes: int, step_mib: int = 0,
+                      every_seconds: float = 0.0) -> list[float]:
+    """WAL fsync times while a MEGABYTES file is deleted: at once in a thread, or STEP_MIB at a time.
+
+    Stepped, the file is truncated by step_mib between two WAL fsyncs, at most
+    once every `every_seconds` (the WAL fsyncs go on in between).
+    """
     path = os.path.join(directory, "probe.snap")
     big_file(path, megabytes)
     times = []
-    if stepped:
+    if step_mib:
         fd = os.open(path, os.O_WRONLY)
         os.unlink(path)
         size = os.fstat(fd).st_size
+        next_step = 0.0
         while size:
-            size = max(0, size - 8 * MIB)
-            os.ftruncate(fd, size)
+            if time.monotonic() >= next_step:
+                size = max(0, size - step_mib * MIB)
+                os.ftruncate(fd, size)
+                next_step = time.monotonic() + every_seconds
             times.append(wal_fsync(wal))
         os.close(fd)
         return times
@@ -99,24 +118,34 @@ def main() -> None:
     parser.add_argument("directory")
     parser.add_argument("--megabytes", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = parser.parse_args()
     wal = os.open(os.path.join(args.directory, "probe.wal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     print(f"{args.megabytes} MB in {args.directory}; load average {os.getloadavg()[0]:.1f}")
-    cases = [("writer, one fsync at the end", lambda: beside_a_writer(args.directory, wal, args.megabytes, 0)),
+    cases = [("nothing beside, for 10 s", partial(beside_nothing, wal, 10.0)),
+             ("writer, one fsync at the end", lambda: beside_a_writer(args.directory, wal, args.megabytes, 0)),
              ("writer, fdatasync every 1 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 1)),
              ("writer, fdatasync every 4 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 4)),
-             ("unlink in a thread", lambda: beside_a_deletion(args.directory, wal, args.megabytes, False)),
-             ("unlink, then truncate 8 MiB steps", lambda: beside_a_deletion(args.directory, wal, args.megabytes,
-                                                                               True))]
+             ("unlink in a thread", lambda: beside_a_deletion(args.directory, wal, args.megabytes))]
+    cases += [(f"unlink, then truncate {step} MiB steps", partial(beside_a_deletion, args.directory, wal,
+                                                                 args.megabytes, step))
+              for step in (8, 1)]
+    cases += [(f"  ... 1 MiB at most every {ms} ms", partial(beside_a_deletion, args.directory, wal,
+                                                           args.megabytes, 1, ms / 1e3))
+              for ms in (10, 20)]
+    if args.only:
+        cases = [case for case in cases if args.only in case[0]]
     try:
         for name, run in cases:
-            p50s, maxes = [], []
+            p50s, maxes, totals = [], [], []
             for _ in range(args.runs):
                 times = sorted(run())
                 p50s.append(times[len(times) // 2])
                 maxes.append(times[-1])
+                totals.append(sum(times))
             print(f"  {name:<36} WAL fsync p50 {statistics.median(p50s) * 1e3:6.1f} ms, "
-                  f"max {statistics.median(maxes) * 1e3:6.1f} ms (median of {args.runs})")
+                  f"max {statistics.median(maxes) * 1e3:6.1f} ms, over {statistics.median(totals):5.1f} s "
+                  f"(median of {args.runs})")
     finally:
         os.close(wal)
         os.unlink(os.path.join(args.directory, "probe.wal"))

@@ -1,11 +1,12 @@
-"""walqueued deletes big files a step per turn (walqueue.daemon.freeing): the name at once,
-the blocks over later turns, so that a compaction's deletions never hold the loop.
+"""walqueued deletes big files at a pace (walqueue.daemon.freeing): the name at once, the
+blocks over later turns, so that a compaction's deletions never stall the WAL's fsyncs.
 
 The claims: after `unlink` the name is gone (what SPEC §5's deletion and the
 directory fsync are about) while the blocks are freed only by `free_step`,
-one step at a time; small files, missing files and links are unlinked as
-before; a Queue compacting on it leaves exactly the files compact() leaves;
-and the loop frees one step per turn and does not sleep while blocks wait.
+one step at a time and no faster than the pace, which grows with the files
+waiting; small files, missing files and links are unlinked as before; a
+Queue compacting on it leaves exactly the files compact() leaves; and the
+loop sleeps until the next step is due, and frees it then.
 """
 
 from __future__ import annotations
@@ -38,15 +39,37 @@ def directory(tmp_path):
 
 
 def test_a_big_file_loses_its_name_at_once_and_its_blocks_a_step_at_a_time(tmp_path, directory):
-    fs = FreeingInSteps(step_bytes=STEP)
+    fs = FreeingInSteps(step_bytes=STEP, bytes_per_second=STEP)  # a step a second
     big_file(tmp_path / "old.snap", 5 * STEP + 10)
     fs.unlink(directory, "old.snap")
     assert not (tmp_path / "old.snap").exists()
     held = [fs.pending_bytes()]
+    now = 100.0
     while fs.freeing:
-        fs.free_step()
+        assert fs.seconds_to_next_step(now) == 0.0
+        fs.free_step(now)
         held.append(fs.pending_bytes())
+        if fs.freeing:
+            assert fs.seconds_to_next_step(now + 0.25) == 0.75
+            fs.free_step(now + 0.5)   # too soon: nothing freed
+            assert fs.pending_bytes() == held[-1]
+        now += 1.0
     assert held == [5 * STEP + 10, 4 * STEP + 10, 3 * STEP + 10, 2 * STEP + 10, STEP + 10, 10, 0]
+    assert fs.seconds_to_next_step(now) is None
+
+
+def test_the_pace_grows_with_the_files_waiting(tmp_path, directory):
+    fs = FreeingInSteps(step_bytes=STEP, bytes_per_second=STEP)
+    for name in ("a", "b"):
+        big_file(tmp_path / name, 2 * STEP)
+        fs.unlink(directory, name)
+    fs.free_step(10.0)
+    assert fs.seconds_to_next_step(10.0) == 0.5   # two files waiting: twice the pace
+    fs.free_step(10.5)                            # "a" is empty now
+    assert fs.seconds_to_next_step(10.5) == 0.5
+    fs.free_step(11.0)
+    assert fs.seconds_to_next_step(11.0) == 1.0   # "b" alone
+    assert fs.pending_bytes() == STEP
 
 
 def test_small_missing_and_linked_files_are_unlinked_as_before(tmp_path, directory):
@@ -68,7 +91,7 @@ def test_close_all_frees_what_is_left(tmp_path, directory):
     for name in ("a", "b"):
         big_file(tmp_path / name, 3 * STEP)
         fs.unlink(directory, name)
-    fs.free_step()
+    fs.free_step(0.0)
     assert fs.pending_bytes() == 5 * STEP
     fs.close_all()
     assert not fs.freeing and fs.pending_bytes() == 0
@@ -98,25 +121,45 @@ def test_a_queue_on_it_leaves_the_files_compact_leaves(tmp_path):
     fs.close_all()
 
 
-def test_the_loop_frees_a_step_per_turn_and_does_not_sleep_meanwhile(tmp_path):
-    fs = FreeingInSteps(step_bytes=STEP)
+class SteppingClock:
+    """Monotonic seconds the test moves; wall time fixed."""
+
+    def __init__(self) -> None:
+        self.monotonic = 50.0
+
+    def monotonic_seconds(self) -> float:
+        return self.monotonic
+
+    def wall_seconds(self) -> float:
+        return 1_700_000_000.0
+
+
+def test_the_loop_sleeps_until_the_next_step_and_frees_it_then(tmp_path):
+    fs = FreeingInSteps(step_bytes=STEP, bytes_per_second=STEP * 100)   # a step per 10 ms
     queue = Queue(tmp_path / "queue", filesystem=fs)
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
+    clock = SteppingClock()
     loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,
-                max_connections=10, hook=None, notifier=Notifier({}), filesystem=fs)
+                max_connections=10, hook=None, notifier=Notifier({}), filesystem=fs, clock=clock)
     loop.register_listener()
     try:
-        assert loop._timeout() is None or loop._timeout() > 0
+        assert loop._timeout() is None or loop._timeout() > 1
         big_file(tmp_path / "queue" / "orphan", 3 * STEP)
         directory = open_directory(str(tmp_path / "queue"))
         fs.unlink(directory, "orphan")
         os.close(directory.fd)
         held = []
         while fs.freeing:
-            assert loop._timeout() == 0.0
+            assert loop._timeout() == 0.0   # a step is due
             loop.one_turn()
             held.append(fs.pending_bytes())
+            if not fs.freeing:
+                break
+            assert abs(loop._timeout() - 0.01) < 1e-9   # the next is not
+            loop.one_turn()   # returns after the timeout; still too soon for a step
+            assert fs.pending_bytes() == held[-1]
+            clock.monotonic += 0.01
         assert held == [2 * STEP, STEP, 0]
     finally:
         loop.queue.close()

@@ -1,19 +1,28 @@
-"""Deleting a big file without stopping the loop: its name goes at once, its blocks a step per turn.
+"""Deleting a big file without stalling the loop: its name goes at once, its blocks slowly.
 
 A compaction ends by deleting the segments the new snapshot covers and the
-previous snapshot (SPEC §5) — hundreds of MB each once the history is long.
-Unlinking such a file frees all its blocks in the call: on the development
-VM (ext4 mounted with `discard`) a 300 MB unlink took 170-225 ms, and a WAL
-fsync of another thread waited as long. So walqueued's Queue runs on
+previous snapshot (SPEC §5) — gigabytes once the history is long. Freeing
+that many blocks stalls the WAL fsyncs beside it: on the development VM
+(ext4 mounted with `discard`) a 300 MB unlink took 170-225 ms and a WAL
+fsync in another thread waited as long; freeing 2 GB 8 MiB per loop turn
+(as fast as the loop turns) still made a WAL fsync wait 100-230 ms about
+every 2 s while it lasted, and so did 1 MiB every 25 ms (40 MiB/s); at
+16 MiB/s the worst was 46 ms (`scripts/probe_snapshot_io.py`; the 40 s
+baseline without freeing: none over 20 ms). So walqueued's Queue runs on
 `FreeingInSteps`, whose `unlink` opens the file, removes its name (under
-1 ms: the directory entry only) and keeps the descriptor; the loop then calls
-`free_step()` once per turn, which shrinks one such file by STEP_BYTES
-(ftruncate; ~10 ms for 8 MiB there) and closes it once it is empty.
+1 ms: the directory entry only) and keeps the descriptor; the loop calls
+`free_step(now)` each turn, which shrinks the oldest such file by
+STEP_BYTES (ftruncate) if the pace allows, and closes it once it is empty.
+The pace is BYTES_PER_SECOND for each file waiting, so a backlog (a
+compaction deleting before the last one's files are freed) is freed faster
+instead of growing.
 
 Nothing on disk differs: the name is gone when `unlink` returns, so the
-directory fsync and the compact.after_delete phase mean what SPEC §6 says. A
-file being freed has no name; if the daemon dies, the kernel frees the rest
-when the process's descriptors close.
+directory fsync and the compact.after_delete phase mean what SPEC §6 says.
+What differs is when the space comes back: a 3 GB snapshot is freed over
+about three minutes (docs/operations.md counts it). A file being freed has
+no name; if the daemon dies, the kernel frees the rest when the process's
+descriptors close, at once.
 """
 
 from __future__ import annotations
@@ -24,20 +33,29 @@ from ..errors import CorruptStore
 from ..fs import Directory, OsFileSystem, open_at
 from .log import log
 
-STEP_BYTES = 8 << 20
+STEP_BYTES = 1 << 20
+BYTES_PER_SECOND = 16 << 20   # for each file waiting to be freed
 
 
 class FreeingInSteps(OsFileSystem):
-    """OsFileSystem whose unlink of a file above `step_bytes` frees its blocks in `free_step` calls."""
+    """OsFileSystem whose unlink of a file above `step_bytes` frees its blocks in paced `free_step` calls."""
 
-    def __init__(self, step_bytes: int = STEP_BYTES) -> None:
+    def __init__(self, step_bytes: int = STEP_BYTES, bytes_per_second: float = BYTES_PER_SECOND) -> None:
         self.step_bytes = step_bytes
+        self.bytes_per_second = bytes_per_second
         self._freeing: list[int] = []  # descriptors of unlinked files, oldest first
+        self._next_step_at = 0.0       # monotonic seconds
 
     @property
     def freeing(self) -> bool:
-        """True while some unlinked file still holds blocks: the loop should turn again soon."""
+        """True while some unlinked file still holds blocks."""
         return bool(self._freeing)
+
+    def seconds_to_next_step(self, now: float) -> float | None:
+        """How long the loop may sleep before free_step has work (None: no file waits)."""
+        if not self._freeing:
+            return None
+        return max(0.0, self._next_step_at - now)
 
     def pending_bytes(self) -> int:
         """The bytes deleted files still hold."""
@@ -60,10 +78,11 @@ class FreeingInSteps(OsFileSystem):
         else:
             os.close(fd)
 
-    def free_step(self) -> None:
-        """Shrink the oldest unlinked file by one step; close it once it is empty."""
-        if not self._freeing:
+    def free_step(self, now: float) -> None:
+        """If the pace allows at `now` (monotonic seconds), shrink the oldest unlinked file by one step."""
+        if not self._freeing or now < self._next_step_at:
             return
+        self._next_step_at = now + self.step_bytes / (self.bytes_per_second * len(self._freeing))
         fd = self._freeing[0]
         try:
             size = max(0, os.fstat(fd).st_size - self.step_bytes)

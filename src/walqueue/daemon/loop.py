@@ -316,7 +316,7 @@ class Loop:
         timer.part("applying and fsync")
         self.compaction.settle()
         timer.part("collecting a snapshot")
-        self.filesystem.free_step()
+        self.filesystem.free_step(clock.monotonic_seconds())
         timer.part("freeing a deleted file")
         if self.service.parked:
             self.service.expire_waits(clock.monotonic_seconds())
@@ -368,13 +368,14 @@ class Loop:
 
     def _timeout(self) -> float | None:
         if ((self._deferring and any(conn.can_resume() for conn in self._deferring))
-                or self.service.outbox or self.filesystem.freeing):
-            # Deferred requests can go now, answers produced after the last delivery
-            # (a failed compaction's) wait, or a deleted file's blocks are still being
-            # freed a step a turn: no event will announce any of them.
+                or self.service.outbox):
+            # Deferred requests can go now, or answers produced after the last delivery
+            # (a failed compaction's) wait: no event will announce either.
             return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
+        if (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
+            deadlines.append(freeing)  # a deleted file's next step of blocks to free
         if self._awaiting_hello:
             deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
         if self._accept_paused_until is not None:
