@@ -88,9 +88,9 @@ def _forking_after_the_next_turn():
         if compaction_in_steps is not None:
             begun[self] = (queue, compaction_in_steps, reason, now)
 
-    def maybe_start(self, wrote):
+    def maybe_start(self, wrote, **options):
         if self not in begun:
-            return real_maybe_start(self, wrote)
+            return real_maybe_start(self, wrote, **options)
         queue, compaction_in_steps, reason, now = begun.pop(self)
         child = SnapshotChild(queue, compaction_in_steps, self.directory, self._child_hook)
         self.in_flight = InFlight(compaction_in_steps, child, now, reason)

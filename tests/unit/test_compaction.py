@@ -109,6 +109,7 @@ class Driver:
         self.peer = FakePeer("client")
         self.request_id = 0
         self.answers: dict[int, object] = {}
+        self.freeing = False  # as the loop's FreeingInSteps says: files of the last compaction wait
 
     def _reopen(self) -> Queue:
         self.reopens += 1
@@ -135,7 +136,7 @@ class Driver:
 
         wrote = self.commit.turn(apply) and bool(numbered)
         self.compactor.settle()
-        self.compactor.maybe_start(wrote)
+        self.compactor.maybe_start(wrote, freeing=self.freeing)
         for answer in self.service.outbox:
             message = p.decode_response(answer.messages[4:])
             self.answers[message.id] = message
@@ -366,6 +367,21 @@ def test_no_compaction_begins_while_a_backup_pins_the_files(tmp_path, drivers):
     assert driver.compactor.in_flight is None
     driver.service.backup_holder = None
     driver.put("b")  # the first write after the pin ends
+    assert driver.compactor.in_flight is not None
+
+
+def test_an_automatic_compaction_waits_for_the_freeing_and_a_requested_one_does_not(tmp_path, drivers):
+    driver = drivers(tmp_path / "queue", floor_bytes=1)
+    driver.freeing = True
+    driver.put("a")
+    assert driver.compactor.in_flight is None
+    driver.turn(p.Compact(id=0))
+    assert driver.compactor.in_flight is not None
+    driver.finish()
+    driver.put("b")
+    assert driver.compactor.in_flight is None
+    driver.freeing = False
+    driver.put("c")  # the first write after the freeing ends
     assert driver.compactor.in_flight is not None
 
 

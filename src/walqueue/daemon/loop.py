@@ -316,7 +316,8 @@ class Loop:
         timer.part("applying and fsync")
         self.compaction.settle()
         timer.part("collecting a snapshot")
-        self.filesystem.free_step(clock.monotonic_seconds())
+        if self.compaction.in_flight is None:  # one big I/O job at a time (walqueue.daemon.freeing)
+            self.filesystem.free_step(clock.monotonic_seconds())
         timer.part("freeing a deleted file")
         if self.service.parked:
             self.service.expire_waits(clock.monotonic_seconds())
@@ -337,7 +338,7 @@ class Loop:
         timer.part("answering")
         if self.notifier.watchdog_seconds is not None:
             self._watchdog()
-        self.compaction.maybe_start(wrote)
+        self.compaction.maybe_start(wrote, freeing=self.filesystem.freeing)
         timer.part("starting a compaction")
         if metrics is not None:
             metrics.expire(clock.monotonic_seconds())
@@ -374,7 +375,8 @@ class Loop:
             return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
-        if (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
+        if (self.compaction.in_flight is None
+                and (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None):
             deadlines.append(freeing)  # a deleted file's next step of blocks to free
         if self._awaiting_hello:
             deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
