@@ -108,7 +108,7 @@ def gap_context(client: dict, compactions: list[dict]) -> str:
 
 
 DEFAULT_RATIO = 1.0  # the production trigger, whose write amplification is given by its arithmetic
-SLOW_TURN = re.compile(r"^\S+ \S+ walqueued\[\d+\] WARNING ((?:a loop turn took|the loop's poll returned) .*)$",
+SLOW_TURN = re.compile(r"^\S+ (\S+) walqueued\[\d+\] WARNING ((?:a loop turn took|the loop's poll returned) .*)$",
                        re.M)
 RECOVERED = re.compile(r"recovered .* in ([\d.]+) s:")
 TARGETS = {
@@ -387,7 +387,7 @@ def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
         "rss_peak_with_child_mib": sampler.peak_with_children_kib / 1024,
         "compactions": compactions,
         # The daemon's own account of its stalls (walqueue.daemon.turn_timer), first ones first.
-        "slow_turns": SLOW_TURN.findall(window_log)[:50],
+        "slow_turns": [f"{when} {text}" for when, text in SLOW_TURN.findall(window_log)[:50]],
         "snapshot_bytes_written": snapshot_written,
         "wal_bytes_written": wal_written,
         "amplification": snapshot_written / max(1, wal_written),
