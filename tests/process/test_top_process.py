@@ -42,6 +42,24 @@ def read_until(master: int, text: bytes, seconds: float, seen: bytes = b"") -> b
     return seen
 
 
+def wait_reading(process: subprocess.Popen, master: int, seconds: float) -> tuple[int | None, bytes]:
+    """Wait for `process` to exit, reading the terminal meanwhile; (exit code or None, what was read).
+
+    A terminal nobody reads fills up, and a view that refreshes would then
+    block writing its next frame (or the screen it leaves on quitting).
+    """
+    deadline = time.monotonic() + seconds
+    seen = b""
+    while process.poll() is None and (remaining := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([master], [], [], min(remaining, 0.05))
+        if ready:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                pass
+    return process.poll(), seen
+
+
 def controlling_terminal() -> None:
     # In the child, after setsid(): make stdin (the pty) its controlling
     # terminal, so Ctrl-C on it becomes SIGINT for the child.
@@ -66,7 +84,9 @@ def test_top_draws_the_view_and_quits_cleanly_on_a_key(daemon, key):
         assert seen.startswith(top.ENTER_SCREEN.encode())
         seen = read_until(master, b"q quits", DRAW_SECONDS, seen)  # a whole frame is out
         os.write(master, key)
-        assert process.wait(QUIT_SECONDS) == 0
+        code, more = wait_reading(process, master, QUIT_SECONDS)
+        assert code == 0
+        seen += more
         try:
             seen += os.read(master, 65536)
         except OSError:

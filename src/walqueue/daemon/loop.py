@@ -13,7 +13,9 @@ One loop turn = one ``select()`` call, on one thread:
    passed, and serving parked reserves. Requests of a saturated connection
    are deferred to a later turn instead;
 4. collect a snapshot child that exited and publish its snapshot
-   (walqueue.daemon.compaction); end waits that timed out; hand the turn's
+   (walqueue.daemon.compaction); free a step of a deleted file's blocks if
+   one is due and no child writes (walqueue.daemon.freeing); end waits that
+   timed out; hand the turn's
    answers to their connections only now, after the batch exited without
    error; send; set each touched connection's selector interest;
 5. ping the watchdog; begin a compaction and fork its child if one is due
@@ -29,7 +31,8 @@ ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
 Timers, without polling: the select timeout is the earliest of the next
 hello deadline, frame deadline, accept resumption, watchdog ping, end of a
-wait, a metrics scrape's deadline, and the service's next due time (a lease
+wait, a metrics scrape's deadline, a deleted file's next freeing step, and
+the service's next due time (a lease
 deadline, or a task due while reserves wait) — or the end of the reaper's
 back-off after a reap that failed to write (disk full: retried after 1, 2,
 4, ... s up to 5 minutes, not every second). A snapshot child's exit wakes
@@ -38,6 +41,8 @@ the loop through its pidfd. Time comes from an injected `Clock`: ``now``
 never backwards: walqueue.daemon.clock) for leases, monotonic seconds for
 waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
+A turn over 100 ms is logged with where its time went
+(walqueue.daemon.turn_timer).
 
 A bug (any exception but the ones the service and the commit handle) stops
 the loop: its traceback is logged, the answers of the turn it broke are
