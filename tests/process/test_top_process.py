@@ -62,9 +62,13 @@ def wait_reading(process: subprocess.Popen, master: int, seconds: float) -> tupl
 
 def controlling_terminal() -> None:
     # In the child, after setsid(): make stdin (the pty) its controlling
-    # terminal, so Ctrl-C on it becomes SIGINT for the child.
+    # terminal, so Ctrl-C on it becomes SIGINT for the child; and give SIGINT
+    # its default action, which a runner started in the background (`cmd &`
+    # in a script ignores SIGINT) would otherwise pass on as "ignored", so
+    # that Python installs no KeyboardInterrupt handler and Ctrl-C does nothing.
     import fcntl
 
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
