@@ -448,8 +448,8 @@ class Compactor:
         stats = queue.stats()
         if any(waiter.seq > stats.snapshot_seq for waiter in self._waiting):
             reason = "on request"
-        elif wrote and not freeing and compaction_due(stats.wal_bytes, self.snapshot_bytes, floor_bytes=self.floor_bytes,
-                                      ratio=self.ratio):
+        elif wrote and not freeing and compaction_due(stats.wal_bytes, self.snapshot_bytes,
+                                                      floor_bytes=self.floor_bytes, ratio=self.ratio):
             reason = "automatically"
         else:
             return

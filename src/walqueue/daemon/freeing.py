@@ -6,8 +6,8 @@ that many blocks stalls the WAL fsyncs beside it: on the development VM
 (ext4 mounted with `discard`) a 300 MB unlink took 170-225 ms and a WAL
 fsync in another thread waited as long; freeing 2 GB 8 MiB per loop turn
 (as fast as the loop turns) still made a WAL fsync wait 100-230 ms about
-every 2 s while it lasted, and so did 1 MiB every 25 ms (40 MiB/s); at
-16 MiB/s the worst was 46 ms (`scripts/probe_snapshot_io.py`; the 40 s
+every 2 s while it lasted in some runs, and 1 MiB every 25 ms (40 MiB/s)
+up to 90 ms; at 16 MiB/s the worst was 48 ms (`scripts/probe_snapshot_io.py`; the 40 s
 baseline without freeing: none over 20 ms). So walqueued's Queue runs on
 `FreeingInSteps`, whose `unlink` opens the file, removes its name (under
 1 ms: the directory entry only) and keeps the descriptor; the loop calls
