@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from unittest import mock
 
@@ -27,6 +28,8 @@ from walqueue.errors import StaleLease
 from walqueue.queue import Queue
 
 from .kill_hook import child_hook, hook
+
+CHILD_WRITE_SECONDS = 0.5  # the time _publishing_when_the_child_starts' child takes to write
 
 
 def _reserving_before_acking(real: Callable) -> Callable:
@@ -64,14 +67,33 @@ def _patch_service(method: str, wrap: Callable[[Callable], Callable]) -> context
     return mock.patch.object(Service, method, wrap(getattr(Service, method)))
 
 
-def _publishing_when_the_child_starts() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def _publishing_when_the_child_starts():
     """A snapshot child taken for done once it has started ("it forked, the snapshot is on its way"):
-    CURRENT is published, and the covered WAL deleted, before the child's fsync."""
+    CURRENT is published, and the covered WAL deleted, before the child's fsync.
+
+    The harness's snapshots are a few KB, which a child may write before the
+    loop's next turn publishes: the damage would then depend on who wins that
+    race (the suite run beside another once let the child win three seeds in
+    a row). So the child here first waits CHILD_WRITE_SECONDS, as writing any
+    real snapshot takes time; the real library does not mind (it publishes
+    only after the child exits), this variant's CURRENT then names a file
+    still being written whenever a kill follows the publication.
+    """
+    real_write = Queue.write_compaction_snapshot
+
     def poll(self):
         if self.report is None:
             self.report = ChildReport(True, snapshot_bytes=0)
         return self.report
-    return mock.patch.object(SnapshotChild, "poll", poll)
+
+    def slow_write(self, compaction_in_steps, **options):
+        time.sleep(CHILD_WRITE_SECONDS)
+        return real_write(self, compaction_in_steps, **options)
+
+    with mock.patch.object(SnapshotChild, "poll", poll), \
+            mock.patch.object(Queue, "write_compaction_snapshot", slow_write):
+        yield
 
 
 @contextlib.contextmanager
