@@ -321,7 +321,7 @@ class Loop:
         timer.part("applying and fsync")
         self.compaction.settle()
         timer.part("collecting a snapshot")
-        if self.compaction.in_flight is None:  # one big I/O job at a time (walqueue.daemon.freeing)
+        if self._may_free():
             self.filesystem.free_step(clock.monotonic_seconds())
         timer.part("freeing a deleted file")
         if self.service.parked:
@@ -372,6 +372,11 @@ class Loop:
                 self.input_budget.release(conn)  # what it sent holds no room any more
                 self._fatal(conn, None, late_frame_message(conn))
 
+    def _may_free(self) -> bool:
+        """Deleted files are freed only while no snapshot child writes: one big I/O job at a time
+        (walqueue.daemon.freeing; the compactor likewise waits for the freeing)."""
+        return self.compaction.in_flight is None
+
     def _timeout(self) -> float | None:
         if ((self._deferring and any(conn.can_resume() for conn in self._deferring))
                 or self.service.outbox):
@@ -380,8 +385,7 @@ class Loop:
             return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
-        if (self.compaction.in_flight is None
-                and (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None):
+        if self._may_free() and (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
             deadlines.append(freeing)  # a deleted file's next step of blocks to free
         if self._awaiting_hello:
             deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
