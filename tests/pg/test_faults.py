@@ -66,6 +66,30 @@ def test_an_immediate_shutdown_under_load_loses_no_answered_write(durable_server
     assert len(after) >= 20, f"the workers did not go on after the restart: {counts}"
 
 
+def _set_standby_names(dsn: str, admin: psycopg.Connection, value: str | None, timeout: float = 20.0) -> None:
+    """Set (or reset, for None) synchronous_standby_names and wait until every backend will see it.
+
+    pg_reload_conf() only signals the postmaster, which re-reads the file and
+    signals its children later; a call started at once could commit on the old
+    setting. A new connection is forked only after the postmaster has done
+    both, so once one shows the value, every existing backend has its SIGHUP
+    pending and applies it before its next command.
+    """
+    if value is None:
+        admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
+    else:
+        admin.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{value}'")
+    admin.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + timeout
+    while True:
+        with psycopg.connect(dsn, autocommit=True) as probe:
+            (shown,) = probe.execute("SHOW synchronous_standby_names").fetchone()
+        if shown == (value or ""):
+            return
+        assert time.monotonic() < deadline, f"synchronous_standby_names stayed {shown!r}"
+        time.sleep(0.02)
+
+
 def _backend_waiting_for_sync_rep(admin: psycopg.Connection, timeout: float = 20.0) -> int:
     deadline = time.monotonic() + timeout
     while True:
@@ -88,8 +112,7 @@ def _kill_mid_commit(dsn: str, call) -> BaseException | None:
             outcome.append(error)
 
     with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-        admin.execute("SELECT pg_reload_conf()")
+        _set_standby_names(dsn, admin, "nobody")
         try:
             thread = threading.Thread(target=run, daemon=True)
             thread.start()
@@ -98,8 +121,7 @@ def _kill_mid_commit(dsn: str, call) -> BaseException | None:
             thread.join(20)
             assert not thread.is_alive(), "the call did not return after its backend was terminated"
         finally:
-            admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
-            admin.execute("SELECT pg_reload_conf()")
+            _set_standby_names(dsn, admin, None)
     return outcome[0]
 
 
