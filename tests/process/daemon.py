@@ -7,6 +7,7 @@ SIGTERM, then SIGKILL if it does not exit in time.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -44,6 +45,12 @@ def wait_until(condition, timeout: float, what: str, interval: float = 0.01):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat ("T" when stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0]
 
 
 class Daemon:
@@ -114,6 +121,20 @@ class Daemon:
 
     def wait_for_log(self, text: str, timeout: float = 10.0, count: int = 1) -> None:
         wait_until(lambda: self.log().count(text) >= count, timeout, f"{text!r} in the daemon log")
+
+    @contextlib.contextmanager
+    def paused(self, timeout: float = 10.0):
+        """SIGSTOP the daemon, and SIGCONT it on leaving; inside, it is known to be stopped.
+
+        kill() returns before the signal takes effect: a daemon busy on the
+        other CPU runs on for a moment, and could read what the test sends next.
+        """
+        os.kill(self.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: _process_state(self.pid) == "T", timeout, "walqueued to stop")
+            yield
+        finally:
+            os.kill(self.pid, signal.SIGCONT)
 
     def terminate(self, timeout: float = STOP_SECONDS) -> int:
         """SIGTERM, wait; returns the exit code (SIGKILL and fail if it hangs)."""

@@ -7,8 +7,6 @@ bounded as a whole by ``asyncio.wait_for``.
 
 import asyncio
 import dataclasses
-import os
-import signal
 import time
 
 import pytest
@@ -255,12 +253,9 @@ def test_a_call_that_times_out_drops_the_connection_for_every_waiting_call(daemo
         async with Client(daemon.socket_path, timeout=0.5) as client:
             await client.stats()
             first = client._connection
-            os.kill(daemon.pid, signal.SIGSTOP)  # the daemon stops answering
-            try:
+            with daemon.paused():  # the daemon stops answering
                 outcomes = await asyncio.gather(client.stats(), client.get("x"), client.reserve("w", wait=0.1),
                                                 return_exceptions=True)
-            finally:
-                os.kill(daemon.pid, signal.SIGCONT)
             assert all(isinstance(outcome, DaemonUnavailable) for outcome in outcomes), outcomes
             assert first.broken
             # The next call reconnects.

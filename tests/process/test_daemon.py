@@ -886,12 +886,9 @@ def test_a_reserve_from_a_peer_that_already_closed_leases_nothing(daemon):
         hello(sock)
         # Paused, the daemon finds the request and the end of stream together,
         # as after a worker that died right after sending.
-        os.kill(daemon.pid, signal.SIGSTOP)
-        try:
+        with daemon.paused():
             sock.sendall(p.encode(p.Reserve(id=2, worker="gone")))
             sock.shutdown(socket.SHUT_WR)
-        finally:
-            os.kill(daemon.pid, signal.SIGCONT)
         answer = read_message(sock)
         assert answer.id == 2 and answer.leases == []
         sock.close()
