@@ -90,7 +90,8 @@ def test_a_missing_schema_says_to_migrate_and_is_not_created_by_other_commands(p
 
 
 def test_an_unreachable_database_exits_3(run, tmp_path):
-    code, _, err = run("stats", dsn=f"postgresql:///nowhere?host={tmp_path}&port=1")
+    # --timeout 1: PostgreSQL is retried until the timeout (30 s by default) before exit 3.
+    code, _, err = run("--timeout", "1", "stats", dsn=f"postgresql:///nowhere?host={tmp_path}&port=1")
     assert code == 3
     assert "PostgreSQL" in err
 
