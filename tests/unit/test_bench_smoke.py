@@ -1,5 +1,5 @@
 """Smoke tests of the benchmark scripts (bench_library.py: issue 2;
-bench_history.py: issue 11; bench_peers.py with its PostgreSQL rows: issue 13):
+bench_history.py and probe_recovery_floor.py: issue 11; bench_peers.py with its PostgreSQL rows: issue 13):
 they run end to end and print their tables. Tiny sizes, one run: this checks
 the scripts, not the speed."""
 
@@ -119,3 +119,15 @@ def test_bench_peers_tiny_run_writes_walqueued_and_postgres_rows_and_cleans_up(t
     assert sorted(p.name for p in out.parent.iterdir()) == ["bp.md"]
     # The servers' directories under var/ are gone (the PostgreSQL cluster's too).
     assert set(var.iterdir()) == before
+
+
+def test_probe_recovery_floor_prints_every_step_and_cleans_up(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "probe_recovery_floor.py"), "--tombstones", "1000",
+         "--runs", "1", "--tmp-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("1,000 tombstones, snapshot ")
+    for step in ("1. walk", "2. + canonical", "3. + digest", "4. load_snapshot", "5. Queue(directory)"):
+        assert f"| {step}" in done.stdout, step
+    assert list(tmp_path.iterdir()) == []
