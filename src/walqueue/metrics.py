@@ -169,4 +169,10 @@ def render_prometheus(stats: DaemonStats) -> str:
     out.gauge(PREFIX + "clock_offset_seconds",
               "The wall clock minus the daemon's clock, which advances with the monotonic clock.",
               stats.clock_offset_seconds)
+    out.counter(PREFIX + "slow_turns_total",
+                "Loop turns over 100 ms since start: the daemon answered no one meanwhile (each "
+                "is logged with where its time went).", stats.slow_turns_total)
+    out.gauge(PREFIX + "longest_turn_seconds",
+              "The longest loop turn since start, during which the daemon answered no one.",
+              stats.longest_turn_seconds)
     return "\n".join(out.lines) + "\n"

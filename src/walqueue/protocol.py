@@ -39,7 +39,8 @@ version lacks (``omit_defaults``), so a version-1 client gets exactly
 version 1's bytes. Version 2 adds the daemon's walqueue version to
 ``HelloOk`` and ``DaemonStats``; version 3 adds the clock's steps and offset
 to ``DaemonStats``, version 4 the compaction figures (``compact_wal_ratio``
-and after). A new request type needs no new version: a daemon that does not
+to ``wal_bytes_written_total``), version 5 the slow loop turns
+(``slow_turns_total``, ``longest_turn_seconds``). A new request type needs no new version: a daemon that does not
 know it answers a fatal ``InvalidRequest`` (undecodable request).
 
 This module does no I/O, reads no clock and keeps no global state beyond the
@@ -73,10 +74,11 @@ from walqueue import (
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1  # what this package's clients announce
-DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4, 5)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
 COMPACTION_REPORTING_VERSION = 4  # the first to carry the compaction figures of DaemonStats
+TURN_REPORTING_VERSION = 5  # the first to carry the slow loop turns of DaemonStats
 MAX_BODY_BYTES = MAX_FRAME_BYTES + 1024 * 1024
 LENGTH_PREFIX_BYTES = 4
 MAX_WAIT_SECONDS = 300
@@ -344,6 +346,9 @@ class DaemonStats:
     snapshot_bytes: int = 0
     snapshot_bytes_written_total: int = 0
     wal_bytes_written_total: int = 0
+    # Protocol version 5: loop turns that answered no one for over 100 ms (walqueue.daemon.turn_timer).
+    slow_turns_total: int = 0
+    longest_turn_seconds: float = 0.0
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
@@ -877,6 +882,8 @@ def manifest_from_wire(wire: Manifest) -> BackupManifest:
 def _since_version(name: str) -> int:
     """The protocol version that added DaemonStats field ``name`` (1 for the original ones)."""
     names = [field.name for field in dataclasses.fields(DaemonStats)]
+    if names.index(name) >= names.index("slow_turns_total"):
+        return TURN_REPORTING_VERSION
     if names.index(name) >= names.index("compact_wal_ratio"):
         return COMPACTION_REPORTING_VERSION
     if names.index(name) >= names.index("clock_steps_total"):

@@ -1,6 +1,7 @@
-"""This package's clients announce the newest protocol version and fall back,
-once, to version 1 when the daemon is older (walqueued 0.1 speaks only 1 and
-refuses any other hello): an upgraded client keeps working against a daemon
+"""This package's clients announce the newest protocol version and fall back
+through the older ones they know when the daemon is older (walqueued 0.1
+speaks only 1 and refuses any other hello; the daemons before the slow-turn
+figures speak up to 4): an upgraded client keeps working against a daemon
 that is not upgraded yet (docs/upgrades.md upgrades either side first)."""
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ def read_request(connection: socket.socket):
 
 
 class OldDaemon(threading.Thread):
-    """Speaks protocol version 1 only, and answers a newer hello as walqueued 0.1 did."""
+    """Speaks protocol versions 1 to `newest` only, and answers a newer hello as walqueued 0.1 did."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, newest: int = 1) -> None:
         super().__init__(daemon=True)
+        self.newest = newest
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen()
@@ -47,13 +49,14 @@ class OldDaemon(threading.Thread):
             with connection:
                 hello = read_request(connection)
                 self.hellos.append(hello.version)
-                if hello.version != 1:
+                if not 1 <= hello.version <= self.newest:
                     connection.sendall(p.encode(p.Error(
                         id=hello.id, error="InvalidRequest", fatal=True,
                         message=f"protocol version {hello.version} is not supported; "
-                                f"this daemon speaks version 1")))
+                                f"this daemon speaks version 1 to {self.newest}")))
                     continue
-                connection.sendall(p.encode(p.HelloOk(id=hello.id, version=1, server="walqueued/1",
+                connection.sendall(p.encode(p.HelloOk(id=hello.id, version=hello.version,
+                                                      server="walqueued/1",
                                                       max_body_bytes=p.MAX_BODY_BYTES)))
                 request = read_request(connection)
                 stats = QueueStats(1, 0, 0, 0, 1, 0, 100)
@@ -75,7 +78,18 @@ def old_daemon(workdir):
 def test_the_sync_client_falls_back_to_version_1_for_an_older_daemon(old_daemon, workdir):
     with Client(str(workdir / "old.sock")) as client:
         assert client.stats().ready == 1
-    assert old_daemon.hellos == [CLIENT_PROTOCOL_VERSIONS[0], 1]
+    assert old_daemon.hellos == list(CLIENT_PROTOCOL_VERSIONS)  # the newest, ..., 1
+
+
+def test_a_daemon_that_speaks_up_to_4_is_spoken_to_in_4(workdir):
+    server = OldDaemon(str(workdir / "four.sock"), newest=p.COMPACTION_REPORTING_VERSION)
+    server.start()
+    try:
+        with Client(str(workdir / "four.sock")) as client:
+            assert client.stats().ready == 1
+    finally:
+        server.close()
+    assert server.hellos == [p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION]
 
 
 def test_the_asyncio_client_falls_back_to_version_1_for_an_older_daemon(old_daemon, workdir):
@@ -84,4 +98,4 @@ def test_the_asyncio_client_falls_back_to_version_1_for_an_older_daemon(old_daem
             return await client.stats()
 
     assert asyncio.run(main()).ready == 1
-    assert old_daemon.hellos == [CLIENT_PROTOCOL_VERSIONS[0], 1]
+    assert old_daemon.hellos == list(CLIENT_PROTOCOL_VERSIONS)

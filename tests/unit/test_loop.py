@@ -17,6 +17,7 @@ from walqueue import protocol as p
 from walqueue.daemon.clock import DaemonNow
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.systemd import Notifier
+from walqueue.daemon.turn_timer import TurnTimer
 
 MAX_TURNS = 200
 
@@ -40,14 +41,14 @@ class FakeClock:
 class Client:
     """A raw client socket speaking the wire protocol to the loop under test."""
 
-    def __init__(self, path: str, loop: Loop) -> None:
+    def __init__(self, path: str, loop: Loop, version: int = p.PROTOCOL_VERSION) -> None:
         self.loop = loop
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
         self.sock.setblocking(False)
         self.reader = p.FrameReader()
         self.answers: list = []
-        self.send(p.Hello(id=0, version=p.PROTOCOL_VERSION))
+        self.send(p.Hello(id=0, version=version))
         assert isinstance(self.answer(0), p.HelloOk)
 
     def send(self, *messages) -> None:
@@ -95,8 +96,8 @@ def served(tmp_path):
     loop._timeout = lambda: 0.0  # the test drives the turns
     clients: list[Client] = []
 
-    def connect() -> Client:
-        client = Client(path, loop)
+    def connect(version: int = p.PROTOCOL_VERSION) -> Client:
+        client = Client(path, loop, version)
         clients.append(client)
         return client
 
@@ -117,6 +118,23 @@ def test_the_clock_is_whole_seconds_and_never_goes_backwards():
         readings.append(now())
     # It follows the monotonic clock from the wall clock at start, whatever the wall clock does after.
     assert readings == [100, 100, 101, 101, 102]
+
+
+def test_the_report_counts_the_slow_turns_and_the_longest_one(served):
+    loop, _, connect = served
+    client = connect(p.TURN_REPORTING_VERSION)
+    client.send(p.DaemonStatsReq(id=1))
+    assert client.answer(1).stats.slow_turns_total == 0
+    # Every turn from here on is over this timer's bound, as a turn over 100 ms is over the real one's.
+    loop.turn_timer = TurnTimer(slow_seconds=-1.0)
+    client.send(p.Put(id=2, task_id="job", payload={}))
+    client.answer(2)   # its turn has ended, and counted
+    client.send(p.DaemonStatsReq(id=3))
+    stats = client.answer(3).stats
+    assert stats.slow_turns_total >= 1 and stats.longest_turn_seconds > 0
+    older = connect(p.COMPACTION_REPORTING_VERSION)
+    older.send(p.DaemonStatsReq(id=4))
+    assert older.answer(4).stats.slow_turns_total == 0   # version 4 does not carry them
 
 
 def test_a_waiting_reserve_is_woken_by_a_put_from_another_connection(served):

@@ -298,6 +298,8 @@ EXPECTED_FAMILIES = {
     "walqueue_snapshot_bytes": "gauge",
     "walqueue_snapshot_bytes_written": "counter",
     "walqueue_wal_bytes_written": "counter",
+    "walqueue_slow_turns": "counter",
+    "walqueue_longest_turn_seconds": "gauge",
 }
 
 
@@ -314,7 +316,8 @@ def sample_stats(**changes) -> DaemonStats:
         compaction_in_progress=True, compaction_failures_total=2, compaction_consecutive_failures=2,
         last_compaction_error='OSError: [Errno 28] No space left on device: "snapshot"',
         compaction_retry_in_seconds=3.5, last_compaction_pause_seconds=0.004, snapshot_bytes=4096,
-        snapshot_bytes_written_total=8192, wal_bytes_written_total=65536,
+        snapshot_bytes_written_total=8192, wal_bytes_written_total=65536, slow_turns_total=3,
+        longest_turn_seconds=0.25,
     )
     fields.update(changes)
     return DaemonStats(**fields)
@@ -352,6 +355,8 @@ def test_every_metric_family_is_present_with_its_type_and_value():
     assert value(families, "walqueue_last_compaction_error_info",
                  error='OSError: [Errno 28] No space left on device: "snapshot"') == 1
     assert value(families, "walqueue_snapshot_bytes_written_total") == 8192
+    assert value(families, "walqueue_slow_turns_total") == 3
+    assert value(families, "walqueue_longest_turn_seconds") == 0.25
     assert value(families, "walqueue_paused") == 1
     assert value(families, "walqueue_oldest_ready_age_seconds") == 42
     assert value(families, "walqueue_wal_bytes") == 12345
@@ -398,11 +403,13 @@ def test_the_daemon_report_crosses_the_wire_field_by_field():
         return dataclasses.replace(report, **{name: DaemonStats.__dataclass_fields__[name].default
                                               for name in names[names.index(first_added):]})
 
-    version_3 = without("compact_wal_ratio", stats)
+    version_4 = without("slow_turns_total", stats)
+    version_3 = without("compact_wal_ratio", version_4)
     version_2 = without("clock_steps_total", version_3)
     version_1 = dataclasses.replace(version_2, version="")
     reader = p.FrameReader()
-    for protocol_version, expected in ((4, stats), (3, version_3), (2, version_2), (1, version_1)):
+    for protocol_version, expected in ((5, stats), (4, version_4), (3, version_3), (2, version_2),
+                                       (1, version_1)):
         reader.feed(p.encode(p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats, protocol_version))))
         decoded = p.decode_response(reader.next_body())
         assert p.daemon_stats_from_wire(decoded.stats) == expected

@@ -49,9 +49,12 @@ class NoSocket(DaemonUnavailable):
 # The protocol versions these clients announce, newest first. A daemon older
 # than the first refuses that hello ("protocol version N is not supported")
 # and closes the connection; the client then connects again announcing the
-# next one (walqueued 0.1 speaks only version 1). The newest brings the
-# daemon's walqueue version, its clock and its compaction figures (protocol.py).
-CLIENT_PROTOCOL_VERSIONS = (p.COMPACTION_REPORTING_VERSION, p.PROTOCOL_VERSION)
+# next one (walqueued 0.1 speaks only version 1; the daemons before the
+# slow-turn figures, up to 4). The newest brings the daemon's walqueue
+# version, its clock, its compaction figures and its slow loop turns
+# (protocol.py).
+CLIENT_PROTOCOL_VERSIONS = (p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION,
+                            p.PROTOCOL_VERSION)
 
 
 def hello_request(name: str, version: int = CLIENT_PROTOCOL_VERSIONS[0]) -> p.Hello:

@@ -239,7 +239,9 @@ class Loop:
             compact_wal_bytes=self.compact_wal_bytes, directory=self.directory,
             compaction=self.compaction.status())
         return dataclasses.replace(report, clock_steps_total=self.now.steps,
-                                   clock_offset_seconds=self.now.offset_seconds)
+                                   clock_offset_seconds=self.now.offset_seconds,
+                                   slow_turns_total=self.turn_timer.slow_turns,
+                                   longest_turn_seconds=self.turn_timer.longest_seconds)
 
     # -- main loop -------------------------------------------------------------
 

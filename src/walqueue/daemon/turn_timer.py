@@ -4,7 +4,9 @@ walqueued answers nobody while a turn runs, so a turn over SLOW_TURN_SECONDS
 is a stall its clients see. The loop marks the end of each part of a turn;
 a slow one is logged with its parts, and so is a poll that returned long
 after its timeout (the process was not running: CPU starvation, a stopped
-VM), which no part of a turn would show.
+VM), which no part of a turn would show. The count of slow turns and the
+longest turn go into the daemon's report (walqueue_slow_turns_total,
+walqueue_longest_turn_seconds).
 
 Real time (perf_counter), not the injected Clock: this measures the process,
 and decides nothing.
