@@ -40,8 +40,9 @@ version 1's bytes. Version 2 adds the daemon's walqueue version to
 ``HelloOk`` and ``DaemonStats``; version 3 adds the clock's steps and offset
 to ``DaemonStats``, version 4 the compaction figures (``compact_wal_ratio``
 to ``wal_bytes_written_total``), version 5 the slow loop turns
-(``slow_turns_total``, ``longest_turn_seconds``). A new request type needs no new version: a daemon that does not
-know it answers a fatal ``InvalidRequest`` (undecodable request).
+(``slow_turns_total``, ``longest_turn_seconds``). A new request type needs no
+new version: a daemon that does not know it answers a fatal
+``InvalidRequest`` (undecodable request).
 
 This module does no I/O, reads no clock and keeps no global state beyond the
 encoder and decoders built once at import.
