@@ -78,6 +78,8 @@ def figures(previous: DaemonStats | None, current: DaemonStats) -> dict[str, Any
         "wal_segments": current.wal_segments,
         "compactions_total": current.compactions_total,
         "write_failures_total": current.write_failures_total,
+        "slow_turns_total": current.slow_turns_total,
+        "longest_turn_seconds": current.longest_turn_seconds,
         "rate_seconds": elapsed,
     }
 
@@ -131,7 +133,8 @@ def frame(figures: dict[str, Any], *, interval: float = 1.0, error: str | None =
         f"waiting   oldest ready {duration_text(f['oldest_ready_age_seconds'])}   "
         f"leases past half {f['leases_past_half']}",
         f"fsync     p50 {_milliseconds(f['fsync_p50_seconds'])}   "
-        f"p99 {_milliseconds(f['fsync_p99_seconds'])}   requests/fsync {per_fsync}",
+        f"p99 {_milliseconds(f['fsync_p99_seconds'])}   requests/fsync {per_fsync}   "
+        f"turns over 100 ms {f['slow_turns_total']} (longest {_milliseconds(f['longest_turn_seconds'])})",
         f"daemon    connections {f['connections']}   parked reserves {f['parked_reserves']}   "
         f"WAL {_bytes(f['wal_bytes'])} in {segments}   compactions {f['compactions_total']}   "
         f"write failures {f['write_failures_total']}",

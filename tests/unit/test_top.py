@@ -52,13 +52,14 @@ def test_no_rates_without_an_earlier_sample_or_across_a_daemon_restart():
 
 def test_the_frame_shows_every_figure_an_operator_watches():
     frame = "\n".join(top.frame(top.figures(sample(), sample(uptime_seconds=3601.0,
-                                                              requests_total=4040))))
+                                                              requests_total=4040, slow_turns_total=2,
+                                                              longest_turn_seconds=0.131))))
     for text in ("walqueued /var/lib/walqueue   up 1 h 0 min",
                  "ready 10   leased 2   completed 100   dead 1",
                  "requests 40.0/s", "put 0.0/s",
                  "oldest ready 1 min 15 s", "leases past half 1",
                  "p50 1.2 ms", "p99 4.5 ms", "requests/fsync 4.0",
-                 "connections 5   parked reserves 2", "WAL 3.0 MiB in 2 segments",
+                 "turns over 100 ms 2 (longest 131 ms)", "connections 5   parked reserves 2", "WAL 3.0 MiB in 2 segments",
                  "q quits"):
         assert text in frame, text
     assert "PAUSED" not in frame
