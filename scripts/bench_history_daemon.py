@@ -27,9 +27,12 @@ the previous one handed out). Reported per N, over the whole window:
 * every compaction of the window from the daemon's log: its duration (from
   rotation to publication), how long the loop paused for it (rotation and
   fork) and the snapshot's size; snapshot bytes written / WAL bytes written
-  from the daemon's own counters (protocol version 3 ``daemon_stats``);
-* the daemon's own warnings of loop turns over 100 ms in the window, with
-  where each turn's time went (JSON only: ``slow_turns``);
+  from the daemon's own counters (protocol version 5 ``daemon_stats``);
+* the daemon's own account of its turns: the longest loop turn since it
+  started ("longest turn": the longest it answered no one, which the
+  clients' "daemon silent" can exceed by the time they waited for a CPU),
+  and its warnings of turns over 100 ms in the window, with where each
+  turn's time went (JSON only: ``slow_turns``);
 * the restart after the window: time from start to READY (recovery) and the
   peak RSS of the restarted process.
 
@@ -241,11 +244,11 @@ class Daemon:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
 
     def report(self) -> p.DaemonStats:
-        """daemon_stats in protocol version 3 (with the compaction figures)."""
+        """daemon_stats in protocol version 5 (with the compaction and turn figures)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(60)
             sock.connect(self.socket_path)
-            sock.sendall(p.encode(p.Hello(id=0, version=p.COMPACTION_REPORTING_VERSION)) +
+            sock.sendall(p.encode(p.Hello(id=0, version=p.TURN_REPORTING_VERSION)) +
                          p.encode(p.DaemonStatsReq(id=1)))
             answers = {}
             reader = p.FrameReader()
@@ -386,6 +389,7 @@ def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
         "silence_ms": silence["longest_gap"] * 1e3,
         "silence_when": gap_context(silence, compactions),
         "silence_end": silence["longest_gap_end"],  # wall time, beside the compactions' "published"
+        "longest_turn_ms": after.longest_turn_seconds * 1e3,  # since the daemon started
         "rss_end_mib": rss_end_kib / 1024,
         "rss_peak_mib": sampler.peak_kib / 1024,
         "rss_peak_with_child_mib": sampler.peak_with_children_kib / 1024,
@@ -410,15 +414,17 @@ def print_table(rows: list[dict], args) -> None:
     print(f"\n{args.clients} clients, {args.seconds:g} s window, --compact-wal-bytes {args.compact_wal_bytes} "
           f"--compact-wal-ratio {args.compact_wal_ratio:g}; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} CPUs")
-    print("| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | daemon silent ms | compactions | durations s "
+    print("| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | daemon silent ms | longest turn ms | "
+          "compactions | durations s "
           "(max) | loop pause max ms | snapshot MB | snapshot/WAL written | g | restart s (recovery) | "
           "restart peak RSS MiB | RSS end / peak / +child MiB | errors |")
-    print("|" + "---:|" * 17)
+    print("|" + "---:|" * 18)
     for row in rows:
         compactions = row["compactions"]
         durations = [item["seconds"] for item in compactions]
         print(f"| {row['tasks']:,} | {row['cycles_per_second']:,.0f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-              f"{row['max_ms']:.1f} | {row['longest_gap_ms']:.1f} | {row['silence_ms']:.1f} | {len(compactions)} | "
+              f"{row['max_ms']:.1f} | {row['longest_gap_ms']:.1f} | {row['silence_ms']:.1f} | "
+              f"{row['longest_turn_ms']:.1f} | {len(compactions)} | "
               f"{percentile(durations, 0.5):.2f} ({max(durations, default=float('nan')):.2f}) | "
               f"{max((item['pause_seconds'] for item in compactions), default=float('nan')) * 1e3:.1f} | "
               f"{(compactions[-1]['snapshot_bytes'] / 1e6 if compactions else float('nan')):.1f} | "

@@ -17,8 +17,8 @@ def test_the_history_benchmark_runs_end_to_end_and_prints_its_table(tmp_path):
          "--tmp-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert ("| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | daemon silent ms | compactions |"
-            in done.stdout)
+    assert ("| N | cycles/s | p50 ms | p99 ms | max ms | longest gap ms | daemon silent ms | longest turn ms | "
+            "compactions |" in done.stdout)
     assert "Targets (issue 11):" in done.stdout and "- N=300:" in done.stdout
     rows = json.loads(results.read_text())["rows"]
     assert [row["tasks"] for row in rows] == [0, 300]
@@ -27,5 +27,6 @@ def test_the_history_benchmark_runs_end_to_end_and_prints_its_table(tmp_path):
         assert row["restart_seconds"] > 0 and row["wal_bytes_written"] > 0
         # No client went longer without an answer than the daemon went without answering anyone.
         assert 0 < row["silence_ms"] <= row["longest_gap_ms"]
+        assert row["longest_turn_ms"] > 0   # from the daemon's own report (protocol version 5)
     assert rows[1]["compactions"], "no compaction in the window at a 4000-byte floor"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bench.json"]  # scratch removed
