@@ -19,7 +19,7 @@ A frame is valid if and only if:
    most MAX_PUT_MANY_ITEMS items, no map with a key twice. A request that
    fails one is refused alone (``RequestRefused``); the stream goes on.
 
-The first request on a connection is ``Hello`` carrying ``PROTOCOL_VERSION``;
+The first request on a connection is ``Hello`` carrying a protocol version;
 every request carries a client-chosen integer ``id`` that its answer (or
 answers, see ``more``) echoes, so requests may be pipelined. List answers
 that would not fit in one frame (``Leases``, ``TaskList``) are split into
@@ -74,7 +74,7 @@ from walqueue import (
 )
 from walqueue.values import BackupManifest
 
-PROTOCOL_VERSION = 1  # what this package's clients announce
+PROTOCOL_VERSION = 1  # the first version: every daemon speaks it, and clients fall back to it last
 DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4, 5)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
