@@ -31,6 +31,21 @@ def test_a_slow_turn_is_logged_with_its_parts(caplog):
                                    "applying and fsync 250 ms")
 
 
+def test_a_slow_turn_says_how_much_of_a_part_was_its_fsync(caplog):
+    clock = FakeClock()
+    timer = TurnTimer(slow_seconds=0.1, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="walqueued"):
+        timer.polled(0.0)
+        clock.now += 0.289
+        timer.part("applying and fsync", of_which=("fsync", 0.2875))
+        clock.now += 0.003
+        timer.part("answering", of_which=("fsync", 0.0))   # a share of nothing is not said
+        timer.end()
+    [record] = caplog.records
+    assert record.getMessage() == ("a loop turn took 292 ms, answering no one: "
+                                   "applying and fsync 289 ms (fsync 288 ms), answering 3 ms")
+
+
 def test_fast_turns_are_not_logged(caplog):
     clock = FakeClock()
     timer = TurnTimer(slow_seconds=0.1, clock=clock)

@@ -319,8 +319,9 @@ class Loop:
             self._expire_hellos()
         self._expire_frames()
         timer.part("reading")
+        fsynced_before = self.recorder.fsync_seconds_total
         wrote = self._apply(requests)
-        timer.part("applying and fsync")
+        timer.part("applying and fsync", of_which=("fsync", self.recorder.fsync_seconds_total - fsynced_before))
         self.compaction.settle()
         timer.part("collecting a snapshot")
         if self._may_free():

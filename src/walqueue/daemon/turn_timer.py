@@ -29,7 +29,7 @@ class TurnTimer:
         self.slow_turns = 0
         self.longest_seconds = 0.0
         self._clock = clock
-        self._parts: list[tuple[str, float]] = []
+        self._parts: list[tuple[str, float, tuple[str, float] | None]] = []
         self._started = self._mark = clock()
 
     def polled(self, timeout: float | None) -> None:
@@ -43,10 +43,15 @@ class TurnTimer:
         self._parts.clear()
         self._started = self._mark = now
 
-    def part(self, name: str) -> None:
-        """The part of the turn called `name` ended now."""
+    def part(self, name: str, *, of_which: tuple[str, float] | None = None) -> None:
+        """The part of the turn called `name` ended now.
+
+        `of_which` is a share of it measured elsewhere, (name, seconds): the
+        WAL fsync inside "applying and fsync", so that a slow turn's line
+        says whether the disk or the loop's own work took the time.
+        """
         now = self._clock()
-        self._parts.append((name, now - self._mark))
+        self._parts.append((name, now - self._mark, of_which))
         self._mark = now
 
     def end(self) -> None:
@@ -58,5 +63,12 @@ class TurnTimer:
         if seconds > self.slow_seconds:
             self.slow_turns += 1
             log.warning("a loop turn took %.0f ms, answering no one: %s", seconds * 1e3,
-                        ", ".join(f"{name} {part * 1e3:.0f} ms" for name, part in self._parts
-                                  if part >= 0.0005) or "no part stood out")
+                        ", ".join(_said(*part) for part in self._parts if part[1] >= 0.0005)
+                        or "no part stood out")
+
+
+def _said(name: str, seconds: float, of_which: tuple[str, float] | None) -> str:
+    """``applying and fsync 289 ms`` or, with a share, ``... 289 ms (fsync 288 ms)``."""
+    if of_which is None or of_which[1] < 0.0005:
+        return f"{name} {seconds * 1e3:.0f} ms"
+    return f"{name} {seconds * 1e3:.0f} ms ({of_which[0]} {of_which[1] * 1e3:.0f} ms)"
