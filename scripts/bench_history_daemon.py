@@ -3,9 +3,10 @@ completed tasks, under 16 client processes, with compactions inside the window.
 
     .venv/bin/python scripts/bench_history_daemon.py [--tasks 0,1000000] [--seconds 60]
         [--clients 16] [--compact-wal-bytes 8388608] [--compact-wal-ratio 0]
-        [--directory DIR] [--json PATH] [--tmp-dir DIR]
+        [--directory DIR] [--json PATH] [--plot PNG] [--tmp-dir DIR]
     .venv/bin/python scripts/bench_history_daemon.py --fill-only 10000000 --directory DIR
     .venv/bin/python scripts/bench_history_daemon.py --tasks 0 --directory DIR --seconds 240
+    .venv/bin/python scripts/bench_history_daemon.py --replot RESULTS.json --plot docs/history.png
 
 For each N of ``--tasks`` (and then for ``--directory``, a directory filled
 ahead with ``--fill-only N``: 10M tasks take ~15 minutes to fill, which
@@ -34,7 +35,11 @@ the previous one handed out). Reported per N, over the whole window:
   and its warnings of turns over 100 ms in the window, with where each
   turn's time went (JSON only: ``slow_turns``);
 * the restart after the window: time from start to READY (recovery) and the
-  peak RSS of the restarted process.
+  peak RSS of the restarted process;
+* second by second (JSON ``series``): cycles answered, the longest cycle
+  that ended and the longest silence that ended in that second, which
+  ``--plot PNG`` draws with the compactions shaded (docs/history.png); a
+  saved JSON is drawn again with ``--replot JSON --plot PNG``.
 
 The window forces compactions with a low floor (``--compact-wal-bytes``, 8 MiB)
 and ``--compact-wal-ratio 0``, so that at least two happen inside it whatever N:
@@ -98,6 +103,31 @@ def daemon_silence(answer_times: list) -> dict:
         if after - before > longest:
             longest, end = after - before, after
     return {"longest_gap": longest, "longest_gap_end": end}
+
+
+def per_second(start: float, seconds: float, cycle_ends: list, latencies: list, answer_times: list) -> dict:
+    """The window second by second (wall times from ``start``): cycles that ended in each second,
+    the longest of them (ms), and the longest time without any answer that ended in it (ms).
+    Every client's cycles and answers are merged first: the lists are one per client."""
+    buckets = max(1, int(seconds + 0.999))
+    cycles, longest = [0] * buckets, [0.0] * buckets
+    silence = [0.0] * buckets
+
+    def bucket(when: float) -> int | None:
+        index = int(when - start)
+        return index if 0 <= index < buckets else None
+
+    for ends, durations in zip(cycle_ends, latencies, strict=True):
+        for end, duration in zip(ends, durations, strict=True):
+            if (index := bucket(end)) is not None:
+                cycles[index] += 1
+                longest[index] = max(longest[index], duration * 1e3)
+    merged = sorted(itertools.chain.from_iterable(answer_times))
+    for before, after in itertools.pairwise(merged):
+        if (index := bucket(after)) is not None:
+            silence[index] = max(silence[index], (after - before) * 1e3)
+    return {"start": start, "cycles": cycles, "longest_cycle_ms": [round(value, 1) for value in longest],
+            "silence_ms": [round(value, 1) for value in silence]}
 
 
 def gap_context(client: dict, compactions: list[dict]) -> str:
@@ -286,6 +316,7 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
     """
     prefix = f"r{int(time.time()):08x}-{name}"
     latencies: list[float] = []
+    cycle_ends = array.array("d")  # wall time at which each cycle of `latencies` ended
     answer_times = array.array("d")  # wall time of every answer: merged, they show when the daemon answered no one
     longest_gap = 0.0
     longest_gap_end = 0.0  # wall time, to place it against the compactions in the daemon's log
@@ -330,7 +361,9 @@ def client_process(socket_path: str, name: str, start_at: float, end_at: float, 
                 errors += 1
                 continue
             latencies.append(time.perf_counter() - started)
-    results.put({"cycles": cycles, "errors": errors, "latencies": latencies, "longest_gap": longest_gap,
+            cycle_ends.append(time.time())
+    results.put({"cycles": cycles, "errors": errors, "latencies": latencies, "cycle_ends": cycle_ends,
+                 "longest_gap": longest_gap,
                  "longest_gap_end": longest_gap_end, "answer_times": answer_times})
 
 
@@ -349,6 +382,7 @@ def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
         results = multiprocessing.Queue()
         start_at = time.monotonic() + 2.0 + 0.1 * args.clients
         end_at = start_at + args.seconds
+        start_wall = time.time() + (start_at - time.monotonic())
         processes = [multiprocessing.Process(target=client_process,
                                              args=(daemon.socket_path, f"c{n:02d}", start_at, end_at, results))
                      for n in range(args.clients)]
@@ -406,6 +440,9 @@ def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
         "restart_seconds": restart.ready_seconds,
         "recovery_seconds": restart.recovery_seconds,
         "restart_peak_rss_mib": restart.peak_at_ready_kib / 1024,
+        "series": per_second(start_wall, args.seconds, [item["cycle_ends"] for item in gathered],
+                             [item["latencies"] for item in gathered],
+                             [item["answer_times"] for item in gathered]),
     }
 
 
@@ -457,6 +494,47 @@ def print_table(rows: list[dict], args) -> None:
         print(f"- N={row['tasks']:,}: " + "; ".join(checks))
 
 
+def write_plot(path: Path, rows: list[dict], clients: int) -> None:
+    """Per N, second by second: cycles/s above, the longest cycle and the daemon's longest silence
+    below, with the 100 ms bound; each compaction shaded from its rotation to its publication.
+    Needs matplotlib (the ``bench`` extra); imported only here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rate, latency) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5), dpi=110)
+    for row, color in zip(rows, itertools.cycle(["tab:blue", "tab:orange", "tab:green", "tab:purple"])):
+        series = row.get("series")
+        if series is None:
+            continue  # a JSON from before the series were kept
+        label = f"N = {row['tasks']:,}"
+        seconds = [index + 0.5 for index in range(len(series["cycles"]))]  # the middle of each second
+        rate.plot(seconds, series["cycles"], color=color, linewidth=0.9, label=label)
+        latency.plot(seconds, series["longest_cycle_ms"], color=color, linewidth=0.9,
+                     label=f"{label}: longest cycle")
+        latency.plot(seconds, series["silence_ms"], color=color, linewidth=0.7, linestyle=":",
+                     label=f"{label}: daemon silent")
+        for item in row["compactions"]:
+            began = item["published"] - item["seconds"] - series["start"]
+            for axes in (rate, latency):
+                axes.axvspan(began, item["published"] - series["start"], color=color, alpha=0.12, linewidth=0)
+    latency.axhline(TARGETS["max_latency_ms"], color="tab:red", linewidth=0.8, linestyle="--",
+                    label=f"{TARGETS['max_latency_ms']:.0f} ms")
+    rate.set_ylabel("cycles answered per second")
+    rate.set_ylim(bottom=0)
+    rate.set_title(f"walqueued under {clients} clients, second by second (shaded: a snapshot child writing)")
+    latency.set_ylabel("ms, longest in each second")
+    latency.set_xlabel("seconds into the window")
+    latency.set_ylim(bottom=0)
+    for axes in (rate, latency):
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7, loc="upper right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="0,1000000", help="comma-separated N to fill and measure")
@@ -470,12 +548,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compact-wal-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--compact-wal-ratio", type=float, default=0.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="also draw the window second by second in this PNG (needs matplotlib)")
+    parser.add_argument("--replot", type=Path, default=None, metavar="JSON",
+                        help="measure nothing: draw --plot from the rows of a JSON written by --json")
     parser.add_argument("--tmp-dir", type=Path, default=REPO / "var")
     explicit_tasks = any(arg == "--tasks" or arg.startswith("--tasks=") for arg in argv or sys.argv[1:])
     args = parser.parse_args(argv)
     # A SIGTERM (a timeout, an impatient user) unwinds through the finally blocks: walqueued
     # and the clients are stopped by pid, the scratch directories removed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.replot is not None:
+        if args.plot is None:
+            parser.error("--replot needs --plot")
+        saved = json.loads(args.replot.read_text())
+        write_plot(args.plot, saved["rows"], int(saved["arguments"]["clients"]))
+        return 0
     if args.fill_only is not None:
         if args.directory is None:
             parser.error("--fill-only needs --directory")
@@ -491,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = fill(scratch / "queue", tasks)
                 print(f"filled {tasks:,} completed tasks in {seconds:.1f} s", flush=True)
                 rows.append(measure(workdir, scratch / "queue", tasks, args))
-                print(json.dumps({key: value for key, value in rows[-1].items() if key != "compactions"}),
+                print(json.dumps({key: value for key, value in rows[-1].items()
+                                  if key not in ("compactions", "series")}),
                       flush=True)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -506,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({"arguments": {key: str(value) for key, value in vars(args).items()},
                                          "rows": rows}, indent=2))
+    if args.plot is not None:
+        write_plot(args.plot, rows, args.clients)
     return 0
 
 

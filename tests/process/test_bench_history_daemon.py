@@ -28,5 +28,10 @@ def test_the_history_benchmark_runs_end_to_end_and_prints_its_table(tmp_path):
         # No client went longer without an answer than the daemon went without answering anyone.
         assert 0 < row["silence_ms"] <= row["longest_gap_ms"]
         assert row["longest_turn_ms"] > 0   # from the daemon's own report (protocol version 5)
+        # Second by second (what --plot draws): the window's two seconds, within the whole-window figures.
+        series = row["series"]
+        assert len(series["cycles"]) == len(series["longest_cycle_ms"]) == len(series["silence_ms"]) == 2
+        assert 0 < sum(series["cycles"]) and max(series["longest_cycle_ms"]) <= row["max_ms"] + 0.1
+        assert 0 < max(series["silence_ms"]) <= row["silence_ms"] + 0.1
     assert rows[1]["compactions"], "no compaction in the window at a 4000-byte floor"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bench.json"]  # scratch removed
