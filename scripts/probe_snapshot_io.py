@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """How a big snapshot's I/O delays a WAL fsync beside it, on the file system of DIR. Not a test.
 
-    python3 scripts/probe_snapshot_io.py DIR [--megabytes 300] [--runs 3] [--only TEXT]
+    python3 scripts/probe_snapshot_io.py DIR [--megabytes 300] [--runs 3] [--idle-seconds 10]
+        [--only TEXT]
 
 Why walqueued's snapshot child fdatasyncs every 4 MiB and why the daemon frees
 a deleted file's blocks 1 MiB at a time at 16 MiB/s (docs/daemon.md,
 "Compaction under load"). A loop appends 200 bytes + fsync to a WAL-like file
 while something else happens, and reports that loop's p50 and max fsync time
-and how long it ran:
+and how long it ran, and how many of its fsyncs took over 100 ms:
 
-0. nothing else, for 10 s: the disk's own noise;
+0. nothing else, for --idle-seconds (10 s): the disk's own noise;
 1. a forked writer writes a MEGABYTES file in 1 MiB writes, then fsyncs it:
-   one fsync at the end, versus an fdatasync every 1 or 4 MiB;
+   one fsync at the end, versus an fdatasync every 1 or 4 MiB; then paced
+   at 32 MiB/s, as walqueued's child writes (MEGABYTES / 32 seconds), with
+   an fdatasync every 4 or 1 MiB, or every 4 MiB from the idle I/O class
+   (ioprio_set, on x86_64 and aarch64);
 2. deleting a MEGABYTES file: a plain unlink, in a thread (the name and the
    blocks at once), versus unlink with a descriptor kept open and the file
    truncated 8 or 1 MiB between two of the loop's fsyncs (as fast as the loop
@@ -23,6 +27,7 @@ Standard library only. Medians over --runs; the machine's load is printed.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import threading
@@ -30,6 +35,8 @@ import time
 from functools import partial
 
 MIB = 1 << 20
+PACED_MIB_PER_SECOND = 32  # about walqueued's snapshot child, which its CPU bounds
+SLOW_FSYNC_SECONDS = 0.1   # a turn over 100 ms is a stall every client sees
 
 
 def wal_fsync(fd: int) -> float:
@@ -49,22 +56,43 @@ def big_file(path: str, megabytes: int) -> None:
         os.close(fd)
 
 
-def paced_writer(path: str, megabytes: int, sync_every_mib: int) -> None:
+def paced_writer(path: str, megabytes: int, sync_every_mib: int, mib_per_second: float = 0.0) -> None:
     big_file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    started = time.monotonic()
     for written in range(1, megabytes + 1):
         os.write(big_file_fd, b"x" * MIB)
         if sync_every_mib and written % sync_every_mib == 0:
             os.fdatasync(big_file_fd)
+        if mib_per_second:
+            time.sleep(max(0.0, started + written / mib_per_second - time.monotonic()))
     os.fsync(big_file_fd)
     os.close(big_file_fd)
 
 
-def beside_a_writer(directory: str, wal: int, megabytes: int, sync_every_mib: int) -> list[float]:
+# ioprio_set(2) by machine: the standard library has no binding, and the number differs.
+IOPRIO_SET = {"x86_64": 251, "aarch64": 30}.get(os.uname().machine)
+IOPRIO_CLASS_IDLE = 3
+
+
+def idle_io_class() -> None:
+    """Put the calling process in the idle I/O class (served when nothing else asks the disk)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    # IOPRIO_WHO_PROCESS (1), this process (0), class << 13.
+    if libc.syscall(IOPRIO_SET, 1, 0, IOPRIO_CLASS_IDLE << 13) != 0:
+        raise OSError(ctypes.get_errno(), "ioprio_set")
+
+
+def beside_a_writer(directory: str, wal: int, megabytes: int, sync_every_mib: int,
+                    mib_per_second: float = 0.0, idle_class: bool = False) -> list[float]:
+    """WAL fsync times while a forked writer writes MEGABYTES: as fast as it can, or paced at
+    mib_per_second (walqueued's snapshot child writes about 30 MB/s, bound by its CPU)."""
     path = os.path.join(directory, "probe.snap")
     pid = os.fork()
     if pid == 0:
         try:
-            paced_writer(path, megabytes, sync_every_mib)
+            if idle_class:
+                idle_io_class()
+            paced_writer(path, megabytes, sync_every_mib, mib_per_second)
         finally:
             os._exit(0)
     times = []
@@ -120,15 +148,26 @@ def main() -> None:
     parser.add_argument("directory")
     parser.add_argument("--megabytes", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--idle-seconds", type=float, default=10.0,
+                        help="how long the first case (nothing beside) runs")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = parser.parse_args()
     wal = os.open(os.path.join(args.directory, "probe.wal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     print(f"{args.megabytes} MB in {args.directory}; load average {os.getloadavg()[0]:.1f}")
-    cases = [("nothing beside, for 10 s", partial(beside_nothing, wal, 10.0)),
+    paced = f"writer at {PACED_MIB_PER_SECOND} MiB/s"
+    cases = [(f"nothing beside, for {args.idle_seconds:g} s", partial(beside_nothing, wal, args.idle_seconds)),
              ("writer, one fsync at the end", lambda: beside_a_writer(args.directory, wal, args.megabytes, 0)),
              ("writer, fdatasync every 1 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 1)),
              ("writer, fdatasync every 4 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 4)),
+             (f"{paced}, fdatasync every 4 MiB",
+              lambda: beside_a_writer(args.directory, wal, args.megabytes, 4, PACED_MIB_PER_SECOND)),
+             (f"{paced}, fdatasync every 1 MiB",
+              lambda: beside_a_writer(args.directory, wal, args.megabytes, 1, PACED_MIB_PER_SECOND)),
              ("unlink in a thread", lambda: beside_a_deletion(args.directory, wal, args.megabytes))]
+    if IOPRIO_SET is not None:
+        cases.insert(6, (f"{paced}, every 4 MiB, idle I/O class",
+                         lambda: beside_a_writer(args.directory, wal, args.megabytes, 4, PACED_MIB_PER_SECOND,
+                                                 idle_class=True)))
     cases += [(f"unlink, then truncate {step} MiB steps", partial(beside_a_deletion, args.directory, wal,
                                                                  args.megabytes, step))
               for step in (8, 1)]
@@ -140,15 +179,17 @@ def main() -> None:
         cases = [case for case in cases if args.only in case[0]]
     try:
         for name, run in cases:
-            p50s, maxes, totals = [], [], []
+            p50s, maxes, totals, slow = [], [], [], 0
             for _ in range(args.runs):
                 times = sorted(run())
                 p50s.append(times[len(times) // 2])
                 maxes.append(times[-1])
                 totals.append(sum(times))
-            print(f"  {name:<36} WAL fsync p50 {statistics.median(p50s) * 1e3:6.1f} ms, "
-                  f"max {statistics.median(maxes) * 1e3:6.1f} ms, over {statistics.median(totals):5.1f} s "
-                  f"(median of {args.runs})")
+                slow += sum(seconds > SLOW_FSYNC_SECONDS for seconds in times)
+            print(f"  {name:<48} WAL fsync p50 {statistics.median(p50s) * 1e3:6.1f} ms, "
+                  f"max {statistics.median(maxes) * 1e3:6.1f} ms (longest {max(maxes) * 1e3:6.1f}), "
+                  f"over {statistics.median(totals):5.1f} s (median of {args.runs}); "
+                  f"{slow} over {SLOW_FSYNC_SECONDS * 1e3:.0f} ms in all")
     finally:
         os.close(wal)
         os.unlink(os.path.join(args.directory, "probe.wal"))

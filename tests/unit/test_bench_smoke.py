@@ -82,11 +82,11 @@ def test_bench_history_tiny_run_prints_a_row_per_size_and_cleans_up(tmp_path):
 def test_probe_snapshot_io_prints_every_case_and_cleans_up(tmp_path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "probe_snapshot_io.py"), str(tmp_path), "--megabytes", "9",
-         "--runs", "1"],
+         "--runs", "1", "--idle-seconds", "1"],
         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    for case in ("one fsync at the end", "fdatasync every 4 MiB", "unlink in a thread",
-                 "truncate 8 MiB steps"):
+    for case in ("one fsync at the end", "fdatasync every 4 MiB", "at 32 MiB/s, fdatasync every 1 MiB",
+                 "unlink in a thread", "truncate 8 MiB steps"):
         assert case in done.stdout, case
     assert list(tmp_path.iterdir()) == []
 
