@@ -155,19 +155,19 @@ def main() -> None:
     wal = os.open(os.path.join(args.directory, "probe.wal"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     print(f"{args.megabytes} MB in {args.directory}; load average {os.getloadavg()[0]:.1f}")
     paced = f"writer at {PACED_MIB_PER_SECOND} MiB/s"
+    paced_cases = [(f"{paced}, fdatasync every {mib} MiB",
+                    partial(beside_a_writer, args.directory, wal, args.megabytes, mib, PACED_MIB_PER_SECOND))
+                   for mib in (4, 1)]
+    if IOPRIO_SET is not None:
+        paced_cases.append((f"{paced}, every 4 MiB, idle I/O class",
+                            partial(beside_a_writer, args.directory, wal, args.megabytes, 4, PACED_MIB_PER_SECOND,
+                                    idle_class=True)))
     cases = [(f"nothing beside, for {args.idle_seconds:g} s", partial(beside_nothing, wal, args.idle_seconds)),
              ("writer, one fsync at the end", lambda: beside_a_writer(args.directory, wal, args.megabytes, 0)),
              ("writer, fdatasync every 1 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 1)),
              ("writer, fdatasync every 4 MiB", lambda: beside_a_writer(args.directory, wal, args.megabytes, 4)),
-             (f"{paced}, fdatasync every 4 MiB",
-              lambda: beside_a_writer(args.directory, wal, args.megabytes, 4, PACED_MIB_PER_SECOND)),
-             (f"{paced}, fdatasync every 1 MiB",
-              lambda: beside_a_writer(args.directory, wal, args.megabytes, 1, PACED_MIB_PER_SECOND)),
+             *paced_cases,
              ("unlink in a thread", lambda: beside_a_deletion(args.directory, wal, args.megabytes))]
-    if IOPRIO_SET is not None:
-        cases.insert(6, (f"{paced}, every 4 MiB, idle I/O class",
-                         lambda: beside_a_writer(args.directory, wal, args.megabytes, 4, PACED_MIB_PER_SECOND,
-                                                 idle_class=True)))
     cases += [(f"unlink, then truncate {step} MiB steps", partial(beside_a_deletion, args.directory, wal,
                                                                  args.megabytes, step))
               for step in (8, 1)]
