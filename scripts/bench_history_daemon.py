@@ -93,11 +93,15 @@ def log_time(text: str) -> float:
     return time.mktime(time.strptime(text[:19], "%Y-%m-%d %H:%M:%S")) + int(text[20:23]) / 1000
 
 
-def daemon_silence(answer_times: list) -> dict:
-    """The longest time in which no client got an answer (wall times of every client's answers):
-    what "the daemon answers at least every 100 ms" is about. A single client's longest gap
-    can also be that client waiting for a CPU (16 of them share 2 here)."""
-    merged = sorted(itertools.chain.from_iterable(answer_times))
+def merged_answers(answer_times: list) -> list[float]:
+    """Every client's answer times (one array per client), merged in time order."""
+    return sorted(itertools.chain.from_iterable(answer_times))
+
+
+def daemon_silence(merged: list[float]) -> dict:
+    """The longest time in which no client got an answer (``merged_answers``): what "the
+    daemon answers at least every 100 ms" is about. A single client's longest gap can also
+    be that client waiting for a CPU (16 of them share 2 here)."""
     longest, end = 0.0, merged[0] if merged else 0.0
     for before, after in itertools.pairwise(merged):
         if after - before > longest:
@@ -105,10 +109,10 @@ def daemon_silence(answer_times: list) -> dict:
     return {"longest_gap": longest, "longest_gap_end": end}
 
 
-def per_second(start: float, seconds: float, cycle_ends: list, latencies: list, answer_times: list) -> dict:
+def per_second(start: float, seconds: float, cycle_ends: list, latencies: list, merged: list[float]) -> dict:
     """The window second by second (wall times from ``start``): cycles that ended in each second,
     the longest of them (ms), and the longest time without any answer that ended in it (ms).
-    Every client's cycles and answers are merged first: the lists are one per client."""
+    ``cycle_ends`` and ``latencies`` are one list per client; ``merged`` is ``merged_answers``."""
     buckets = max(1, int(seconds + 0.999))
     cycles, longest = [0] * buckets, [0.0] * buckets
     silence = [0.0] * buckets
@@ -122,7 +126,6 @@ def per_second(start: float, seconds: float, cycle_ends: list, latencies: list, 
             if (index := bucket(end)) is not None:
                 cycles[index] += 1
                 longest[index] = max(longest[index], duration * 1e3)
-    merged = sorted(itertools.chain.from_iterable(answer_times))
     for before, after in itertools.pairwise(merged):
         if (index := bucket(after)) is not None:
             silence[index] = max(silence[index], (after - before) * 1e3)
@@ -404,7 +407,8 @@ def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
     restart = Daemon(workdir, directory, options, f"restart-{tasks}")
     restart.stop()
     latencies = [value for item in gathered for value in item["latencies"]]
-    silence = daemon_silence([item["answer_times"] for item in gathered])
+    answers = merged_answers([item["answer_times"] for item in gathered])  # sorted once, read twice
+    silence = daemon_silence(answers)
     snapshot_written = after.snapshot_bytes_written_total - before.snapshot_bytes_written_total
     wal_written = after.wal_bytes_written_total - before.wal_bytes_written_total
     growth = None
@@ -441,8 +445,7 @@ def measure(workdir: Path, directory: Path, tasks: int | None, args) -> dict:
         "recovery_seconds": restart.recovery_seconds,
         "restart_peak_rss_mib": restart.peak_at_ready_kib / 1024,
         "series": per_second(start_wall, args.seconds, [item["cycle_ends"] for item in gathered],
-                             [item["latencies"] for item in gathered],
-                             [item["answer_times"] for item in gathered]),
+                             [item["latencies"] for item in gathered], answers),
     }
 
 
