@@ -2,6 +2,8 @@
 
 import logging
 
+import pytest
+
 from walqueue.daemon.turn_timer import TurnTimer
 
 
@@ -13,9 +15,15 @@ class FakeClock:
         return self.now
 
 
-def test_a_slow_turn_is_logged_with_its_parts(caplog):
+@pytest.fixture
+def timed():
+    """(clock, timer): a TurnTimer with a 100 ms bound, on a clock the test moves."""
     clock = FakeClock()
-    timer = TurnTimer(slow_seconds=0.1, clock=clock)
+    return clock, TurnTimer(slow_seconds=0.1, clock=clock)
+
+
+def test_a_slow_turn_is_logged_with_its_parts(timed, caplog):
+    clock, timer = timed
     with caplog.at_level(logging.WARNING, logger="walqueued"):
         timer.polled(0.0)
         clock.now += 0.002
@@ -31,9 +39,8 @@ def test_a_slow_turn_is_logged_with_its_parts(caplog):
                                    "applying and fsync 250 ms")
 
 
-def test_a_slow_turn_says_how_much_of_a_part_was_its_fsync(caplog):
-    clock = FakeClock()
-    timer = TurnTimer(slow_seconds=0.1, clock=clock)
+def test_a_slow_turn_says_how_much_of_a_part_was_its_fsync(timed, caplog):
+    clock, timer = timed
     with caplog.at_level(logging.WARNING, logger="walqueued"):
         timer.polled(0.0)
         clock.now += 0.289
@@ -46,9 +53,8 @@ def test_a_slow_turn_says_how_much_of_a_part_was_its_fsync(caplog):
                                    "applying and fsync 289 ms (fsync 288 ms), answering 3 ms")
 
 
-def test_fast_turns_are_not_logged(caplog):
-    clock = FakeClock()
-    timer = TurnTimer(slow_seconds=0.1, clock=clock)
+def test_fast_turns_are_not_logged(timed, caplog):
+    clock, timer = timed
     with caplog.at_level(logging.WARNING, logger="walqueued"):
         for _ in range(3):
             timer.polled(1.0)
@@ -60,9 +66,8 @@ def test_fast_turns_are_not_logged(caplog):
     assert abs(timer.longest_seconds - 0.09) < 1e-9
 
 
-def test_a_poll_long_past_its_timeout_is_logged(caplog):
-    clock = FakeClock()
-    timer = TurnTimer(slow_seconds=0.1, clock=clock)
+def test_a_poll_long_past_its_timeout_is_logged(timed, caplog):
+    clock, timer = timed
     with caplog.at_level(logging.WARNING, logger="walqueued"):
         timer.end()
         clock.now += 0.3
