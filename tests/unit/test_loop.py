@@ -8,6 +8,7 @@ read before it does.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 
@@ -83,11 +84,10 @@ class Client:
         self.sock.close()
 
 
-@pytest.fixture
-def served(tmp_path):
-    """(loop, clock, connect): a Loop on a fake clock whose turns never block."""
-    clock = FakeClock()
-    queue = Queue(tmp_path / "queue")
+@contextlib.contextmanager
+def serving(tmp_path, clock: FakeClock, hook=None):
+    """(loop, clock, connect): a Loop on `clock` whose turns never block; `hook` goes to its Queue."""
+    queue = Queue(tmp_path / "queue", hook=hook)
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
     loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,
@@ -102,12 +102,21 @@ def served(tmp_path):
         clients.append(client)
         return client
 
-    yield loop, clock, connect
-    for client in clients:
-        client.close()
-    loop.queue.close()
-    loop.close_without_serving()
-    listener.close()
+    try:
+        yield loop, clock, connect
+    finally:
+        for client in clients:
+            client.close()
+        loop.queue.close()
+        loop.close_without_serving()
+        listener.close()
+
+
+@pytest.fixture
+def served(tmp_path):
+    """(loop, clock, connect): a Loop on a fake clock whose turns never block."""
+    with serving(tmp_path, FakeClock()) as served:
+        yield served
 
 
 def test_the_clock_is_whole_seconds_and_never_goes_backwards():
@@ -147,26 +156,14 @@ def test_a_slow_turn_says_how_much_of_it_was_the_wal_fsync(tmp_path, caplog):
         if phase == "wal.after_sync":
             clock.advance(0.25)
 
-    queue = Queue(tmp_path / "queue", hook=slow_sync)
-    path = str(tmp_path / "s.sock")
-    listener = bind_listener(path, 0o600)
-    loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,
-                max_connections=10, hook=None, notifier=Notifier({}), clock=clock)
-    loop.register_listener()
-    loop._timeout = lambda: 0.0
-    loop.turn_timer = TurnTimer(slow_seconds=-1.0)   # every turn is logged
-    client = Client(path, loop)
-    try:
+    with serving(tmp_path, clock, hook=slow_sync) as (loop, _, connect):
+        loop.turn_timer = TurnTimer(slow_seconds=-1.0)   # every turn is logged
+        client = connect()
         with caplog.at_level(logging.WARNING, logger="walqueued"):
             client.send(p.Put(id=1, task_id="job", payload={}))
             client.answer(1)
-        assert any("applying and fsync" in record.getMessage() and "(fsync 250 ms)" in record.getMessage()
-                   for record in caplog.records), [record.getMessage() for record in caplog.records]
-    finally:
-        client.close()
-        loop.queue.close()
-        loop.close_without_serving()
-        listener.close()
+    assert any("applying and fsync" in record.getMessage() and "(fsync 250 ms)" in record.getMessage()
+               for record in caplog.records), [record.getMessage() for record in caplog.records]
 
 
 def test_a_waiting_reserve_is_woken_by_a_put_from_another_connection(served):
