@@ -2,7 +2,9 @@
 stop deadline; over the in-memory client, on a clock that moves only when the test says.
 The policy's decisions are in test_worker_policy.py, for both Workers."""
 
+import signal
 import threading
+import time
 
 import pytest
 
@@ -222,3 +224,34 @@ def test_a_handler_returning_an_awaitable_fails_instead_of_being_acked(caplog):
 def test_a_path_means_a_daemon_client_named_after_the_worker():
     worker = Worker("/nonexistent/walqueued.sock", "mailer-1", lambda lease: None)
     assert isinstance(worker.client, Client) and worker.client.name == "mailer-1"
+
+
+def test_a_signal_the_kernel_gave_a_handlers_thread_still_stops_run():
+    # Python runs signal handlers in the main thread; a signal delivered to another thread (here
+    # sent to the handler's own) waited for run()'s untimed join, which only stop() ends: a
+    # SIGTERM that walqueue-worker never acted on (tests/process/test_worker_process.py once).
+    queue = MemoryQueue(ManualClock())
+    queue.put("a")
+    sent_at, handled_at, stopped = [], [], threading.Event()
+
+    def handler(lease):
+        time.sleep(0.3)   # run() is in its join by now
+        sent_at.append(time.monotonic())
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        stopped.wait(REAL_SECONDS / 4)
+
+    def on_signal(signal_number, frame):
+        handled_at.append(time.monotonic())
+        worker.stop()
+        stopped.set()
+
+    worker = Worker(MemoryClient(queue), "w", handler, wait=0, touch=False)
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    rescue = threading.Timer(REAL_SECONDS / 2, worker.stop)   # bounds run() if the handler never runs
+    rescue.start()
+    try:
+        worker.run()   # in the main thread, where Python runs signal handlers
+    finally:
+        rescue.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    assert handled_at and handled_at[0] - sent_at[0] < 1.0, (sent_at, handled_at)

@@ -23,6 +23,9 @@ from walqueue.errors import InvalidRequest
 from walqueue.worker.clock import SystemClock
 from walqueue.worker.policy import Policy, Steps, drive, exponential_backoff
 
+# How often run() wakes to run signal handlers Python has pending (see run()).
+SIGNAL_CHECK_SECONDS = 0.1
+
 __all__ = ["Worker", "exponential_backoff"]
 
 
@@ -61,7 +64,11 @@ class Worker(Policy):
         slots = [self._start(self.slot(), f"walqueue-slot-{number}", errors) for number in range(self.concurrency)]
         supervisor = self._start(self.supervise(), "walqueue-supervise", errors)
         try:
-            supervisor.join()  # interruptible: stop() may run in a signal handler meanwhile
+            # Timed, so that stop() may run in a signal handler meanwhile: Python runs handlers
+            # in the main thread, and a signal the kernel gave another thread (one blocked in a
+            # handler's system call, say) would wait for an untimed join to return, forever.
+            while supervisor.is_alive():
+                supervisor.join(SIGNAL_CHECK_SECONDS)
         except BaseException:
             self.stop()
             raise

@@ -194,7 +194,7 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
         client.close()
         raise Unreachable(f"cannot reach {target}: {exc}") from exc
     worker = Worker(client, name, handler, **options)
-    # Worker.run() waits in Thread.join(), which signals interrupt, so stop() may run in the handler.
+    # Worker.run() waits in timed joins, so stop() runs in the handler soon whichever thread got the signal.
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda signal_number, frame: _stopping(worker, signal_number))
     _started(target, name, handler, options)
