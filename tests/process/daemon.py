@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import select
 import signal
 import socket
 import struct
@@ -170,6 +171,22 @@ class ClientProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.process.clientproc", *args],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=child_env(), cwd=REPO, text=True)
+        self._early = b""  # stdout read by wait_for_lines, given back by result()
+
+    def wait_for_lines(self, count: int, timeout: float) -> None:
+        """Return once the process has printed ``count`` lines (what it printed, it was answered)."""
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while (printed := self._early.count(b"\n")) < count:
+            remaining = deadline - time.monotonic()
+            readable, _, _ = select.select([fd], [], [], max(remaining, 0))
+            if not readable:
+                raise AssertionError(f"the client printed {printed} of {count} lines in {timeout:.0f} s")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the client exited after {printed} of {count} lines: "
+                                     f"{self.proc.stderr.read()}")
+            self._early += chunk
 
     def result(self, timeout: float = 30.0) -> tuple[int, str, str]:
         try:
@@ -178,7 +195,7 @@ class ClientProcess:
             self.proc.kill()
             out, err = self.proc.communicate(timeout=STOP_SECONDS)
             raise AssertionError(f"client process timed out: {err}") from None
-        return self.proc.returncode, out, err
+        return self.proc.returncode, self._early.decode() + out, err
 
     def cleanup(self) -> None:
         if self.proc.poll() is None:

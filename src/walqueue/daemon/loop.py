@@ -207,7 +207,7 @@ class Loop:
         self.reap_backoff = Backoff()
         self.connections: dict[int, Connection] = {}
         self.turn = 0
-        self.turn_timer = TurnTimer()
+        self.turn_timer = TurnTimer(clock=self.clock.monotonic_seconds)  # the recorder's clock
         self.stopping = False
         self.input_budget = InputBudget()
         self.frame_deadlines = FrameDeadlines()

@@ -8,8 +8,10 @@ VM), which no part of a turn would show. The count of slow turns and the
 longest turn go into the daemon's report (walqueue_slow_turns_total,
 walqueue_longest_turn_seconds).
 
-Real time (perf_counter), not the injected Clock: this measures the process,
-and decides nothing.
+The loop hands it its own monotonic clock, the one the recorder times the
+WAL fsync with: a part and its fsync share must be read off one clock, or a
+share can exceed its part, or a real part too short to print hide a share
+from the other clock. It decides nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SLOW_TURN_SECONDS = 0.1
 class TurnTimer:
     """Marks of the parts of one turn; `end` logs the turn if it was slow."""
 
-    def __init__(self, slow_seconds: float = SLOW_TURN_SECONDS, clock=time.perf_counter) -> None:
+    def __init__(self, slow_seconds: float = SLOW_TURN_SECONDS, clock=time.monotonic) -> None:
         self.slow_seconds = slow_seconds
         self.slow_turns = 0
         self.longest_seconds = 0.0
