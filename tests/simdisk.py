@@ -45,6 +45,8 @@ import random
 import sys
 from dataclasses import dataclass, field
 
+from walqueue.directory import OpenedDirectory
+
 
 @dataclass
 class Inode:
@@ -76,6 +78,14 @@ class SimFileSystem:
         self.volatile.setdefault(path, {})
         self.durable.setdefault(path, {})
         return created
+
+    def open_queue_directory(self, path: str) -> OpenedDirectory:
+        # The simulation names a directory by its path, and judges nothing.
+        created = self.makedirs(path)
+        return OpenedDirectory(path, (), created)
+
+    def duplicate_directory(self, directory: str) -> str:
+        return directory
 
     def open_directory(self, path: str) -> str:
         # A directory is named by its path; a parent outside the simulation

@@ -39,8 +39,9 @@ import os
 import sys
 from dataclasses import dataclass
 
+from .directory import DIRECTORY_MODE
 from .errors import WalQueueError
-from .fs import DIRECTORY_MODE, FILE_MODE
+from .fs import FILE_MODE
 from .queue import Queue
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name
 from .values import BackupManifest

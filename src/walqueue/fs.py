@@ -18,8 +18,11 @@ must not exist yet, and CURRENT.tmp and snapshot files (which a crash may
 leave behind) are unlinked first. A file opened for writing that has other
 hard links is refused the same way.
 
-`check_directory_safety(path)` lists what lets another user change a queue
-directory (ownership, group/other write bits, up the parent chain).
+A Queue reaches its directory once, as a descriptor, through
+walqueue.directory_safety, which also judges who else could change it.
+Files opened in it must belong to the directory's owner, and be regular
+files: a FIFO or a directory under a name the queue uses is refused with
+NotARegularFile instead of blocking or failing halfway.
 """
 
 from __future__ import annotations
@@ -28,15 +31,14 @@ import errno
 import mmap
 import os
 import stat
-from dataclasses import dataclass
 
+from .directory import PARENTS, Directory, OpenedDirectory, open_queue_directory
 from .errors import CorruptStore
 
 FILE_MODE = 0o640       # no world access; the group may read (backups, verify)
-DIRECTORY_MODE = 0o750
 # posix_fallocate's answers for "this file system cannot preallocate".
 _CANNOT_PREALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
-_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
+_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # A reader of a mapped file hands the pages it has read back every this many
 # bytes, so that reading a file does not add the whole file to the peak RSS.
 RELEASE_BYTES = 4 << 20
@@ -53,29 +55,33 @@ def read_descriptor(fd: int):
         os.close(fd)
 
 
-@dataclass(frozen=True)
-class Directory:
-    """An open queue directory: its path (for messages) and the descriptor files are opened by."""
+class NotARegularFile(OSError):
+    """A name the queue uses is a directory, a FIFO, a socket or a device, not a file.
 
-    path: str
-    fd: int
+    An OSError (errno EISDIR for a directory, EINVAL otherwise): the
+    directory is unusable until an operator removes the entry, whatever the
+    bytes of the other files say.
+    """
 
 
 def open_directory(path: str) -> Directory:
-    """Open a directory to name files relative to it.
+    """Open a directory to name files relative to it, for reading only (verify, backup).
 
     A symbolic link as the directory's own path is followed: whoever chose
-    the path chose where it leads. Raises FileNotFoundError or
+    the path chose where it leads. A Queue reaches its directory through
+    walqueue.directory_safety instead. Raises FileNotFoundError or
     NotADirectoryError.
     """
     return Directory(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
 
 
 def open_at(directory: Directory, name: str, flags: int, mode: int = FILE_MODE) -> int:
-    """os.open of `name` in `directory`, never following a symbolic link.
+    """os.open of `name` in `directory`, never following a symbolic link, never blocking.
 
-    Raises CorruptStore naming the file if it is a link (or, for writing, a
-    file with other hard links); OSError otherwise.
+    Raises CorruptStore naming the file if it is a link, for writing a file
+    with other hard links, or a file not owned by `directory.owner`;
+    NotARegularFile if it is not a regular file (a FIFO is opened without
+    waiting for a writer, then refused); OSError otherwise.
     """
     try:
         fd = os.open(name, flags | _FLAGS, mode, dir_fd=directory.fd)
@@ -83,19 +89,38 @@ def open_at(directory: Directory, name: str, flags: int, mode: int = FILE_MODE) 
         # O_NOFOLLOW answers a link with ELOOP; O_CREAT | O_EXCL with EEXIST.
         if error.errno in (errno.ELOOP, errno.EEXIST, errno.EMLINK) and _is_link(directory, name):
             raise _link_error(directory, name) from None
+        if error.errno == errno.EISDIR:
+            raise _wrong_type(directory, name, stat.S_IFDIR) from None
         raise
-    if flags & (os.O_WRONLY | os.O_RDWR):
-        try:
-            links = os.fstat(fd).st_nlink
-        except BaseException:
-            os.close(fd)
-            raise
-        if links > 1:
-            os.close(fd)
-            raise CorruptStore(f"{name}: has {links} hard links, so writing it would change "
-                               f"another file too; the library writes only files of its own in "
-                               f"{directory.path}: remove the other links", file=name)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _wrong_type(directory, name, stat.S_IFMT(info.st_mode))
+        if directory.owner is not None and info.st_uid != directory.owner:
+            raise CorruptStore(f"{name}: is owned by uid {info.st_uid}, not by uid "
+                               f"{directory.owner} who owns the queue directory {directory.path}, "
+                               f"so its owner may still read or change it; nothing was read or "
+                               f"written through it: remove it (or chown it, if it is the "
+                               f"queue's own)", file=name)
+        if flags & (os.O_WRONLY | os.O_RDWR) and info.st_nlink > 1:
+            raise CorruptStore(f"{name}: has {info.st_nlink} hard links, so writing it would "
+                               f"change another file too; the library writes only files of its "
+                               f"own in {directory.path}: remove the other links", file=name)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
+
+
+_TYPE_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+               stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def _wrong_type(directory: Directory, name: str, kind: int) -> NotARegularFile:
+    number = errno.EISDIR if kind == stat.S_IFDIR else errno.EINVAL
+    return NotARegularFile(number, f"{name} is {_TYPE_NAMES.get(kind, 'not a regular file')}, "
+                                   f"not a file; the queue directory {directory.path} holds only "
+                                   f"files under the names it uses: remove it", name)
 
 
 def _is_link(directory: Directory, name: str) -> bool:
@@ -115,13 +140,19 @@ def _link_error(directory: Directory, name: str) -> CorruptStore:
                         f"written through it: remove the link and find out who made it", file=name)
 
 
-def open_lock(path: str, name: str) -> int:
-    """Open (creating if needed) the lock file `name` in the real directory `path`, never through a link."""
-    directory = open_directory(path)
-    try:
+def open_lock(directory: Directory | str, name: str) -> int:
+    """Open (creating if needed) the lock file `name` in `directory`, never through a link.
+
+    `directory` is an open Directory, or the path of a real one (the
+    simulated disk of the tests names directories by path).
+    """
+    if isinstance(directory, Directory):
         return open_at(directory, name, os.O_RDWR | os.O_CREAT)
+    opened = open_directory(directory)
+    try:
+        return open_at(opened, name, os.O_RDWR | os.O_CREAT)
     finally:
-        os.close(directory.fd)
+        os.close(opened.fd)
 
 
 def release_pages(data, released: int, offset: int) -> int:
@@ -162,12 +193,13 @@ class ReadingFileSystem:
 class OsFileSystem(ReadingFileSystem):
     """File operations on the real file system, with short writes handled."""
 
-    def makedirs(self, path: str) -> bool:
-        """Create the directory (and parents) if missing; True if it was created."""
-        if os.path.isdir(path):
-            return False
-        os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
-        return True
+    def open_queue_directory(self, path: str) -> OpenedDirectory:
+        """Reach the queue directory once, creating it and its parents if missing (SPEC §1)."""
+        return open_queue_directory(path, create=PARENTS)
+
+    def duplicate_directory(self, directory: Directory) -> Directory:
+        """The same directory on a descriptor of its own, for a Queue reopened on it."""
+        return Directory(directory.path, os.dup(directory.fd), directory.owner)
 
     def open_append(self, directory: Directory, name: str, *, new: bool = False) -> int:
         """Open a file for appending (`new`: create it, and it must not exist); returns a descriptor."""
@@ -244,86 +276,3 @@ class OsFileSystem(ReadingFileSystem):
 def _creating(new: bool) -> int:
     # Never O_CREAT without O_EXCL: a file the library creates is a new one.
     return os.O_CREAT | os.O_EXCL if new else 0
-
-
-def check_directory_safety(path: str | os.PathLike) -> list[str]:
-    """What would let another user change the queue directory at `path`; [] if nothing.
-
-    One sentence per finding, saying what to chown or chmod. The directory
-    must be owned by the effective user and writable by no group or other
-    user; so must its parents, up to and including the first one owned by
-    root, except that a parent may be root's, and a root-owned parent
-    writable by others is safe with the sticky bit (like /tmp: others
-    cannot rename or remove what is not theirs). Write access for a group
-    is harmless when that group is its owner's private group (umask 002
-    systems: the owner's primary group, named like the owner, with no other
-    members). A symbolic link in the path is resolved first: the
-    directories checked are the real ones. Raises OSError if `path` cannot
-    be examined.
-    """
-    user = os.geteuid()
-    directory = os.path.realpath(os.fspath(path))
-    info = os.stat(directory)
-    findings = []
-    if info.st_uid != user:
-        findings.append(f"{directory} is owned by {_user_name(info.st_uid)}, not by "
-                        f"{_user_name(user)} who opens it, so its owner can plant files and links "
-                        f"in it: chown {_login(user)} {directory}")
-    if _writable_by_others(info):
-        findings.append(f"{directory} is writable by {_writers(info.st_mode)} (mode "
-                        f"{stat.S_IMODE(info.st_mode):04o}), who can plant files and links in it: "
-                        f"chmod go-w {directory}")
-    parent = directory
-    while parent != os.path.dirname(parent):
-        parent = os.path.dirname(parent)
-        info = os.stat(parent)
-        if info.st_uid not in (0, user):
-            findings.append(f"{parent}, a parent of {directory}, is owned by "
-                            f"{_user_name(info.st_uid)}, who could move the queue directory "
-                            f"away and put another in its place: use a directory whose parents "
-                            f"belong to root or {_user_name(user)}")
-        elif _writable_by_others(info) and not (info.st_uid == 0 and info.st_mode & stat.S_ISVTX):
-            findings.append(f"{parent}, a parent of {directory}, is writable by "
-                            f"{_writers(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o}), "
-                            f"who could move the queue directory away and put another in its "
-                            f"place: chmod go-w {parent}")
-        if info.st_uid == 0:
-            break
-    return findings
-
-
-def _writable_by_others(info: os.stat_result) -> bool:
-    """Writable by a user other than the owner: by others, or by a group that is not private."""
-    if info.st_mode & stat.S_IWOTH:
-        return True
-    return bool(info.st_mode & stat.S_IWGRP) and not _private_group(info.st_uid, info.st_gid)
-
-
-def _private_group(uid: int, gid: int) -> bool:
-    """True if `gid` is the user private group of `uid` (its primary group, its name, no members)."""
-    import grp  # Unix only, as below
-    import pwd
-    try:
-        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return user.pw_gid == gid and group.gr_name == user.pw_name and not set(group.gr_mem) - {user.pw_name}
-
-
-def _writers(mode: int) -> str:
-    both = mode & stat.S_IWGRP and mode & stat.S_IWOTH
-    return "its group and others" if both else "its group" if mode & stat.S_IWGRP else "others"
-
-
-def _user_name(uid: int) -> str:
-    login = _login(uid)
-    return f"uid {uid}" if login == str(uid) else f"{login} (uid {uid})"
-
-
-def _login(uid: int) -> str:
-    """The user's login name, or the uid as text when it has none."""
-    import pwd  # Unix only, like the rest of the library (fcntl, O_NOFOLLOW)
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)

@@ -28,7 +28,7 @@ from typing import Any
 from . import validation
 from .codec import encode_frame
 from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
-from .fs import Directory, OsFileSystem, check_directory_safety, open_lock
+from .fs import Directory, OsFileSystem, open_lock
 from .recovery import plan_recovery
 from .snapshot import CURRENT, CURRENT_TMP, current_frame, snapshot_name, write_snapshot
 from .state import LEASED, MAX_EXPIRE_IDS, Task
@@ -58,7 +58,8 @@ class Queue:
     """
 
     def __init__(self, directory: str | os.PathLike, *, hook: Callable[[str], Any] | None = None,
-                 filesystem: OsFileSystem | None = None, preallocate_bytes: int = 0) -> None:
+                 filesystem: OsFileSystem | None = None, preallocate_bytes: int = 0,
+                 opened: Directory | None = None) -> None:
         self._preallocate_bytes = validation.integer(preallocate_bytes, "preallocate_bytes",
                                                      maximum=MAX_PREALLOCATE_BYTES)
         self._directory = os.fspath(directory)
@@ -71,22 +72,18 @@ class Queue:
         self._batch_depth = 0
         self._compaction: Compaction | None = None
         fs = self._fs
-        if fs.makedirs(self._directory):
-            # A new directory's own name must survive a power cut too.
-            parent = fs.open_directory(os.path.dirname(os.path.abspath(self._directory)))
-            try:
-                fs.fsync_directory(parent)
-            finally:
-                fs.close_directory(parent)
+        # The directory is reached once, and every file (LOCK first) is opened relative to that
+        # descriptor: what was judged is what is used (walqueue.directory). `opened` is one the
+        # caller reached and judged itself (walqueued, which refuses what this only warns about).
+        if opened is not None:
+            self._dir = fs.duplicate_directory(opened)
+        else:
+            reached = fs.open_queue_directory(self._directory)
+            self._dir = reached.directory
+            for finding in reached.findings:
+                warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=2)
         try:
-            findings = check_directory_safety(self._directory)
-        except OSError:
-            findings = []  # a parent it cannot examine: the warning is advice, open goes on
-        for finding in findings:
-            warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=2)
-        self._lock_fd = _take_lock(self._directory)
-        try:
-            self._dir = fs.open_directory(self._directory)
+            self._lock_fd = _take_lock(self._dir, self._directory)
             self._recover()
         except BaseException:
             self._release()
@@ -683,13 +680,13 @@ class _Batch:
             queue._sync()
 
 
-def _take_lock(directory: str) -> int:
+def _take_lock(directory: Directory, path: str) -> int:
     fd = open_lock(directory, LOCK)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise QueueLocked(f"{directory} is in use by another Queue (its {LOCK} file is "
+        raise QueueLocked(f"{path} is in use by another Queue (its {LOCK} file is "
                           f"locked); close that one first") from None
     except BaseException:
         os.close(fd)

@@ -81,6 +81,9 @@ def test_the_units_exec_start_runs_and_serves_on_the_socket_units_path(make_daem
     assert arguments[arguments.index("--socket") + 1] == socket_path
     os.makedirs(os.path.dirname(socket_path), mode=0o750)  # systemd's RuntimeDirectory=
     directory = arguments[1]
+    # systemd's StateDirectory= (walqueued itself creates only a last component: SPEC §8b).
+    assert directory == expanded("%S/" + unit_value(service, "StateDirectory"))
+    os.makedirs(directory, mode=0o750)
     daemon = make_daemon(directory=directory, socket_path=socket_path, start=False)
     daemon.start(command=[sys.executable, "-m", "walqueue.daemon.cli", *arguments])
     with Client(socket_path, timeout=20) as client:

@@ -8,16 +8,6 @@ import pytest
 
 from walqueue import CorruptStore, Queue
 from walqueue.codec import encode_frame
-from walqueue.fs import OsFileSystem
-
-
-class RecordingFileSystem(OsFileSystem):
-    def __init__(self) -> None:
-        self.synced_directories: list[str] = []
-
-    def fsync_directory(self, directory) -> None:
-        self.synced_directories.append(directory.path)
-        super().fsync_directory(directory)
 
 
 def test_a_junk_frame_covered_by_the_snapshot_is_still_corrupt(tmp_path) -> None:
@@ -45,10 +35,19 @@ def test_a_segment_named_for_seq_zero_is_corrupt(tmp_path) -> None:
         Queue(tmp_path)
 
 
-def test_creating_the_queue_directory_fsyncs_its_parent(tmp_path) -> None:
-    fs = RecordingFileSystem()
-    Queue(tmp_path / "new", filesystem=fs).close()
-    assert str(tmp_path) in fs.synced_directories
-    fs.synced_directories.clear()
-    Queue(tmp_path / "new", filesystem=fs).close()
-    assert str(tmp_path) not in fs.synced_directories
+def test_creating_the_queue_directory_fsyncs_its_parent(tmp_path, monkeypatch) -> None:
+    from walqueue import directory as directory_module
+
+    synced: list[int] = []   # inodes of the directories whose entries were fsynced
+    real = directory_module._fsync_directory
+
+    def recording(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(directory_module, "_fsync_directory", recording)
+    Queue(tmp_path / "new").close()
+    assert synced == [tmp_path.stat().st_ino]
+    synced.clear()
+    Queue(tmp_path / "new").close()
+    assert synced == []

@@ -20,7 +20,7 @@ import click
 
 import walqueue
 from walqueue import CorruptStore, QueueLocked
-from walqueue.fs import DIRECTORY_MODE, check_directory_safety
+from walqueue.directory import LAST, Directory, foreign_entries, open_queue_directory
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
 from .compaction import DEFAULT_COMPACT_WAL_RATIO
@@ -35,7 +35,13 @@ from .exits import (
 )
 from .freeing import FreeingInSteps
 from .log import log
-from .loop import DEFAULT_HELLO_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, Loop, bind_listener
+from .loop import (
+    DEFAULT_HELLO_TIMEOUT_SECONDS,
+    DEFAULT_MAX_CONNECTIONS,
+    Loop,
+    bind_listener,
+    refuse_a_live_socket,
+)
 from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
 from .metrics_http import ListenError, MetricsEndpoint, parse_listen
 from .systemd import SD_LISTEN_FDS_START, Notifier, activated_listener, open_reporting_progress
@@ -216,22 +222,39 @@ def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
     return max_connections
 
 
-def unsafe_directory_findings(directory: str) -> list[str]:
-    """What lets another user plant files or links in `directory` (issue 12 item 1).
+def reach_directory(directory: str) -> Directory:
+    """Reach the queue directory once (walqueue.directory), as a descriptor, or exit.
 
-    A missing directory is created first (mode 0750, its name fsynced), so
-    the checked directory is the one the Queue then opens: the library's
-    Queue only warns, the daemon refuses. Raises OSError.
+    Created when only its last component is missing (SPEC §8b); refused,
+    with nothing created, when the way to it, the directory itself or an
+    entry in it lets another user change the queue. Raises DaemonExit.
     """
-    if not os.path.isdir(directory):
-        parent = os.path.dirname(directory)
-        os.makedirs(directory, mode=DIRECTORY_MODE, exist_ok=True)
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        reached = open_queue_directory(directory, create=LAST)
+    except FileNotFoundError as exc:
+        raise DaemonExit(EXIT_DIRECTORY_UNUSABLE, f"cannot serve {directory}: {exc.strerror}; "
+                         f"walqueued creates only the queue directory itself, in a parent that "
+                         f"exists: create the parent, or give the right path (nothing was "
+                         f"created)") from None
+    except OSError as exc:
+        raise DaemonExit(open_failure_code(exc), f"cannot examine {directory}: {exc}") from exc
+    findings = list(reached.findings)
+    if reached.directory is not None:
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return check_directory_safety(directory)
+            findings += foreign_entries(reached.directory)
+        except OSError as exc:
+            os.close(reached.directory.fd)
+            raise DaemonExit(open_failure_code(exc), f"cannot list {directory}: {exc}") from exc
+    if findings:
+        for finding in findings:
+            log.error("refusing to serve %s: %s", directory, finding)
+        if reached.directory is not None:
+            os.close(reached.directory.fd)
+        raise DaemonExit(EXIT_DIRECTORY_UNSAFE, f"refusing to serve {directory}: another user "
+                         f"could change it (above); nothing was opened")
+    if reached.created:
+        log.info("created a new, empty queue at %s", reached.directory.path)
+    return reached.directory
 
 
 def serve_directory(directory: str, *, socket_path: str | None, mode: int, compact_wal_bytes: int,
@@ -247,20 +270,47 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
     max_connections = descriptor_budget(max_connections, metrics_descriptors)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
+    listener = None
     try:
-        unsafe = unsafe_directory_findings(directory)
-    except OSError as exc:
-        log.error("cannot examine %s: %s", directory, exc)
-        return open_failure_code(exc)
-    if unsafe:
-        for finding in unsafe:
-            log.error("refusing to serve %s: %s", directory, finding)
-        return EXIT_DIRECTORY_UNSAFE
+        listener = activated_listener(dict(os.environ))
+        if listener is None and socket_path is not None:
+            refuse_a_live_socket(socket_path)   # before anything is created
+        reached = reach_directory(directory)
+    except DaemonExit as exc:
+        log.error("%s", exc)
+        if listener is not None:
+            listener.close()
+        return exc.code
+    try:
+        # The default socket is named in the directory the walk reached, not through the path
+        # again (walqueue.directory).
+        return _serve(directory, reached, listener, socket_path or os.path.join(reached.path, SOCKET_NAME),
+                      mode=mode, compact_wal_bytes=compact_wal_bytes, max_connections=max_connections,
+                      hook=hook, notifier=notifier, hello_timeout_seconds=hello_timeout_seconds,
+                      preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
+                      compact_wal_ratio=compact_wal_ratio, child_hook=child_hook)
+    finally:
+        os.close(reached.fd)
+        notifier.close()
+
+
+def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mode: int,
+           compact_wal_bytes: int, max_connections: int, hook, notifier: Notifier,
+           hello_timeout_seconds: float, preallocate_wal_bytes: int,
+           metrics_address: tuple[str, int] | None, compact_wal_ratio: float, child_hook) -> int:
+    """serve_directory once the directory is reached: recover, listen, run the loop."""
+    if listener is None:
+        try:
+            refuse_a_live_socket(socket_path)   # before the Queue creates its files
+        except DaemonExit as exc:
+            log.error("%s", exc)
+            return exc.code
     log.info("opening %s", directory)
     filesystem = FreeingInSteps()
     started = time.monotonic()
     try:
-        queue = open_reporting_progress(directory, hook, notifier, preallocate_wal_bytes, filesystem)
+        queue = open_reporting_progress(directory, hook, notifier, preallocate_wal_bytes, filesystem,
+                                        opened=reached)
     except QueueLocked as exc:
         log.error("another walqueued owns %s: %s", directory, exc)
         print(f"walqueued: another process owns {directory}: {exc}", file=sys.stderr)
@@ -279,20 +329,18 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
     recovery_seconds = time.monotonic() - started
     log.info("recovered %s in %.3f s: %s (walqueue %s)", directory, recovery_seconds, queue.stats(),
              walqueue.__version__)
-    try:
-        listener = activated_listener(dict(os.environ))
-        owned_path = None
-        if listener is not None:
-            log.info("listening on the socket passed by systemd (fd %d)", SD_LISTEN_FDS_START)
-        else:
-            path = socket_path or os.path.join(directory, SOCKET_NAME)
-            listener = bind_listener(path, mode)
-            owned_path = path
-            log.info("listening on %s (mode %04o)", path, mode)
-    except DaemonExit as exc:
-        log.error("%s", exc)
-        queue.close()
-        return exc.code
+    owned_path = None
+    if listener is not None:
+        log.info("listening on the socket passed by systemd (fd %d)", SD_LISTEN_FDS_START)
+    else:
+        try:
+            listener = bind_listener(socket_path, mode)
+        except DaemonExit as exc:
+            log.error("%s", exc)
+            queue.close()
+            return exc.code
+        owned_path = socket_path
+        log.info("listening on %s (mode %04o)", socket_path, mode)
     metrics_endpoint = None
     if metrics_address is not None:
         try:
@@ -321,11 +369,9 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
         compact_wal_ratio=compact_wal_ratio,
         child_hook=child_hook,
         filesystem=filesystem,
+        opened=reached,
     )
-    try:
-        return loop.run()
-    finally:
-        notifier.close()
+    return loop.run()
 
 
 def main() -> None:

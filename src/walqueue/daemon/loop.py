@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Callable
 
 from walqueue import Queue, protocol
+from walqueue.directory import Directory
 from walqueue.metrics import render_prometheus
 from walqueue.unix_socket import unix_address
 
@@ -103,29 +104,38 @@ _WAKEUP = object()
 _COMPACTION = object()  # a snapshot child's pidfd: readable once it exited
 
 
+def refuse_a_live_socket(path: str) -> bool:
+    """True if nothing is at ``path``; False if a socket nobody answers on (a dead owner's) is.
+
+    Raises DaemonExit if the path is not a socket or a live server answers on it.
+    """
+    if not os.path.lexists(path):
+        return True
+    if not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise DaemonExit(EXIT_USAGE, f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        with unix_address(path) as address:
+            probe.connect(address)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError as exc:
+        raise DaemonExit(EXIT_FAILURE, f"cannot probe existing socket {path}: {exc}") from exc
+    finally:
+        probe.close()
+    raise DaemonExit(EXIT_LOCKED, f"another server is listening on {path}")
+
+
 def bind_listener(path: str, mode: int) -> socket.socket:
     """Create the listening socket at ``path`` with permissions ``mode``.
 
     A socket file nobody answers on (left by a dead owner) is replaced.
     Raises DaemonExit if the path is not a socket or a live server answers on it.
     """
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise DaemonExit(EXIT_USAGE, f"{path} exists and is not a socket; refusing to replace it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.settimeout(1.0)
-            with unix_address(path) as address:
-                probe.connect(address)
-        except (ConnectionRefusedError, FileNotFoundError):
-            log.info("replacing stale socket %s", path)
-            os.unlink(path)
-        except OSError as exc:
-            raise DaemonExit(EXIT_FAILURE, f"cannot probe existing socket {path}: {exc}") from exc
-        else:
-            raise DaemonExit(EXIT_LOCKED, f"another server is listening on {path}")
-        finally:
-            probe.close()
+    if not refuse_a_live_socket(path):
+        log.info("replacing stale socket %s", path)
+        os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     # Bind with every permission bit masked so no one can connect before the
     # chmod below sets exactly the requested mode.
@@ -175,6 +185,7 @@ class Loop:
         compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
         child_hook: Callable[[], None] | None = None,
         filesystem: FreeingInSteps | None = None,
+        opened: Directory | None = None,
     ) -> None:
         freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
@@ -198,8 +209,9 @@ class Loop:
         self.commit = GroupCommit(
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
             compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
+            # A reopen uses the descriptor the daemon reached at start, never the path again.
             open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
-                                     filesystem=self.filesystem),
+                                     filesystem=self.filesystem, opened=opened),
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _COMPACTION),
             unwatch=self.selector.unregister, child_hook=child_hook)
         self.compaction = self.commit.compaction

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from walqueue import Queue
+from walqueue.directory import Directory
 from walqueue.fs import OsFileSystem
 
 from .exits import EXIT_USAGE, DaemonExit
@@ -85,7 +86,8 @@ def activated_listener(environ: dict[str, str]) -> socket.socket | None:
 
 
 def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, notifier: Notifier,
-                            preallocate_wal_bytes: int = 0, filesystem: OsFileSystem | None = None) -> Queue:
+                            preallocate_wal_bytes: int = 0, filesystem: OsFileSystem | None = None,
+                            opened: Directory | None = None) -> Queue:
     """Open (recover) the Queue; while that takes long, tell systemd it is still starting.
 
     Recovery runs in a helper thread so the main thread can send STATUS= and
@@ -96,7 +98,7 @@ def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, 
     def recover() -> None:
         try:
             outcome["queue"] = Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
-                                     filesystem=filesystem)
+                                     filesystem=filesystem, opened=opened)
         except BaseException as exc:  # handed to the main thread below
             outcome["error"] = exc
 
