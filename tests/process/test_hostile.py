@@ -22,6 +22,7 @@ single garbage and oversized frames, deep nesting and the hello timeout.)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -695,6 +696,89 @@ def test_a_directory_in_place_of_current_tmp_stops_the_start_with_exit_5(make_da
     daemon.start(wait_ready=False)
     assert daemon.proc.wait(30) == 5, daemon.log()
     assert "CURRENT.tmp" in daemon.log() and "restarting will not help" in daemon.log()
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+@pytest.mark.parametrize("entry", ["CURRENT", "snapshot", "segment", "LOCK"])
+def test_an_entry_of_the_wrong_type_stops_the_start_with_exit_5_at_once(make_daemon, workdir, entry, kind):
+    """Issue 20 item 10: a directory there exited 1 (restarted for ever); a FIFO hung open()
+    for ever while EXTEND_TIMEOUT_USEC kept systemd waiting."""
+    directory = workdir / "queue"
+    with Queue(directory) as queue:
+        queue.put("a", {})
+        queue.compact()
+        queue.put("b", {})
+    names = {"CURRENT": "CURRENT", "LOCK": "LOCK",
+             "snapshot": next(name for name in os.listdir(directory) if name.startswith("snapshot-")),
+             "segment": next(name for name in os.listdir(directory) if name.startswith("wal-"))}
+    name = names[entry]
+    os.unlink(directory / name)
+    if kind == "directory":
+        os.mkdir(directory / name)
+    else:
+        os.mkfifo(directory / name)
+    daemon = make_daemon(start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 5, daemon.log()
+    assert f"{name} is a {'directory' if kind == 'directory' else 'FIFO'}, not a file" in daemon.log()
+    assert "restarting will not help" in daemon.log()
+
+
+def test_a_queue_path_that_is_a_file_stops_the_start_with_exit_5(make_daemon, workdir):
+    (workdir / "queue").write_text("not a directory")  # once a usage error (2), as if mistyped
+    daemon = make_daemon(start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 5, daemon.log()
+    assert f"{workdir}/queue is not a directory" in daemon.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory and a file of another user need root")
+def test_a_root_daemon_never_serves_an_attackers_directory_however_the_link_is_flipped(make_daemon, workdir):
+    """Issue 20 item 1, as the attacker ran it: a link in a directory the attacker may write
+    (group-writable, not sticky) is flipped between a safe root-owned queue and the
+    attacker's own, holding a WAL segment the attacker still owns. The old daemon served
+    the attacker's directory within 3 starts; now the link's holder is judged, every start
+    is refused, and nothing of the attacker's changes."""
+    import threading
+
+    shared = workdir / "shared"
+    shared.mkdir()
+    shared.chmod(0o770)
+    os.chown(shared, 0, 12345)   # the attacker's group may write it
+    safe = workdir / "safe"
+    safe.mkdir(mode=0o750)
+    attackers = workdir / "attackers"
+    attackers.mkdir(mode=0o755)
+    planted = attackers / "wal-00000000000000000001.log"
+    planted.write_bytes(b"")
+    os.chown(attackers, 12345, 12345)
+    os.chown(planted, 12345, 12345)
+    link = shared / "queue"
+    link.symlink_to(safe)
+    stop = threading.Event()
+
+    def flip() -> None:
+        spare = shared / "spare"
+        while not stop.is_set():
+            for target in (attackers, safe):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(spare)
+                os.symlink(target, spare)
+                os.replace(spare, link)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        for _ in range(5):
+            daemon = make_daemon(directory=link, start=False)
+            daemon.start(wait_ready=False)
+            assert daemon.proc.wait(30) == 6, daemon.log()
+            assert f"{shared}, which holds the symbolic link {link}" in daemon.log()
+    finally:
+        stop.set()
+        flipper.join(10)
+    assert planted.read_bytes() == b"" and sorted(os.listdir(attackers)) == [planted.name]
+    assert os.listdir(safe) == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),

@@ -111,7 +111,7 @@ def cli() -> None:
 
 
 @cli.command(epilog=EXIT_CODES_HELP, short_help="Serve DIRECTORY in the foreground.")
-@click.argument("directory", type=click.Path(file_okay=False))
+@click.argument("directory", type=click.Path())
 @click.option("--socket", "socket_path", type=click.Path(dir_okay=False), default=None,
               help="Socket path [default: DIRECTORY/walqueued.sock]. Ignored when systemd passes "
                    "a listening socket (LISTEN_FDS).")

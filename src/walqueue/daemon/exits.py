@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+from walqueue.fs import NotARegularFile
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -17,14 +19,16 @@ EXIT_DIRECTORY_UNUSABLE = 5
 EXIT_DIRECTORY_UNSAFE = 6
 # What opening the directory raises when the fault is in the directory or its
 # file system, not in the moment: a read-only mount, a permission, an entry of
-# the wrong type (CURRENT.tmp a directory), a full disk.
+# the wrong type (CURRENT a directory or a FIFO: walqueue.fs.NotARegularFile), a full disk.
 OPERATOR_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
                              errno.ELOOP, errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT})
 
 
 def open_failure_code(exc: OSError) -> int:
     """The exit code for an OSError from opening the directory at start."""
-    return EXIT_DIRECTORY_UNUSABLE if exc.errno in OPERATOR_ERRNOS else EXIT_FAILURE
+    if isinstance(exc, NotARegularFile) or exc.errno in OPERATOR_ERRNOS:
+        return EXIT_DIRECTORY_UNUSABLE
+    return EXIT_FAILURE
 
 
 class DaemonExit(Exception):
