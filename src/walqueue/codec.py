@@ -45,7 +45,6 @@ DIGEST_BYTES = 32
 FRAME_OVERHEAD_BYTES = LENGTH_BYTES + DIGEST_BYTES
 
 _LENGTH = struct.Struct(">I")
-_NONZERO = re.compile(rb"[^\x00]")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"),
                             ensure_ascii=False, allow_nan=False)
 _sha256 = hashlib.sha256
@@ -307,6 +306,12 @@ def _next_valid_frame(data, start: int, problems: Problems) -> int | None:
             return None
         offset = min(candidates)
         (length,) = _LENGTH.unpack_from(data, offset)
+        if length == 0:   # a run of zeros: only its last three bytes can start a length
+            nonzero = _first_nonzero(data, offset)
+            if nonzero is None:
+                return None
+            offset = max(offset + 1, nonzero - LENGTH_BYTES + 1)
+            continue
         if 1 <= length <= MAX_FRAME_BYTES and offset + FRAME_OVERHEAD_BYTES + length <= size:
             if problems.resync_budget_bytes < length:
                 return None
@@ -325,15 +330,17 @@ def torn_write_length(data, offset: int) -> int | None:
     every byte to the end of the buffer is zero -- what a write cut short
     leaves in preallocated space (docs/failure-model.md).
     """
-    rest = bytes(data[offset:])
-    written = len(rest.rstrip(b"\x00"))
-    if len(rest) < FRAME_OVERHEAD_BYTES:
+    if len(data) - offset < FRAME_OVERHEAD_BYTES:
         return None
-    (length,) = _LENGTH.unpack_from(rest, 0)
+    (length,) = _LENGTH.unpack_from(data, offset)
     end = LENGTH_BYTES + length + DIGEST_BYTES
-    if not (1 <= length <= MAX_FRAME_BYTES and 0 < written < end <= len(rest)):
+    if not (1 <= length <= MAX_FRAME_BYTES and end <= len(data) - offset) or not _all_zero(data, offset + end):
         return None
-    if _sha256(rest[LENGTH_BYTES:end - DIGEST_BYTES]).digest() == rest[end - DIGEST_BYTES:end]:
+    frame = bytes(data[offset:offset + end])   # at most one frame, never the whole tail
+    written = len(frame.rstrip(b"\x00"))
+    if not 0 < written < end:
+        return None
+    if _sha256(frame[LENGTH_BYTES:end - DIGEST_BYTES]).digest() == frame[end - DIGEST_BYTES:]:
         return None
     return written
 
@@ -354,10 +361,10 @@ def _complete_frame_after(data, start: int) -> int | None:
         (length,) = _LENGTH.unpack_from(data, position)
         if length == 0:
             # Inside a run of zeros only its last three bytes can start a length.
-            nonzero = _NONZERO.search(data, position)
+            nonzero = _first_nonzero(data, position)
             if nonzero is None:
                 return None
-            position = max(position + 1, nonzero.start() - LENGTH_BYTES + 1)
+            position = max(position + 1, nonzero - LENGTH_BYTES + 1)
             continue
         end = position + LENGTH_BYTES + length + DIGEST_BYTES
         if end <= size:
@@ -406,9 +413,29 @@ def _canonical_prefix(chunk: list[Frame], bodies: list[bytes]) -> int:
     raise AssertionError("a chunk failed the canonical check but none of its frames did")
 
 
+_SCAN_CHUNK_BYTES = 1 << 20
+
+
+def _first_nonzero(data, offset: int) -> int | None:
+    """The offset of the first non-zero byte of `data` at or after `offset`, or None.
+
+    Read in chunks, never copied whole, and only where the buffer says it
+    holds data (fs.MappedFile.data_ranges: a hole reads as zeros), so a file
+    extended sparsely to a terabyte is judged without reading its holes.
+    """
+    for start, end in getattr(data, "data_ranges", ((0, len(data)),)):
+        position = max(start, offset)
+        while position < end:
+            stop = min(position + _SCAN_CHUNK_BYTES, end)
+            rest = data[position:stop].lstrip(b"\x00")
+            if rest:
+                return stop - len(rest)
+            position = stop
+    return None
+
+
 def _all_zero(data, offset: int) -> bool:
-    tail = bytes(data[offset:])
-    return tail.count(0) == len(tail)
+    return _first_nonzero(data, offset) is None
 
 
 def complete_frames(data, name: str, problems: Problems | None = None, progress=None, *,

@@ -1082,8 +1082,7 @@ def verify(directory: str, as_json: bool) -> None:
     if as_json:
         emit(report.to_json())
     else:
-        # File names come from the directory, so they are escaped like names.
-        click.echo("\n".join(display.text(line) for line in report.render().splitlines()))
+        click.echo(report.render())   # escaped there: file names come from the directory
     if report.exit_code() != EXIT_OK:
         sys.exit(report.exit_code())
 

@@ -44,15 +44,55 @@ _FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 RELEASE_BYTES = 4 << 20
 
 
+# A file of more holes than this is told as one range of data from its last hole on.
+MAX_DATA_RANGES = 1024
+
+
+class MappedFile(mmap.mmap):
+    """A file mapped read-only, and where its data is: `data_ranges`, (start, end) pairs in
+    order; every byte outside them is in a hole and reads as zero.
+
+    So the check that a tail is all zeros (codec) reads only the ranges that
+    hold data: a segment extended sparsely to 1 TiB is judged without
+    reading a terabyte of zero pages.
+    """
+
+    data_ranges: tuple[tuple[int, int], ...]
+
+
 def read_descriptor(fd: int):
     """The whole file open on `fd`, memory-mapped (b"" when empty); closes `fd`."""
     try:
         size = os.fstat(fd).st_size
         if size == 0:
             return b""
-        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        mapped = MappedFile(fd, size, access=mmap.ACCESS_READ)
+        mapped.data_ranges = _data_ranges(fd, size)
+        return mapped
     finally:
         os.close(fd)
+
+
+def _data_ranges(fd: int, size: int) -> tuple[tuple[int, int], ...]:
+    """Where the file on `fd` holds data (lseek SEEK_DATA/SEEK_HOLE); all of it if the file
+    system cannot say."""
+    ranges: list[tuple[int, int]] = []
+    offset = 0
+    try:
+        while offset < size and len(ranges) < MAX_DATA_RANGES:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno == errno.ENXIO:   # nothing but a hole from `offset` on
+                    return tuple(ranges)
+                raise
+            offset = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            ranges.append((start, offset))
+    except OSError:
+        return ((0, size),)
+    if offset < size:
+        ranges.append((offset, size))
+    return tuple(ranges)
 
 
 class NotARegularFile(OSError):

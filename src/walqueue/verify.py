@@ -45,12 +45,12 @@ Standard library only (this is the library layer).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import stat
 import sys
 from dataclasses import asdict, dataclass, field
 
+from . import display
 from .fs import Directory, ReadingFileSystem, open_at, read_descriptor
 from .recovery import RecoveryPlan, UnreadableFile, plan_recovery
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name
@@ -175,7 +175,7 @@ class VerifyReport:
         if self.corrupt:
             lines.append("next: keep a copy of the directory as evidence; the daemon will not start "
                          "on it. See docs/operations.md, 'Reading verify output'.")
-        return "\n".join(lines)
+        return _printable(lines)
 
     def _render_no_queue(self) -> str:
         lines = [f"{self.directory}: NO QUEUE: it holds none of a queue's files (LOCK, CURRENT, "
@@ -185,7 +185,7 @@ class VerifyReport:
                          f"{os.path.join(self.directory, name)}")
         lines.append("next: give the queue directory itself, the DIRECTORY walqueued serves "
                      "(e.g. /var/lib/walqueue, or /var/lib/walqueue/NAME for walqueued@NAME)")
-        return "\n".join(lines)
+        return _printable(lines)
 
     def to_json(self) -> dict:
         """A JSON-ready dict of the whole report."""
@@ -194,6 +194,11 @@ class VerifyReport:
         report["healthy"] = self.healthy
         report["corrupt"] = self.corrupt
         return report
+
+
+def _printable(lines: list[str]) -> str:
+    # File names come from the directory: a terminal must not act on what they hold.
+    return "\n".join(display.text(line) for line in lines)
 
 
 class _ReadOnlyFiles(ReadingFileSystem):
@@ -373,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{error.strerror or error}", file=sys.stderr)
         return EXIT_UNREADABLE
     if arguments.json:
-        print(json.dumps(report.to_json(), ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+        print(display.json_line(report.to_json()))
     else:
         print(report.render())
     return report.exit_code()

@@ -275,6 +275,60 @@ def test_a_zero_filled_tail_is_a_torn_tail(directory):
     assert "zero bytes" in report.problems[0].what
 
 
+def test_a_sparse_tail_of_a_terabyte_is_judged_by_its_holes_not_read(directory):
+    """Issue 20 item 14: a 4 GiB sparse segment took 23.5 s (a 1 TiB one ~1.7 h, and a copy of
+    the tail in memory): the zero check read every hole. Now only ranges holding data are
+    read, so this one finishes at once (before: past the suite's timeout, or out of memory)."""
+    segment = directory / wal_name(1)
+    segment.write_bytes(frames(R1, R2))
+    with open(segment, "r+b") as file:
+        file.truncate(1 << 40)
+    report = verify_directory(directory)   # (assert_agrees would read the file whole to compare)
+    (problem,) = report.problems
+    assert (problem.severity, problem.offset) == (TORN_TAIL, len(frames(R1, R2)))
+    assert f"{(1 << 40) - len(frames(R1, R2))} zero bytes" in problem.what
+    with Queue(directory) as queue:   # open truncates it the same way
+        assert queue.stats().last_seq == 2
+    assert segment.stat().st_size == len(frames(R1, R2))
+
+
+def test_a_byte_after_a_hole_still_makes_the_tail_incomplete_not_zeros(directory):
+    segment = directory / wal_name(1)
+    segment.write_bytes(frames(R1, R2))
+    with open(segment, "r+b") as file:
+        file.seek(64 << 20)
+        file.write(b"\x01")   # data again after a 64 MiB hole
+    report = assert_agrees(directory)   # what follows the frames is not all zeros: corrupt
+    assert report.corrupt and report.by_severity(CORRUPT)[0].offset == len(frames(R1, R2))
+
+
+def test_a_fifo_named_like_a_segment_is_reported_as_unreadable_not_waited_on(directory):
+    (directory / wal_name(1)).write_bytes(frames(R1, R2))
+    os.mkfifo(directory / wal_name(3))
+    report = verify_directory(directory)
+    (problem,) = [problem for problem in report.problems if problem.file == wal_name(3)]
+    assert problem.severity == "unreadable" and "is a FIFO, not a file" in problem.what
+    assert report.exit_code() == 8
+
+
+def test_file_names_are_printed_escaped_in_text_and_in_json(directory, capsys):
+    """Issue 20 item 14: python -m walqueue.verify printed names raw (ESC, C1, bidi), and
+    --json left C1 and bidi raw."""
+    from walqueue.verify import main
+
+    (directory / wal_name(1)).write_bytes(frames(R1, R2))
+    hostile = "evil\x1b[2J\x9b31m\u202egol.txt"
+    (directory / hostile).write_text("")
+    assert main([str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert "evil\\x1b[2J\\x9b31m\\u202egol.txt" in out
+    assert not any(character in out for character in "\x1b\x9b\u202e")
+    assert main(["--json", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert not any(character in out for character in "\x1b\x9b\u202e")
+    assert [problem["file"] for problem in json.loads(out)["problems"]] == [hostile]   # exact
+
+
 def test_a_damaged_length_that_would_swallow_later_frames_is_corrupt_not_a_torn_tail(directory):
     """A torn write leaves nothing complete after it: a length running past the
     end with a complete frame further on is damage (codec's rule), and the
