@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from unittest import mock
 
 from walqueue import backup as backup_module
+from walqueue import directory as directory_module
 from walqueue import fs as fs_module
 from walqueue import queue as queue_module
 from walqueue import recovery as recovery_module
@@ -146,6 +147,15 @@ def _patched_open_flags():
         yield
 
 
+_real_queue_init = Queue.__init__
+
+
+def _init_reaching_the_path_again(self, directory, *, opened=None, **options):
+    """A Queue that reaches its directory by its path again, ignoring the descriptor it was
+    given, as walqueued's Queue did before issue 20: a link flipped in between redirects it."""
+    _real_queue_init(self, directory, **options)
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
@@ -170,6 +180,11 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "prealloc_no_sync":
         lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
     "opens_follow_links": _patched_open_flags,
+    "queue_reaches_the_path_again":
+        lambda: mock.patch.object(Queue, "__init__", _init_reaching_the_path_again),
+    # The check before issue 20: whoever may replace a link on the way is not asked about.
+    "walk_trusts_every_link":
+        lambda: mock.patch.object(directory_module, "_judge_link", lambda chain, name, link: []),
     "plain_tombstones_unchecked":
         lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
                                   _trust_plain_tombstones),
