@@ -91,11 +91,13 @@ Exit codes:
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
   5  the directory cannot be used as it is: read-only file system, no
-     permission, an entry of the wrong type (e.g. CURRENT.tmp a directory),
-     disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5 6)
-  6  the directory or a parent is not safe: owned by another user, or
-     writable by a group or others who could plant links in it; the log
-     says what to chown or chmod (nothing was opened)
+     permission, an entry of the wrong type (e.g. CURRENT a directory or a
+     FIFO), the path a file, a missing parent (only the last component is
+     created), disk full; a restart cannot fix it (RestartPreventExitStatus=3 4 5 6)
+  6  the directory, a parent, or a directory holding a link on the way is
+     not safe: owned by another user, or writable by a group or others who
+     could plant links in it; or an entry in it belongs to another user; the
+     log says what to chown or chmod (nothing was opened or created)
 """
 
 
