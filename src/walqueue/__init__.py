@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from .backend import is_postgres_target
 from .codec import MAX_FRAME_BYTES
 from .errors import (
     CorruptStore,
@@ -32,20 +33,20 @@ __all__ = [
 ]
 
 
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-
 def connect(target: str | os.PathLike, **options):
-    """A client for `target` (SPEC §9), picked by the URL scheme only.
+    """A client for `target` (SPEC §9), by the one rule of `walqueue.backend.is_postgres_target`.
 
-    "postgresql://..." or "postgres://..." gives `walqueue.pg.Client(target,
+    A "postgresql://..." or "postgres://..." URL, or a libpq key=value DSN
+    ("host=/run/pg dbname=jobs"), gives `walqueue.pg.Client(target,
     **options)` (needs the extra walqueue[postgres]); anything else is a
     socket or directory path and gives `walqueue.client.Client(target,
     **options)` (needs the daemon layer's msgspec). Neither is imported
     until called, so `import walqueue` stays standard-library only.
     """
     text = os.fspath(target)
-    if isinstance(text, str) and text.startswith(_POSTGRES_SCHEMES):
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if is_postgres_target(text):
         from .pg import Client as PostgresClient
 
         return PostgresClient(text, **options)
