@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from walqueue.pg.schema import channel, registration_lock_key
+from walqueue.pg.schema import channel, qualified, registration_lock_key
 
 log = logging.getLogger("walqueue.pg")
 
@@ -121,15 +121,17 @@ class Service:
         self.dsn = dsn
         self.schema = schema
         self.channel = channel(schema)
-        quoted = sql.Identifier(schema).as_string(None)
+        listener = qualified(schema, "listener")
         # One statement: the lock is taken (the CTE runs first), then the row.
         self._register_sql = (f"WITH locked AS (SELECT pg_advisory_xact_lock("
-                              f"{registration_lock_key(schema)})) INSERT INTO {quoted}.listener "
+                              f"{registration_lock_key(schema)})) INSERT INTO {listener} "
                               f"(queue, pid) SELECT %s, %s FROM locked ON CONFLICT DO NOTHING")
-        self._unregister_sql = f"DELETE FROM {quoted}.listener WHERE queue = %s AND pid = %s"
-        self._sweep_sql = (f"DELETE FROM {quoted}.listener WHERE pid NOT IN "
-                           f"(SELECT pid FROM pg_stat_activity)")
-        self._reap_sql = f"SELECT {quoted}.reap(%s, {quoted}.clock())"
+        self._unregister_sql = f"DELETE FROM {listener} WHERE queue = %s AND pid = %s"
+        # Without parameters, so composed as it is (no % to double).
+        self._sweep_sql = sql.SQL("DELETE FROM {} WHERE pid NOT IN "
+                                  "(SELECT pid FROM pg_stat_activity)").format(
+                                      sql.Identifier(schema, "listener"))
+        self._reap_sql = f"SELECT {qualified(schema, 'reap')}(%s, {qualified(schema, 'clock')}())"
         self._lock = threading.Lock()
         self._queues: dict[str, _Queue] = {}
         self._listening = threading.Event()    # set once LISTEN works, or polling was chosen
