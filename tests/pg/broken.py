@@ -1,6 +1,7 @@
 """Deliberately broken variants of the PostgreSQL schema, which the tests must catch.
 
-Each variant is the real migration with one text replacement, installed in a
+Each variant is the real migration template (sql/0001_tables_and_functions.sql, as
+schema.MIGRATIONS holds it) with one text replacement, installed in a
 schema of its own (`broken_schema`), so the clients run unchanged against it:
 
 - wrong_order: reserve leases in (available_at, task_id) DESCENDING order;

@@ -209,15 +209,23 @@ class AsyncClient:
                     if len(reserved.leases) == limit:
                         service.pass_on(self.queue, waiter)
                     return reserved.leases
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                waiter.reserved_nothing(now)
+                remaining = deadline - now
                 if remaining <= 0:
                     return []
                 pause = wait_pause(reserved, service.is_head(self.queue, waiter), service.polling,
                                    self.server_time())
+                timeout = min(remaining, pause)
                 try:
-                    await asyncio.wait_for(event.wait(), min(remaining, pause))
+                    await asyncio.wait_for(event.wait(), timeout)
+                    signalled = True
                 except TimeoutError:
-                    pass
+                    signalled = False
+                # A wake-up is only a hint anyone may send (wakeup.Waiter.hold).
+                hold = waiter.hold(signalled, time.monotonic(), now + timeout)
+                if hold > 0:
+                    await asyncio.sleep(hold)
                 event.clear()
                 waiter.woken = False
         finally:

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.types.numeric import Int4, Int8
 
 from walqueue import validation
 from walqueue.codec import MAX_FRAME_BYTES, canonical_json
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
+from walqueue.pg.schema import CHANNEL_PREFIX, qualified
 from walqueue.queue import _put_request, _put_request_of
 from walqueue.state import State, identity_of
 from walqueue.values import Lease, QueueStats, TaskView
@@ -83,12 +83,11 @@ class Statements:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        quoted = sql.Identifier(schema).as_string(None)
 
         def function(name: str, arguments: str, returns_set: bool = True) -> str:
             if returns_set:
-                return f"SELECT * FROM {quoted}.{name}({arguments})"
-            return f"SELECT {quoted}.{name}({arguments})"
+                return f"SELECT * FROM {qualified(schema, name)}({arguments})"
+            return f"SELECT {qualified(schema, name)}({arguments})"
 
         self.put = function("put", "%b, %b, %b, %b, %b, %b, %b", False)
         # One task: scalars, which cost the client far less to send than lists.
@@ -125,15 +124,31 @@ def queue_name(value: Any) -> str:
 
 
 # PostgreSQL names are at most 63 bytes; the NOTIFY channel is "walqueue:" + the schema.
-MAX_SCHEMA_BYTES = 63 - len("walqueue:")
+MAX_SCHEMA_BYTES = 63 - len(CHANNEL_PREFIX)
+# CREATE SCHEMA refuses names with this prefix (reserved for the system's schemas).
+RESERVED_SCHEMA_PREFIX = "pg_"
 
 
 def schema_name(value: Any) -> str:
-    """A schema name: at most 54 bytes (so its NOTIFY channel is a PostgreSQL name), no NUL."""
+    """A schema name: 1 to 54 bytes of UTF-8 without NUL, not starting with `pg_`.
+
+    Anything else goes: the schema is always composed as a quoted identifier
+    (and function bodies get a dollar quote the name does not hold), so quotes,
+    `%`, `$`, spaces and placeholders of any style are just characters. 54
+    bytes leave room for the NOTIFY channel, "walqueue:" + the name, within
+    PostgreSQL's 63.
+    """
     name = validation.name(value, "schema")
-    if "\x00" in name or len(name.encode("utf-8")) > MAX_SCHEMA_BYTES:
-        raise InvalidRequest(f"schema {name!r} must be at most {MAX_SCHEMA_BYTES} bytes without "
-                             f"NUL (its NOTIFY channel, 'walqueue:' + the name, is a PostgreSQL name)")
+    if "\x00" in name:
+        raise InvalidRequest(f"schema {name!r} contains NUL, which a PostgreSQL name cannot")
+    size = len(name.encode("utf-8"))
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(f"schema {name!r} is {size} bytes as UTF-8, above {MAX_SCHEMA_BYTES} "
+                             f"(its NOTIFY channel, {CHANNEL_PREFIX!r} + the name, must fit "
+                             f"PostgreSQL's 63)")
+    if name.startswith(RESERVED_SCHEMA_PREFIX):
+        raise InvalidRequest(f"schema {name!r} starts with {RESERVED_SCHEMA_PREFIX!r}, which "
+                             f"PostgreSQL reserves for system schemas")
     return name
 
 

@@ -251,12 +251,19 @@ class Client:
                     if len(reserved.leases) == limit:
                         service.pass_on(self.queue, waiter)
                     return reserved.leases
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                waiter.reserved_nothing(now)
+                remaining = deadline - now
                 if remaining <= 0:
                     return []
                 pause = wait_pause(reserved, service.is_head(self.queue, waiter), service.polling,
                                    self.server_time())
-                event.wait(min(remaining, pause))
+                timeout = min(remaining, pause)
+                signalled = event.wait(timeout)
+                # A wake-up is only a hint anyone may send (wakeup.Waiter.hold).
+                hold = waiter.hold(signalled, time.monotonic(), now + timeout)
+                if hold > 0:
+                    time.sleep(hold)
                 event.clear()
                 waiter.woken = False
         finally:

@@ -29,6 +29,18 @@ was lost (the listener reconnected, say). Behind a transaction-mode pooler
 LISTEN does not work: the service notices (its backend pid changes between
 transactions, or its own probe notification never arrives) and waiters poll
 every POLL_SECONDS instead.
+
+A notification is only a hint: any role that may connect to the database may
+NOTIFY this channel (PostgreSQL has no privilege for it), with any payload.
+It never makes anything leased that is not due (the reserve reads the
+tables), but each one made every idle waiter reserve again, so a flood of
+them turned waiting reserves into a busy loop. So a waiter whose wake-up
+found nothing holds back: it reserves for its next wake-up no sooner than
+HINT_HOLD_SECONDS after that fruitless reserve (see `Waiter`). A wake-up in
+the hold is deferred to its end, never dropped, so a task that becomes due
+while reserves wait is still leased within HINT_HOLD_SECONDS plus a round
+trip, inside SPEC §9's one second; and a flood costs each waiter at most
+1 / HINT_HOLD_SECONDS reserves a second, whatever the notifications' rate.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from walqueue.pg.schema import channel, registration_lock_key
+from walqueue.pg.schema import channel, qualified, registration_lock_key
 
 log = logging.getLogger("walqueue.pg")
 
@@ -54,14 +66,44 @@ LINGER_SECONDS = 10.0
 PROBE_SECONDS = 2.0
 RECONNECT_SECONDS = 1.0
 STALE_SWEEP_SECONDS = 30.0
+# After a wake-up whose reserve found nothing, a waiter's next wake-up waits
+# this long after that reserve: at most 4 wake-up reserves a second per
+# waiter, and a due task still leased within SPEC §9's one second.
+HINT_HOLD_SECONDS = 0.25
 
 
 @dataclass(eq=False)
 class Waiter:
-    """One waiting reserve. `wake` must be callable from the service thread."""
+    """One waiting reserve. `wake` must be callable from the service thread.
+
+    `woken` is set by the service when it wakes the waiter, and cleared by the
+    waiter just before it reserves again; while set, notifications wake other
+    waiters instead. `hinted` says the coming reserve is for a wake-up (a
+    notification, or another waiter passing one on), not for its own timer;
+    `hold_until` (monotonic) is when a wake-up may make it reserve again.
+    """
 
     wake: Callable[[], None]
     woken: bool = False
+    hinted: bool = False
+    hold_until: float = 0.0
+
+    def reserved_nothing(self, now: float) -> None:
+        """After a reserve that leased nothing: if a wake-up asked for it, the hint was
+        false (a spoofed NOTIFY, or a task another waiter took first), so the next
+        wake-up waits until HINT_HOLD_SECONDS from now."""
+        if self.hinted:
+            self.hold_until = now + HINT_HOLD_SECONDS
+
+    def hold(self, signalled: bool, now: float, timer_end: float) -> float:
+        """After the wait ended (`signalled`: by a wake-up, else by its timer): the
+        seconds to wait yet before reserving. A wake-up inside the hold is
+        deferred to its end, or to the waiter's own timer if that comes first;
+        the waiter stays `woken` meanwhile, so the service wakes others."""
+        self.hinted = signalled
+        if not signalled:
+            return 0.0
+        return max(0.0, min(self.hold_until, timer_end) - now)
 
 
 @dataclass
@@ -79,15 +121,17 @@ class Service:
         self.dsn = dsn
         self.schema = schema
         self.channel = channel(schema)
-        quoted = sql.Identifier(schema).as_string(None)
+        listener = qualified(schema, "listener")
         # One statement: the lock is taken (the CTE runs first), then the row.
         self._register_sql = (f"WITH locked AS (SELECT pg_advisory_xact_lock("
-                              f"{registration_lock_key(schema)})) INSERT INTO {quoted}.listener "
+                              f"{registration_lock_key(schema)})) INSERT INTO {listener} "
                               f"(queue, pid) SELECT %s, %s FROM locked ON CONFLICT DO NOTHING")
-        self._unregister_sql = f"DELETE FROM {quoted}.listener WHERE queue = %s AND pid = %s"
-        self._sweep_sql = (f"DELETE FROM {quoted}.listener WHERE pid NOT IN "
-                           f"(SELECT pid FROM pg_stat_activity)")
-        self._reap_sql = f"SELECT {quoted}.reap(%s, {quoted}.clock())"
+        self._unregister_sql = f"DELETE FROM {listener} WHERE queue = %s AND pid = %s"
+        # Without parameters, so composed as it is (no % to double).
+        self._sweep_sql = sql.SQL("DELETE FROM {} WHERE pid NOT IN "
+                                  "(SELECT pid FROM pg_stat_activity)").format(
+                                      sql.Identifier(schema, "listener"))
+        self._reap_sql = f"SELECT {qualified(schema, 'reap')}(%s, {qualified(schema, 'clock')}())"
         self._lock = threading.Lock()
         self._queues: dict[str, _Queue] = {}
         self._listening = threading.Event()    # set once LISTEN works, or polling was chosen
@@ -176,6 +220,8 @@ class Service:
             due, next_at = int(due_text), int(next_text)
         except ValueError:
             return  # our own probe, or a NOTIFY that is not ours
+        if due < 0 or next_at < 0:
+            return  # not ours either (a negative slice would wake all but a few)
         with self._lock:
             state = self._queues.get(queue)
             if state is None:
