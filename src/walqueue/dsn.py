@@ -24,7 +24,8 @@ libpq's messages about a DSN it cannot parse quote pieces of it
 
 The parse is deliberately cruder than libpq's and errs towards masking
 more: a URL that begins `text` runs to its end, one inside a message ends at
-whitespace or a quote.
+whitespace or a quote. A value that is `***` already is left as it is, so
+redacting a message built of redacted parts changes nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ _NEXT_KEYWORD = re.compile(r"\s+\w+\s*=")
 # Where a URL query value surely ends: the next parameter that has a "=".
 _NEXT_PARAMETER = re.compile(r"&[^&=]*=")
 _ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+# A value redacted already: the mask, then the end, a space, or the ": " of a message going on.
+_ALREADY_MASKED = re.compile(re.escape(MASK) + r"(?=$|\s|:\s|:$)")
 
 
 def redacted(text: str, dsn: str | None = None) -> str:
@@ -52,9 +55,7 @@ def redacted(text: str, dsn: str | None = None) -> str:
     if dsn is not None and not isinstance(dsn, str):
         raise TypeError(f"redacted() takes the dsn as a str or None, got {type(dsn).__name__}")
     spans = _password_spans(text)
-    secrets = _secrets(text, spans)
-    if dsn is not None and dsn != text:
-        secrets |= _secrets(dsn, _password_spans(dsn))
+    secrets = set() if dsn is None else _secrets(dsn, _password_spans(dsn))
     shown = text
     for start, end in reversed(spans):
         shown = shown[:start] + MASK + shown[end:]
@@ -83,7 +84,12 @@ def _password_spans(text: str) -> list[tuple[int, int]]:
             continue  # a parameter of a URL's query: done above
         if match.start() < value_end:
             continue  # inside the value before it
-        value_end = _quoted_end(text, start) if text.startswith("'", start) else _unquoted_end(text, start)
+        if _ALREADY_MASKED.match(text, start):
+            value_end = start + len(MASK)  # so a message made of redacted parts keeps the rest
+        elif text.startswith("'", start):
+            value_end = _quoted_end(text, start)
+        else:
+            value_end = _unquoted_end(text, start)
         spans.append((start, value_end))
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):  # a value running to the end may cover a URL's password
@@ -153,9 +159,7 @@ def _secrets(text: str, spans: list[tuple[int, int]]) -> set[str]:
         for form in (raw, inner, unquote(raw), _ESCAPE.sub(r"\1", inner)):
             found.add(form)
             found.update(form.split())
-    found.discard("")
-    found.discard(MASK)
-    return found
+    return {secret for secret in found if secret.strip() and secret != MASK}
 
 
 def _scrub(text: str, secrets: set[str]) -> str:
@@ -163,7 +167,7 @@ def _scrub(text: str, secrets: set[str]) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         if secret not in text:
             continue
-        if any(character.isspace() for character in secret) or len(secret) >= 4:
+        if len(secret.strip()) >= 4:
             text = text.replace(secret, MASK)
         else:
             # A short word (a piece of a password, or a short password) only where it stands alone,
