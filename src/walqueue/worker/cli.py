@@ -27,7 +27,8 @@ import click
 
 import walqueue
 from walqueue import display
-from walqueue.errors import Unavailable
+from walqueue.dsn import redacted
+from walqueue.errors import InvalidRequest, Unavailable
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -43,6 +44,14 @@ class Unreachable(click.ClickException):
 
     exit_code = EXIT_UNAVAILABLE
 
+    def __init__(self, target: str, error: BaseException) -> None:
+        super().__init__(f"cannot reach {shown(target)}: {redacted(str(error), target)}")
+
+
+def shown(target: str) -> str:
+    """TARGET as the log and messages show it: without a DSN's password (SPEC §8b), escaped."""
+    return display.name(redacted(target))
+
 EPILOG = """\b
 Exit codes:
   0  stopped by SIGTERM or SIGINT (tasks in hand finished, or released at
@@ -56,6 +65,11 @@ Examples:
   walqueue-worker /run/walqueue/orders/walqueued.sock myapp.tasks:send_email --concurrency 4
   walqueue-worker var/walqueue jobs:handle --max-tasks 100
   walqueue-worker postgresql://worker@db/app jobs:handle --queue orders
+
+\b
+Give a PostgreSQL password in ~/.pgpass, PGPASSFILE or PGPASSWORD, not in
+TARGET: other users of the host can read a command line. Where TARGET holds
+one anyway, the worker shows it as ***.
 """
 
 
@@ -155,7 +169,9 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
     try:
         client = open_client(target, name=name, queue=queue, asynchronous=asynchronous)
     except Unavailable as exc:
-        raise Unreachable(f"cannot reach {target}: {exc}") from exc
+        raise Unreachable(target, exc) from exc
+    except InvalidRequest as exc:  # a DSN libpq cannot parse, a bad --queue name
+        raise click.UsageError(redacted(str(exc), target)) from None
     options = {"lease_seconds": lease_seconds, "wait": wait_seconds, "concurrency": concurrency,
                "stop_timeout_seconds": stop_timeout_seconds}
     runner = run_async if asynchronous else run_threads
@@ -163,7 +179,7 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
 
 
 def _started(target: str, name: str, handler: Callable, options: dict) -> None:
-    log.info("worker %s: serving %s with %s (%s), concurrency %d", display.name(name), display.name(target),
+    log.info("worker %s: serving %s with %s (%s), concurrency %d", display.name(name), shown(target),
              display.name(getattr(handler, "__qualname__", repr(handler))),
              "asyncio" if is_async(handler) else "threads", options["concurrency"])
 
@@ -174,10 +190,10 @@ def _stopping(worker: Any, signal_number: int) -> None:
     worker.stop()
 
 
-def _ended(worker: Any, handled: int | None, error: BaseException | None) -> int:
+def _ended(worker: Any, handled: int | None, error: BaseException | None, target: str) -> int:
     if error is not None:
-        log.error("worker %s stopped on an error: %s: %s", display.name(worker.worker), type(error).__name__, error,
-                  exc_info=error)
+        log.error("worker %s stopped on an error: %s: %s", display.name(worker.worker), type(error).__name__,
+                  redacted(str(error), target), exc_info=error)
         return EXIT_FAILURE
     log.info("worker %s stopped: %d task(s) taken, %d done, %d failed", display.name(worker.worker), handled,
              worker.processed, worker.failed)
@@ -192,7 +208,7 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
         client.stats()  # fail fast (exit 3) if nothing answers at TARGET
     except Unavailable as exc:
         client.close()
-        raise Unreachable(f"cannot reach {target}: {exc}") from exc
+        raise Unreachable(target, exc) from exc
     worker = Worker(client, name, handler, **options)
     # Worker.run() waits in timed joins, so stop() runs in the handler soon whichever thread got the signal.
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -201,10 +217,10 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
     try:
         handled = worker.run(max_tasks=max_tasks)
     except Exception as exc:
-        return _ended(worker, None, exc)
+        return _ended(worker, None, exc, target)
     finally:
         client.close()
-    return _ended(worker, handled, None)
+    return _ended(worker, handled, None, target)
 
 
 def run_async(client: Any, name: str, handler: Callable, options: dict, *, target: str,
@@ -216,7 +232,7 @@ def run_async(client: Any, name: str, handler: Callable, options: dict, *, targe
             try:
                 await client.stats()
             except Unavailable as exc:
-                raise Unreachable(f"cannot reach {target}: {exc}") from exc
+                raise Unreachable(target, exc) from exc
             worker = Worker(client, name, handler, **options)
             loop = asyncio.get_running_loop()
             for number in (signal.SIGTERM, signal.SIGINT):
@@ -225,8 +241,8 @@ def run_async(client: Any, name: str, handler: Callable, options: dict, *, targe
             try:
                 handled = await worker.run(max_tasks=max_tasks)
             except Exception as exc:
-                return _ended(worker, None, exc)
-            return _ended(worker, handled, None)
+                return _ended(worker, None, exc, target)
+            return _ended(worker, handled, None, target)
         finally:
             await client.close()
 
