@@ -59,6 +59,7 @@ Exit codes:
   1  failure: the Worker ended on an error it does not retry (logged)
   2  usage: a bad option, or a handler that cannot be imported or called
   3  the service (walqueued, PostgreSQL) could not be reached at start
+A handler's sys.exit(N) is never the worker's exit code: it fails the task.
 
 \b
 Examples:
@@ -157,9 +158,9 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
     idempotent: delivery is at-least-once. An `async def` handler runs on
     the asyncio Worker.
 
-    A handler that returns acks the task; one that raises releases it with a
-    delay of 1, 2, 4, ... seconds (capped at 300) until it runs out of
-    attempts and is dead. SIGTERM or SIGINT stops reserving; the tasks in
+    A handler that returns acks the task; one that raises (SystemExit from
+    sys.exit() too) releases it with a delay of 1, 2, 4, ... seconds (capped
+    at 300) until it runs out of attempts and is dead; the worker goes on. SIGTERM or SIGINT stops reserving; the tasks in
     hand finish, or are released at --stop-timeout.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
