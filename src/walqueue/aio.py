@@ -60,6 +60,7 @@ from walqueue.client.calls import (
     result,
     version_refused,
 )
+from walqueue.dsn import redacted
 from walqueue.worker.aio import Worker
 
 __all__ = ["AsyncConnection", "Client", "DaemonUnavailable", "Worker"]
@@ -101,7 +102,8 @@ class AsyncConnection:
                 await asyncio.wait_for(loop.sock_connect(sock, address), timeout)
         except TimeoutError as exc:
             sock.close()
-            raise DaemonUnavailable(f"cannot connect to walqueued at {path}: no answer in {timeout} s") from exc
+            raise DaemonUnavailable(f"cannot connect to walqueued at {redacted(path)}: "
+                                    f"no answer in {timeout} s") from exc
         except OSError as exc:
             sock.close()
             raise connect_error(path, exc, reached_before=reached_before) from exc

@@ -66,6 +66,7 @@ from walqueue.backup import (
     copy_manifest,
 )
 from walqueue.client import SOCKET_NAME, Client, DaemonUnavailable, socket_path
+from walqueue.dsn import redacted
 from walqueue.metrics import DaemonStats, render_prometheus
 from walqueue.verify import verify_directory
 
@@ -129,6 +130,8 @@ or $WALQUEUE_SOCKET; default /run/walqueue/walqueued.sock.
 A queue on PostgreSQL instead: --dsn URL (or $WALQUEUE_DSN) and --queue NAME
 (default "default"); needs walqueue[postgres]. verify, backup, compact,
 pause, resume, metrics and top are walqueued's alone and exit 2 there.
+Keep its password in ~/.pgpass or PGPASSWORD (a command line is public to
+the host's users); a password in it is never printed: shown as ***.
 \b
 --json on any command: JSON output, and errors as one JSON object each on
 stderr: {"code": N, "error": "Name", "message": "..."}.
@@ -204,7 +207,7 @@ def error_for(exc: BaseException, path: str, dsn: str | None = None) -> CtlError
     `path` is the daemon's socket, or `dsn` the PostgreSQL database, that the
     command talked to.
     """
-    message = display.text(str(exc))
+    message = display.text(str(exc) if dsn is None else redacted(str(exc), dsn))  # SPEC §8b
     name = type(exc).__name__
     if dsn is not None and isinstance(exc, (Unavailable, ConnectionError)):
         return CtlError(f"{message}\nIs PostgreSQL running, and does --dsn (or WALQUEUE_DSN) "

@@ -120,6 +120,25 @@ def test_it_processes_the_queue_with_n_handlers_and_logs_each_outcome(daemon, wo
     assert "worker cli-1: serving" in worker.log() and "12 done, 0 failed" in worker.log()
 
 
+@pytest.mark.parametrize("handler, status", [("exits", 3), ("exits_async", 2)])
+def test_a_handler_calling_sys_exit_fails_its_task_and_the_worker_goes_on(daemon, workdir, start_worker, handler,
+                                                                         status):
+    """sys.exit(3) in a handler is not walqueue-worker's exit 3 (unreachable), nor sys.exit(2)
+    its exit 2 (usage: not restarted by the unit): the task is released with back-off, and
+    the worker takes the next one."""
+    with Client(daemon.socket_path) as client:
+        client.put("a-exits", {"exit": status}, max_attempts=3)
+        client.put("b-ok", {})
+        worker = start_worker(daemon.socket_path, f"{HANDLERS}:{handler}", "--max-tasks", 2, "--wait", 1)
+        assert worker.exit_code() == 0
+        failed = client.get("a-exits")
+        assert (failed.status, failed.attempts, failed.worker) == ("ready", 1, None)
+        assert client.get("b-ok").status == "completed"
+    assert done(workdir) == ["b-ok"]
+    assert f"task a-exits generation 1 attempt 1: the handler raised SystemExit: {status}" in worker.log()
+    assert "due again in 1 s (attempt 1 of 3)" in worker.log() and "1 done, 1 failed" in worker.log()
+
+
 def test_sigterm_mid_task_lets_it_finish_then_exits_0(daemon, workdir, start_worker, started_fifo):
     with Client(daemon.socket_path) as client:
         client.put("a-slow", {})

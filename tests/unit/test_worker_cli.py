@@ -8,6 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from walqueue.dsn import redacted
 from walqueue.worker import cli
 
 
@@ -75,3 +76,20 @@ def test_help_lists_every_option_and_the_exit_codes():
     text = CliRunner().invoke(cli.main, ["--help"]).output
     for code in ("0  stopped by SIGTERM", "2  usage", "3  the service"):
         assert code in text
+
+
+@pytest.mark.parametrize("target, code", [
+    ("host=/nonexistent user=worker password=s3cretPW9 dbname=jobs", cli.EXIT_UNAVAILABLE),  # taken for a path
+    ("postgresql://worker:s3cretPW9%zz@/jobs", cli.EXIT_USAGE),  # libpq cannot parse it
+])
+def test_a_password_in_target_is_never_printed(run, target, code):
+    result = run(target, "jobs:handle")
+    assert result.exit_code == code, result.output
+    assert "s3cretPW9" not in result.output
+    assert "password=***" in result.output or "worker:***@" in result.output
+
+
+def test_help_says_where_a_password_goes_and_shows_none():
+    text = CliRunner().invoke(cli.main, ["--help"]).output
+    assert "~/.pgpass" in text and "postgresql://worker@db/app" in text
+    assert redacted(text) == text

@@ -5,6 +5,7 @@ every timed wait (tests/unit/clocks.py)."""
 
 import asyncio
 import logging
+import sys
 
 import pytest
 
@@ -215,3 +216,67 @@ def test_stop_before_run_takes_no_task(shell):
 def test_a_bad_option_is_refused_with_its_name(shell, option, value, named):
     with pytest.raises(InvalidRequest, match=named):
         shell.worker(fail_on(), **{option: value})
+
+
+def run_to_the_end(shell, worker, **options):
+    """shell.run, but a SystemExit or KeyboardInterrupt out of run() fails the test (not the session)."""
+    try:
+        return shell.run(worker, **options)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        pytest.fail(f"run() ended with {exc!r}: the handler's exit left the Worker")
+
+
+@pytest.mark.parametrize("status", [3, 2, 0, None])
+def test_a_handlers_sys_exit_is_its_tasks_failure_and_the_worker_goes_on(shell, caplog, status):
+    """sys.exit(3) in a handler must not become walqueue-worker's exit 3 ("unreachable"), nor
+    sys.exit(2) its usage error: it fails the task, which is released with backoff."""
+    shell.queue.put("a-exits", max_attempts=3)
+    shell.queue.put("b-ok")
+
+    def handler(lease):
+        if lease.task_id == "a-exits":
+            sys.exit(status)
+
+    worker = shell.worker(handler, backoff=lambda attempts: 7)
+    with caplog.at_level(logging.INFO, "walqueue.worker"):
+        assert run_to_the_end(shell, worker, max_tasks=2) == 2
+    assert ("release", "a-exits", 7) in shell.queue.calls and ("ack", "b-ok") in shell.finishes()
+    assert (worker.processed, worker.failed) == (1, 1)
+    assert shell.queue.view("a-exits").status == "ready"
+    (record,) = [r for r in caplog.records if "a-exits" in r.getMessage()]
+    assert f"the handler raised SystemExit: {status}" in record.getMessage()
+    assert "due again in 7 s (attempt 1 of 3)" in record.getMessage()
+
+
+def test_a_keyboard_interrupt_from_a_handler_thread_is_its_tasks_failure():
+    """In the thread Worker the handler runs in a slot thread, where Python never raises a
+    Ctrl-C (signals go to the main thread): a KeyboardInterrupt there is the handler's own."""
+    shell = Shell("threads")
+    shell.queue.put("a-interrupts")
+    shell.queue.put("b-ok")
+
+    def handler(lease):
+        if lease.task_id == "a-interrupts":
+            raise KeyboardInterrupt
+
+    worker = shell.worker(handler, backoff=lambda attempts: 7)
+    assert run_to_the_end(shell, worker, max_tasks=2) == 2
+    assert ("release", "a-interrupts", 7) in shell.queue.calls and (worker.processed, worker.failed) == (1, 1)
+
+
+def test_a_keyboard_interrupt_in_an_asyncio_handler_stops_the_worker_as_a_ctrl_c_does():
+    """The asyncio Worker's handlers run on the event loop's thread, normally the main one,
+    where Ctrl-C arrives as KeyboardInterrupt: it ends run() and is not taken for a failure."""
+    shell = Shell("asyncio")
+    shell.queue.put("a-interrupts")
+    shell.queue.put("b-ok")
+
+    def handler(lease):
+        if lease.task_id == "a-interrupts":
+            raise KeyboardInterrupt
+
+    worker = shell.worker(handler)
+    with pytest.raises(KeyboardInterrupt):
+        shell.run(worker, max_tasks=2)
+    assert worker.failed == 0 and shell.queue.view("b-ok").status == "ready"
+    assert not any(call[0] == "release" for call in shell.queue.calls)  # its lease is left to expire

@@ -17,6 +17,7 @@ import os
 import stat
 
 from walqueue.client.calls import DaemonUnavailable, NoSocket
+from walqueue.dsn import redacted
 from walqueue.unix_socket import MAX_SOCKET_PATH_BYTES, unix_address  # noqa: F401 (re-exported)
 
 SOCKET_NAME = "walqueued.sock"
@@ -58,6 +59,7 @@ def connect_error(path: str, error: OSError, *, reached_before: bool) -> DaemonU
     otherwise (a refused connect on a socket file: a daemon restarting).
     """
     reason = not_a_socket(path) if isinstance(error, FileNotFoundError | ConnectionRefusedError) else None
+    path = redacted(path)  # a PostgreSQL key=value DSN taken for a path (SPEC §9) keeps its password
     if reason == "no such file" and reached_before:
         return DaemonUnavailable(f"cannot connect to walqueued at {path}: no such file "
                                  "(the daemon removes it when it stops: restarting?)")

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import psycopg
 
+from walqueue.dsn import redacted
 from walqueue.pg.aio import AsyncClient
-from walqueue.pg.calls import DatabaseUnavailable, schema_name
-from walqueue.pg.client import Client, describe
+from walqueue.pg.calls import DatabaseUnavailable, check_dsn, describe, schema_name
+from walqueue.pg.client import Client
 from walqueue.pg.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, SchemaError, migrate_connection
 
 __all__ = ["UNSUPPORTED_COMMANDS", "AsyncClient", "Client", "DatabaseUnavailable",
@@ -51,11 +52,12 @@ def migrate(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> int:
     Safe to run from several hosts at once (an advisory lock serializes
     them). Raises SchemaError if the schema is newer than this walqueue
     knows or the database is not UTF8, DatabaseUnavailable if PostgreSQL
-    cannot be reached.
+    cannot be reached, InvalidRequest if libpq cannot parse `dsn`.
     """
     schema = schema_name(schema)
+    check_dsn(dsn)
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as connection:
             return migrate_connection(connection, schema)
     except psycopg.OperationalError as error:
-        raise DatabaseUnavailable(f"PostgreSQL at {describe(dsn)}: {error}") from error
+        raise DatabaseUnavailable(f"PostgreSQL at {describe(dsn)}: {redacted(str(error), dsn)}") from error

@@ -18,9 +18,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from walqueue.dsn import redacted
 from walqueue.errors import QueueClosed
 from walqueue.pg import calls, schema, wakeup
-from walqueue.pg.calls import Call, DatabaseUnavailable
+from walqueue.pg.calls import Call, DatabaseUnavailable, check_dsn, describe
 from walqueue.pg.client import (
     CONNECTION_KWARGS,
     DEFAULT_CONNECT_SECONDS,
@@ -28,7 +29,6 @@ from walqueue.pg.client import (
     DEFAULT_RETRY_SECONDS,
     MAX_TRANSACTION_RETRIES,
     SETUP_QUERY,
-    describe,
     retry_pause,
     setup_report,
     wait_pause,
@@ -57,6 +57,7 @@ class AsyncClient:
                  listen: bool = True) -> None:
         self.queue = calls.queue_name(queue)
         self.schema = calls.schema_name(schema)
+        check_dsn(dsn)
         self.dsn = dsn
         self.where = describe(dsn)
         self.connect_seconds = connect_seconds
@@ -72,6 +73,9 @@ class AsyncClient:
         self._opening = asyncio.Lock()
         self._clock_offset = 0.0
         self._service: wakeup.Service | None = None
+
+    def __repr__(self) -> str:
+        return f"<walqueue.pg.AsyncClient queue={self.queue!r} at {self.where}>"  # never the password
 
     async def __aenter__(self) -> AsyncClient:
         await self._opened()
@@ -143,7 +147,7 @@ class AsyncClient:
             cursor = await connection.execute(SETUP_QUERY)
             self._clock_offset = setup_report(await cursor.fetchone(), self.where)
         except psycopg.Error as error:
-            mapped = calls.failure(None, error, self.where)
+            mapped = calls.failure(None, error, self.dsn)
             if mapped is error:
                 raise
             raise mapped from error
@@ -172,7 +176,7 @@ class AsyncClient:
             raise DatabaseUnavailable(f"no connection to PostgreSQL at {self.where} within "
                                       f"{self.connect_seconds} s") from error
         except psycopg.Error as error:
-            mapped = calls.failure(call, error, self.where)
+            mapped = calls.failure(call, error, self.dsn)
             if mapped is error:
                 raise
             raise mapped from error
@@ -238,7 +242,7 @@ class AsyncClient:
             async with pool.connection(timeout=self.connect_seconds) as connection:
                 await connection.execute(statement, params)
         except (psycopg.Error, PoolTimeout) as error:
-            raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {error}") from error
+            raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {redacted(str(error), self.dsn)}") from error
         service.registered(self.queue, params[1])
 
     # -- the API (see walqueue.pg.Client for each method's contract) ------------

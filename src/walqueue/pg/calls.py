@@ -32,6 +32,7 @@ from psycopg.types.numeric import Int4, Int8
 
 from walqueue import validation
 from walqueue.codec import MAX_FRAME_BYTES, canonical_json
+from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
 from walqueue.pg.schema import CHANNEL_PREFIX, qualified
 from walqueue.queue import _put_request, _put_request_of
@@ -397,9 +398,36 @@ def retryable(error: BaseException) -> bool:
     return isinstance(error, psycopg.Error) and getattr(error, "sqlstate", None) in RETRYABLE_STATES
 
 
-def failure(call: Call | None, error: psycopg.Error, where: str) -> BaseException:
+def describe(dsn: str) -> str:
+    """The DSN as messages show it: without its passwords (SPEC §8b), as the user wrote it."""
+    return redacted(dsn) or "the default server"
+
+
+def check_dsn(dsn: str) -> None:
+    """InvalidRequest, naming the DSN without its password, if libpq cannot parse it.
+
+    Checked before any pool or connection is made: psycopg_pool logs each
+    failed attempt with libpq's message, and libpq's parse errors quote
+    pieces of the DSN, its password's too (`invalid percent-encoded token:
+    "s3c%zz"`). Raised `from None`: a traceback would print the cause.
+    """
+    if not isinstance(dsn, str):
+        raise InvalidRequest(f"dsn must be a str, got {type(dsn).__name__}")
+    try:
+        psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        message = redacted(str(error).strip(), dsn)
+    except UnicodeDecodeError:  # psycopg decodes libpq's answer, percent-decoded bytes and all
+        message = "a percent-encoded value in it is not UTF-8"
+    else:
+        return
+    raise InvalidRequest(f"cannot parse the DSN {describe(dsn)}: {message}") from None
+
+
+def failure(call: Call | None, error: psycopg.Error, dsn: str) -> BaseException:
     """The exception a call raises for `error`: `error` itself if it is none of ours
-    (a bug, not the world); the caller keeps `error` as the cause."""
+    (a bug, not the world); the caller keeps `error` as the cause. A message
+    names the database by `dsn` and quotes psycopg's, both without the password."""
     state = error.sqlstate or ""
     if state in (KEY_CONFLICT, STALE_LEASE, INVALID_REQUEST):
         detail_text = error.diag.message_detail
@@ -411,5 +439,5 @@ def failure(call: Call | None, error: psycopg.Error, where: str) -> BaseExceptio
         return call.error(state, detail)
     if (isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))
             or state in UNAVAILABLE_STATES or state[:2] in ("08", "57")):
-        return DatabaseUnavailable(f"PostgreSQL at {where}: {error}".rstrip())
+        return DatabaseUnavailable(f"PostgreSQL at {describe(dsn)}: {redacted(str(error), dsn)}".rstrip())
     return error

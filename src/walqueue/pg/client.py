@@ -26,9 +26,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from walqueue.dsn import redacted
 from walqueue.errors import QueueClosed
 from walqueue.pg import calls, schema, wakeup
-from walqueue.pg.calls import Call, DatabaseUnavailable, Reserved
+from walqueue.pg.calls import Call, DatabaseUnavailable, Reserved, check_dsn, describe
 from walqueue.values import Lease, QueueStats, TaskView
 
 log = logging.getLogger("walqueue.pg")
@@ -77,16 +78,6 @@ def retry_pause(attempt: int, deadline: float) -> float:
     return min(pause, max(0.0, deadline - time.monotonic()))
 
 
-def describe(dsn: str) -> str:
-    """The DSN without its password, for messages."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "the given DSN"
-    info.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**info) or "the default server"
-
-
 def wait_pause(reserved: Reserved, is_head: bool, polling: bool, server_time: float) -> float:
     """How long a waiter sleeps before reserving again, unless woken first."""
     pause = wakeup.POLL_SECONDS if polling else wakeup.SAFETY_POLL_SECONDS
@@ -106,7 +97,8 @@ class Client:
 
     Raises DatabaseUnavailable if PostgreSQL cannot be reached, SchemaError
     if the schema is missing (with migrate=False), older, or newer than this
-    walqueue knows, InvalidRequest for a bad queue or schema name.
+    walqueue knows, InvalidRequest for a bad queue or schema name or a DSN libpq cannot
+    parse. No message, log line or repr shows the DSN's password (SPEC §8b).
     """
 
     def __init__(self, dsn: str, *, queue: str = "default", schema: str = schema.DEFAULT_SCHEMA,
@@ -116,6 +108,7 @@ class Client:
                  listen: bool = True) -> None:
         self.queue = calls.queue_name(queue)
         self.schema = calls.schema_name(schema)
+        check_dsn(dsn)
         self.dsn = dsn
         self.where = describe(dsn)
         self.connect_seconds = connect_seconds
@@ -154,12 +147,15 @@ class Client:
             schema.check_version(version, self.schema)
             return setup_report(connection.execute(SETUP_QUERY).fetchone(), self.where)
         except psycopg.Error as error:
-            mapped = calls.failure(None, error, self.where)
+            mapped = calls.failure(None, error, self.dsn)
             if mapped is error:
                 raise
             raise mapped from error
 
     # -- plumbing ----------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"<walqueue.pg.Client queue={self.queue!r} at {self.where}>"  # never the password
 
     def __enter__(self) -> Client:
         return self
@@ -215,7 +211,7 @@ class Client:
             raise DatabaseUnavailable(f"no connection to PostgreSQL at {self.where} within "
                                       f"{self.connect_seconds} s") from error
         except psycopg.Error as error:
-            mapped = calls.failure(call, error, self.where)
+            mapped = calls.failure(call, error, self.dsn)
             if mapped is error:
                 raise
             raise mapped from error
@@ -275,7 +271,7 @@ class Client:
             with self._pool.connection(timeout=self.connect_seconds) as connection:
                 connection.execute(statement, params)
         except (psycopg.Error, PoolTimeout) as error:
-            raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {error}") from error
+            raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {redacted(str(error), self.dsn)}") from error
         service.registered(self.queue, params[1])
 
     # -- the API -------------------------------------------------------------------

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from walqueue.dsn import redacted
 from walqueue.pg.schema import channel, qualified, registration_lock_key
 
 log = logging.getLogger("walqueue.pg")
@@ -285,7 +286,8 @@ class Service:
                     last_sweep = now
                     connection.execute(self._sweep_sql)
             except psycopg.Error as error:
-                log.warning("walqueue listener on %s: %s; reconnecting", self.schema, error)
+                log.warning("walqueue listener on %s: %s; reconnecting", self.schema,
+                            redacted(str(error), self.dsn))
                 if connection is not None:
                     with contextlib.suppress(psycopg.Error):
                         connection.close()

@@ -21,7 +21,7 @@ from typing import Any
 
 from walqueue.errors import InvalidRequest
 from walqueue.worker.clock import SystemClock
-from walqueue.worker.policy import Policy, Steps, drive, exponential_backoff
+from walqueue.worker.policy import HANDLER_FAILURES, Policy, Steps, drive, exponential_backoff
 
 # How often run() wakes to run signal handlers Python has pending (see run()).
 SIGNAL_CHECK_SECONDS = 0.1
@@ -36,7 +36,15 @@ class Worker(Policy):
     path as ``client`` means a ``walqueue.client.Client``. Raises
     InvalidRequest for a bad option, and for a coroutine function as the
     handler (run those on ``walqueue.aio.Worker``).
+
+    A handler's ``SystemExit`` and ``KeyboardInterrupt`` fail its task like
+    any exception (released with back-off, logged; the Worker goes on).
+    Python raises a Ctrl-C only in the main thread and handlers run in slot
+    threads, so a KeyboardInterrupt there is the handler's own; a Ctrl-C
+    reaches ``run()`` instead.
     """
+
+    handler_failures = (*HANDLER_FAILURES, KeyboardInterrupt)
 
     def _check_handler(self, handler: Callable) -> None:
         if inspect.iscoroutinefunction(handler):
@@ -55,8 +63,9 @@ class Worker(Policy):
         """Process tasks until ``stop()`` or ``max_tasks``; returns how many were taken in hand.
 
         Re-raises what ended a slot (e.g. ``QueueClosed`` once the client was
-        closed). A KeyboardInterrupt stops the Worker and is re-raised at once;
-        the slot threads are daemon threads and finish their tasks meanwhile.
+        closed). A KeyboardInterrupt in the thread that called run() (a
+        Ctrl-C) stops the Worker and is re-raised at once; the slot threads
+        are daemon threads and finish their tasks meanwhile.
         """
         self._begin(max_tasks)
         errors: list[BaseException] = []

@@ -30,6 +30,12 @@ class Worker(Policy):
     from the event loop (e.g. ``loop.add_signal_handler(signal.SIGTERM,
     worker.stop)``). Cancelling ``run()`` cancels the handlers in hand and
     leaves their leases to expire.
+
+    A handler's ``SystemExit`` (``sys.exit()``) fails its task like any
+    exception. A ``KeyboardInterrupt`` does not: handlers run on the event
+    loop's thread, normally the main one, where a Ctrl-C arrives as one (with
+    no SIGINT handler, or asyncio.run's second Ctrl-C), so it ends ``run()``
+    as before and the leases in hand expire.
     """
 
     def _client_for_path(self, path: str | os.PathLike, worker: str) -> Any:

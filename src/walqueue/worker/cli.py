@@ -27,13 +27,14 @@ import click
 
 import walqueue
 from walqueue import display
-from walqueue.errors import Unavailable
+from walqueue.backend import is_postgres_target
+from walqueue.dsn import redacted
+from walqueue.errors import InvalidRequest, Unavailable
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 log = logging.getLogger("walqueue.worker")
 
@@ -43,6 +44,14 @@ class Unreachable(click.ClickException):
 
     exit_code = EXIT_UNAVAILABLE
 
+    def __init__(self, target: str, error: BaseException) -> None:
+        super().__init__(f"cannot reach {shown(target)}: {redacted(str(error), target)}")
+
+
+def shown(target: str) -> str:
+    """TARGET as the log and messages show it: without a DSN's password (SPEC §8b), escaped."""
+    return display.name(redacted(target))
+
 EPILOG = """\b
 Exit codes:
   0  stopped by SIGTERM or SIGINT (tasks in hand finished, or released at
@@ -50,12 +59,18 @@ Exit codes:
   1  failure: the Worker ended on an error it does not retry (logged)
   2  usage: a bad option, or a handler that cannot be imported or called
   3  the service (walqueued, PostgreSQL) could not be reached at start
+A handler's sys.exit(N) is never the worker's exit code: it fails the task.
 
 \b
 Examples:
   walqueue-worker /run/walqueue/orders/walqueued.sock myapp.tasks:send_email --concurrency 4
   walqueue-worker var/walqueue jobs:handle --max-tasks 100
   walqueue-worker postgresql://worker@db/app jobs:handle --queue orders
+
+\b
+Give a PostgreSQL password in ~/.pgpass, PGPASSFILE or PGPASSWORD, not in
+TARGET: other users of the host can read a command line. Where TARGET holds
+one anyway, the worker shows it as ***.
 """
 
 
@@ -94,7 +109,7 @@ def is_async(handler: Callable) -> bool:
 
 def open_client(target: str, *, name: str, queue: str | None, asynchronous: bool) -> Any:
     """The client for TARGET: the asyncio one for an async handler."""
-    if target.startswith(POSTGRES_SCHEMES):
+    if is_postgres_target(target):   # SPEC §9's one rule: a URL or a key=value DSN
         options = {} if queue is None else {"queue": queue}
         if not asynchronous:
             return walqueue.connect(target, **options)
@@ -143,9 +158,9 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
     idempotent: delivery is at-least-once. An `async def` handler runs on
     the asyncio Worker.
 
-    A handler that returns acks the task; one that raises releases it with a
-    delay of 1, 2, 4, ... seconds (capped at 300) until it runs out of
-    attempts and is dead. SIGTERM or SIGINT stops reserving; the tasks in
+    A handler that returns acks the task; one that raises (SystemExit from
+    sys.exit() too) releases it with a delay of 1, 2, 4, ... seconds (capped
+    at 300) until it runs out of attempts and is dead; the worker goes on. SIGTERM or SIGINT stops reserving; the tasks in
     hand finish, or are released at --stop-timeout.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -155,7 +170,9 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
     try:
         client = open_client(target, name=name, queue=queue, asynchronous=asynchronous)
     except Unavailable as exc:
-        raise Unreachable(f"cannot reach {target}: {exc}") from exc
+        raise Unreachable(target, exc) from exc
+    except InvalidRequest as exc:  # a DSN libpq cannot parse, a bad --queue name
+        raise click.UsageError(redacted(str(exc), target)) from None
     options = {"lease_seconds": lease_seconds, "wait": wait_seconds, "concurrency": concurrency,
                "stop_timeout_seconds": stop_timeout_seconds}
     runner = run_async if asynchronous else run_threads
@@ -163,7 +180,7 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
 
 
 def _started(target: str, name: str, handler: Callable, options: dict) -> None:
-    log.info("worker %s: serving %s with %s (%s), concurrency %d", display.name(name), display.name(target),
+    log.info("worker %s: serving %s with %s (%s), concurrency %d", display.name(name), shown(target),
              display.name(getattr(handler, "__qualname__", repr(handler))),
              "asyncio" if is_async(handler) else "threads", options["concurrency"])
 
@@ -174,10 +191,10 @@ def _stopping(worker: Any, signal_number: int) -> None:
     worker.stop()
 
 
-def _ended(worker: Any, handled: int | None, error: BaseException | None) -> int:
+def _ended(worker: Any, handled: int | None, error: BaseException | None, target: str) -> int:
     if error is not None:
-        log.error("worker %s stopped on an error: %s: %s", display.name(worker.worker), type(error).__name__, error,
-                  exc_info=error)
+        log.error("worker %s stopped on an error: %s: %s", display.name(worker.worker), type(error).__name__,
+                  redacted(str(error), target), exc_info=error)
         return EXIT_FAILURE
     log.info("worker %s stopped: %d task(s) taken, %d done, %d failed", display.name(worker.worker), handled,
              worker.processed, worker.failed)
@@ -192,7 +209,7 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
         client.stats()  # fail fast (exit 3) if nothing answers at TARGET
     except Unavailable as exc:
         client.close()
-        raise Unreachable(f"cannot reach {target}: {exc}") from exc
+        raise Unreachable(target, exc) from exc
     worker = Worker(client, name, handler, **options)
     # Worker.run() waits in timed joins, so stop() runs in the handler soon whichever thread got the signal.
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -201,10 +218,10 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
     try:
         handled = worker.run(max_tasks=max_tasks)
     except Exception as exc:
-        return _ended(worker, None, exc)
+        return _ended(worker, None, exc, target)
     finally:
         client.close()
-    return _ended(worker, handled, None)
+    return _ended(worker, handled, None, target)
 
 
 def run_async(client: Any, name: str, handler: Callable, options: dict, *, target: str,
@@ -216,7 +233,7 @@ def run_async(client: Any, name: str, handler: Callable, options: dict, *, targe
             try:
                 await client.stats()
             except Unavailable as exc:
-                raise Unreachable(f"cannot reach {target}: {exc}") from exc
+                raise Unreachable(target, exc) from exc
             worker = Worker(client, name, handler, **options)
             loop = asyncio.get_running_loop()
             for number in (signal.SIGTERM, signal.SIGINT):
@@ -225,8 +242,8 @@ def run_async(client: Any, name: str, handler: Callable, options: dict, *, targe
             try:
                 handled = await worker.run(max_tasks=max_tasks)
             except Exception as exc:
-                return _ended(worker, None, exc)
-            return _ended(worker, handled, None)
+                return _ended(worker, None, exc, target)
+            return _ended(worker, handled, None, target)
         finally:
             await client.close()
 

@@ -28,7 +28,13 @@ What a Worker does
    may wait and fetch for the waiting slots too, else it asks for one task
    without waiting. On an exception, release the task with ``backoff(attempts)``
    seconds of delay, then look the task up to log whether it is due again or
-   dead (the lease does not carry ``max_attempts``).
+   dead (the lease does not carry ``max_attempts``). "An exception" is what
+   ``HANDLER_FAILURES`` names: any ``Exception``, and ``SystemExit`` too, so
+   a handler's ``sys.exit(3)`` fails its task rather than ending the Worker
+   (and walqueue-worker with 3, its "unreachable" code). The thread Worker
+   adds ``KeyboardInterrupt`` (see ``walqueue.worker.Worker``); the asyncio
+   Worker lets it end ``run()``, as a Ctrl-C. ``CancelledError`` and
+   ``GeneratorExit`` are never a failure.
 4. An ack or release whose answer was lost (``Unavailable``, or
    ``QueueClosed`` from the service) is sent again, up to ``FINISH_ATTEMPTS``
    attempts ``RECONNECT_PAUSE_SECONDS`` apart. A ``StaleLease`` answering such
@@ -116,6 +122,9 @@ LOST_ANSWER = (Unavailable, QueueClosed)
 Step = Callable[[], Any]
 Steps = Generator[Step, Any, Any]
 
+# What a handler may raise and fail only its task (the thread Worker adds KeyboardInterrupt).
+HANDLER_FAILURES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
 
 def exponential_backoff(attempts: int) -> int:
     """Seconds before a failed task is due again: 1, 2, 4, ... capped at 300."""
@@ -190,8 +199,11 @@ class Policy:
     subclass's real one by default). Raises InvalidRequest for a bad option.
 
     Subclasses add ``run()`` and define ``_client_for_path`` and
-    ``_default_clock``, and may refuse handlers in ``_check_handler``.
+    ``_default_clock``, and may refuse handlers in ``_check_handler`` or
+    widen ``handler_failures``.
     """
+
+    handler_failures: tuple[type[BaseException], ...] = HANDLER_FAILURES
 
     def __init__(
         self,
@@ -411,7 +423,7 @@ class Policy:
             if inspect.isawaitable(outcome):  # only the thread Worker sees one: it cannot await it
                 _discard(outcome)
                 raise TypeError("the handler returned an awaitable; run async handlers on walqueue.aio.Worker")
-        except Exception as failure:
+        except self.handler_failures as failure:
             if (yield from self._let_go(held)):
                 yield from self._failed(lease, failure)
             return []
@@ -450,7 +462,7 @@ class Policy:
         _log_acked(lease, seconds, None)
         return leases
 
-    def _failed(self, lease: Lease, failure: Exception) -> Steps:
+    def _failed(self, lease: Lease, failure: BaseException) -> Steps:
         with self._state:
             self.failed += 1
         delay = self.backoff(lease.attempts)
@@ -461,9 +473,11 @@ class Policy:
             outcome = f"the lease was lost before the release ({_describe_stale(error)})"
         else:
             outcome = f"not released ({error}): it is due again when its lease expires"
+        # sys.exit() is str()'d to "" (no status) or the status itself: show the status, None included.
+        message = str(failure.code) if isinstance(failure, SystemExit) else str(failure)
         log.warning("task %s generation %d attempt %d: the handler raised %s: %s; %s",
                     display.name(lease.task_id), lease.generation, lease.attempts, type(failure).__name__,
-                    display.text(str(failure)), outcome, exc_info=failure)
+                    display.text(message), outcome, exc_info=failure)
 
     def _look_up(self, lease: Lease) -> Generator[Step, Any, TaskView | None]:
         try:
