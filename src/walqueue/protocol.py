@@ -898,7 +898,7 @@ def _payloads(request: Put | PutMany) -> list[dict[str, Any]]:
     return list({item.task_id: item.payload for item in reversed(request.requests)}.values())
 
 
-def costly_put_refusal(request: Request, body: bytes, *, walked: bool) -> str | None:
+def costly_put_refusal(request: Request, body: bytes, *, walked: bool, sized: bool = False) -> str | None:
     """Why a put or put_many the library would refuse is refused now, before anything costs
     a step per value, or None.
 
@@ -907,11 +907,12 @@ def costly_put_refusal(request: Request, body: bytes, *, walked: bool) -> str | 
     when the body is about to be ``walked`` for duplicate keys, its payloads
     hold more objects and arrays than validation allows (counted as the
     library counts them; the library applies the same rule to every request).
+    ``sized``: its size was checked already.
     """
     kind = type(request)
     if kind is not Put and kind is not PutMany:
         return None
-    if len(body) > MIN_OVERSIZED_BODY_BYTES:
+    if not sized and len(body) > MIN_OVERSIZED_BODY_BYTES:
         payloads = _payloads(request)
         try:
             encoded = len(_json_encoder.encode(payloads)) - len(payloads) - 1  # "[", "]" and commas
@@ -952,8 +953,10 @@ def decode_request(body: bytes) -> Request:
         # msgspec raises RecursionError for deeply nested input: still the
         # peer's fault, never the daemon's end.
         raise ProtocolError(f"undecodable request: {exc}", _peek_id(body)) from exc
+    if (refusal := costly_put_refusal(request, body, walked=False)) is not None:
+        raise RequestRefused(refusal, request.id)
     walked = _encoder.encode(request) != body
-    if (refusal := costly_put_refusal(request, body, walked=walked)) is not None:
+    if walked and (refusal := costly_put_refusal(request, body, walked=True, sized=True)) is not None:
         raise RequestRefused(refusal, request.id)
     if walked and (duplicate := duplicate_key(body)) is not None:
         where, key = duplicate
