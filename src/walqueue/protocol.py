@@ -563,6 +563,7 @@ class FrameReader:
         self._counted_bytes = 0  # of the body in progress, the bytes whose headers were counted
         self._counted_headers = 0  # the container headers among them
         self._skipping_bytes = 0  # what is left of a refused body, discarded as it arrives
+        self.frames_done = 0  # frames read or refused: the frame in progress is number frames_done
 
     def pending_length(self) -> int | None:
         """The length of the frame being received, once its 4-byte prefix is in."""
@@ -611,6 +612,7 @@ class FrameReader:
         body = bytes(self._buffer[LENGTH_PREFIX_BYTES:end])
         del self._buffer[:end]
         self._peeked, self._counted_bytes, self._counted_headers = False, 0, 0
+        self.frames_done += 1
         return body
 
     def _check_request_bounds(self, length: int, available: int) -> None:
@@ -635,6 +637,7 @@ class FrameReader:
         del self._buffer[:available]
         self._skipping_bytes = LENGTH_PREFIX_BYTES + length - available
         self._peeked, self._counted_bytes, self._counted_headers = False, 0, 0
+        self.frames_done += 1
         raise RequestRefused(refusal, request_id)
 
     def _prefix(self) -> bytes:

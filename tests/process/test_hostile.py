@@ -713,6 +713,43 @@ def test_idle_half_sent_frames_cannot_block_a_bystander_s_large_put_many(make_da
             sock.close()
 
 
+@pytest.mark.parametrize("chained", [3, 6])
+def test_chained_frame_deadlines_cannot_starve_a_bystander_s_large_put_many(make_daemon, chained):
+    # Issue 20 item 4: K near-empty 17 MiB frames, filler to the 256 MiB budget,
+    # one more byte on each but the first. A waiting frame's deadline once
+    # stopped and started afresh when it could read, so the K frames took
+    # their 27 s in turn: the bystander's 1.5 MB put_many waited 67.7 s (K=3)
+    # and 148.6 s (K=6). Admitted within 5 s whatever K.
+    daemon = make_daemon()
+    held: list[socket.socket] = []
+    try:
+        chain = []
+        for _ in range(chained):
+            sock = greeted(daemon.socket_path)
+            sock.sendall(struct.pack(">I", p.MAX_BODY_BYTES) + b"\x85")
+            chain.append(sock)
+        held += chain
+        filler = struct.pack(">I", p.MAX_BODY_BYTES) + bytes(p.MAX_BODY_BYTES - 1)  # all but the last byte
+        for _ in range(-(-256 * MIB // len(filler))):  # to the budget, and past it
+            sock = greeted(daemon.socket_path)
+            held.append(sock)
+            send_until_blocked(sock, filler, 10)  # the last may wait for room
+        for sock in chain[1:]:
+            sock.sendall(b"\x00")
+        requests = [{"task_id": f"big-{index:05d}", "payload": {"pad": "x" * 60}} for index in range(15_000)]
+        with Client(daemon.socket_path, timeout=60, retry_seconds=0) as bystander:
+            bystander.stats()
+            started = time.monotonic()
+            assert len(bystander.put_many(requests)) == 15_000
+            elapsed = time.monotonic() - started
+        print(f"{chained} chained frames: the bystander's put_many took {elapsed:.2f} s")
+        assert elapsed < 5.0, f"the bystander's put_many took {elapsed:.1f} s with {chained} chained frames"
+    finally:
+        for sock in held:
+            sock.close()
+    assert daemon.terminate() == 0
+
+
 # -- a directory a restart cannot fix (issue 12 item 8) ------------------------------------
 
 

@@ -288,3 +288,80 @@ def test_reading_is_bounded_per_turn_and_what_was_left_unread_goes_first_next_tu
     assert all(len(turn) <= 3 for turn in busy), [len(turn) for turn in busy]  # 0.25 s of 0.1 s reads
     first_turn = set(busy[0])
     assert set(busy[1][:8 - len(first_turn)]).isdisjoint(first_turn), "the unread go first"
+
+
+# -- chained frame deadlines (issue 20 item 4) ------------------------------------------------
+
+
+def fed(loop, sock: socket.socket, data: bytes | memoryview, max_turns: int = 400,
+        *, whole: bool = True) -> memoryview:
+    """Send ``data`` on a non-blocking socket, running turns while the kernel's buffer is full;
+    what was not taken in ``max_turns`` (an error if ``whole``)."""
+    view = memoryview(data)
+    for _ in range(max_turns):
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            pass
+        if not view:
+            break
+        loop.one_turn()
+    assert not (whole and view), f"{len(view)} bytes not taken in {max_turns} turns"
+    return view
+
+
+@pytest.mark.parametrize("chained", [3, 6, 12])
+def test_frames_far_from_done_cannot_chain_their_deadlines_to_starve_one_nearly_done(served, chained):  # noqa: F811
+    # Once a waiting frame's deadline stopped, and started afresh when it could
+    # read: K near-empty 17 MiB frames, filler to the budget, one more byte on
+    # each but the first, and a bystander's 1.5 MB put_many waited K x ~25 s.
+    from walqueue.daemon.connection import (
+        FRAME_GRACE_SECONDS,
+        LARGE_FRAME_BYTES,
+        MIN_FRAME_BYTES_PER_SECOND,
+        OVERDRAFT_BYTES,
+        RESERVED_BYTES_PER_SECOND,
+        RESERVED_GRACE_SECONDS,
+        InputBudget,
+    )
+
+    loop, clock, connect = served
+    loop.max_connections = 64
+    loop.input_budget = InputBudget(max_bytes=3 * LARGE_FRAME_BYTES)
+    chain = [connect() for _ in range(chained)]
+    for conn in chain:
+        conn.sock.sendall(struct.pack(">I", p.MAX_BODY_BYTES) + b"\x85")
+    loop.one_turn()
+    fillers = [connect() for _ in range(3)]
+    for conn in fillers:  # all but their last byte: the budget is full
+        fed(loop, conn.sock, struct.pack(">I", LARGE_FRAME_BYTES) + bytes(LARGE_FRAME_BYTES - 1))
+    for _ in range(5):
+        loop.one_turn()
+    assert loop.input_budget.admitted_total >= loop.input_budget.max_bytes
+    for conn in chain[1:]:
+        conn.sock.sendall(b"\x00")
+    loop.one_turn()
+    bystander = connect()
+    items = [p.PutItem(task_id=f"big-{index:05d}", payload={"pad": "x" * 60}) for index in range(15_000)]
+    request = p.encode(p.PutMany(id=9, requests=items))
+    assert len(request) > LARGE_FRAME_BYTES
+    rest = fed(loop, bystander.sock, request, max_turns=20, whole=False)
+    assert rest, "the bystander waits for room"
+    # A frame of the chain that waited first was given room to complete, the whole
+    # overdraft; unused, it is taken back, and the bystander lacks less than any
+    # frame of the chain: whatever their number, it waits that long once.
+    clock.advance(RESERVED_GRACE_SECONDS + OVERDRAFT_BYTES / RESERVED_BYTES_PER_SECOND)
+    fed(loop, bystander.sock, rest)
+    answer = bystander.answer(9)
+    assert isinstance(answer, p.TaskIds) and len(answer.task_ids) == 15_000, answer
+    (holder,) = [index for index, conn in enumerate(chain) if conn.has_answer(None)]
+    cut = chain[holder].answer(None)
+    assert cut.fatal and "given room to complete while others waited" in cut.message, cut
+    # One deadline each from its length prefix, waiting included: all the rest of
+    # the chain is cut at the same moment, not one after another.
+    clock.advance(FRAME_GRACE_SECONDS + p.MAX_BODY_BYTES / MIN_FRAME_BYTES_PER_SECOND)
+    loop.one_turn()
+    for conn in chain[:holder] + chain[holder + 1:]:
+        error = conn.answer(None)
+        assert error.fatal and "not received in time" in error.message, error
+    assert loop.input_budget.admitted_total == 0 and not loop.input_budget.waiting

@@ -352,10 +352,9 @@ class Loop:
             self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
         if self.input_budget.waiting:
-            for conn in list(self.input_budget.waiting):
-                if self.input_budget.admit(conn):
-                    self.frame_deadlines.track(conn, clock.monotonic_seconds())
-                    self._touched.add(conn)
+            for conn in self.input_budget.grant(clock.monotonic_seconds()):
+                self.frame_deadlines.track(conn, clock.monotonic_seconds())
+                self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
             conn.peer_open_at_poll = None  # what the poll saw holds for its turn only
@@ -393,8 +392,9 @@ class Loop:
         """Close connections whose frame in progress is past its deadline, saying why."""
         for conn in self.frame_deadlines.expired(self.clock.monotonic_seconds()):
             if not conn.closing:
+                message = late_frame_message(conn)
                 self.input_budget.release(conn)  # what it sent holds no room any more
-                self._fatal(conn, None, late_frame_message(conn))
+                self._fatal(conn, None, message)
 
     def _may_free(self) -> bool:
         """Deleted files are freed only while no snapshot child writes: one big I/O job at a time
