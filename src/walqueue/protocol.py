@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ from walqueue import (
     TaskView,
     WalQueueError,
 )
+from walqueue.validation import Containers, count_containers
 from walqueue.values import BackupManifest
 
 PROTOCOL_VERSION = 1  # the first version: every daemon speaks it, and clients fall back to it last
@@ -561,6 +563,7 @@ class FrameReader:
         self._counted_bytes = 0  # of the body in progress, the bytes whose headers were counted
         self._counted_headers = 0  # the container headers among them
         self._skipping_bytes = 0  # what is left of a refused body, discarded as it arrives
+        self.frames_done = 0  # frames read or refused: the frame in progress is number frames_done
 
     def pending_length(self) -> int | None:
         """The length of the frame being received, once its 4-byte prefix is in."""
@@ -609,6 +612,7 @@ class FrameReader:
         body = bytes(self._buffer[LENGTH_PREFIX_BYTES:end])
         del self._buffer[:end]
         self._peeked, self._counted_bytes, self._counted_headers = False, 0, 0
+        self.frames_done += 1
         return body
 
     def _check_request_bounds(self, length: int, available: int) -> None:
@@ -633,6 +637,7 @@ class FrameReader:
         del self._buffer[:available]
         self._skipping_bytes = LENGTH_PREFIX_BYTES + length - available
         self._peeked, self._counted_bytes, self._counted_headers = False, 0, 0
+        self.frames_done += 1
         raise RequestRefused(refusal, request_id)
 
     def _prefix(self) -> bytes:
@@ -767,51 +772,172 @@ def _header(body: bytes, offset: int) -> tuple[str, Any, int]:
     return "scalar", value, end
 
 
+# For the duplicate-key walk: the whole size of a msgpack value of fixed size by its first
+# byte (0 for a map, an array, a string, bin or ext whose length follows, and the invalid 0xc1);
+# the (length bytes, type bytes) that follow the first byte of a string, bin or ext; and a run of
+# one-byte values (fixints, nil, booleans, the empty string), stepped over at once in an array.
+_FIXED_SIZES = [0] * 256
+for _byte in (*range(0x00, 0x80), *range(0xE0, 0x100), 0xC0, 0xC2, 0xC3):
+    _FIXED_SIZES[_byte] = 1
+for _byte in range(0xA0, 0xC0):
+    _FIXED_SIZES[_byte] = 1 + (_byte & 0x1F)
+for _byte, _size in ((0xCC, 2), (0xCD, 3), (0xCE, 5), (0xCF, 9), (0xD0, 2), (0xD1, 3), (0xD2, 5),
+                     (0xD3, 9), (0xCA, 5), (0xCB, 9), (0xD4, 3), (0xD5, 4), (0xD6, 6), (0xD7, 10),
+                     (0xD8, 18)):
+    _FIXED_SIZES[_byte] = _size
+_VARIABLE_SIZES = {0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0), 0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0),
+                   0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1)}
+_ONE_BYTE_VALUES = re.compile(rb"[\x00-\x7f\xa0\xc0\xc2\xc3\xe0-\xff]+")
+
+
+def _after_variable(body: bytes, offset: int, first: int) -> int:
+    """The offset after the string, bin or ext at ``offset`` (its first byte ``first``)."""
+    length_bytes, type_bytes = _VARIABLE_SIZES[first]
+    start = offset + 1 + length_bytes
+    return start + type_bytes + int.from_bytes(body[offset + 1:start], "big")
+
+
+def _container(body: bytes, offset: int, first: int) -> tuple[bool, int, int] | None:
+    """(is a map, entries, offset of the first entry) if a map or an array starts at ``offset``."""
+    if 0x80 <= first <= 0x9F:
+        return first < 0x90, first & 0x0F, offset + 1
+    if first in (0xDC, 0xDD, 0xDE, 0xDF):
+        size = 2 if first in (0xDC, 0xDE) else 4
+        return first >= 0xDE, int.from_bytes(body[offset + 1:offset + 1 + size], "big"), offset + 1 + size
+    return None
+
+
 def duplicate_key(body: bytes) -> tuple[str, Any] | None:
     """(where, key) for the first map in the msgpack ``body`` with a key twice, or None.
 
     ``where`` is "the request" for the top-level map, else its path, such as
     ``request['payload']['a']``.
 
-    A walk over every value, in Python: the slow path, taken only when the
-    cheap signal in `decode_request` says the body may hold one.
+    A walk over the body, in Python: the slow path, taken only when the cheap
+    signal in `decode_request` says the body may hold one. Scalars are stepped
+    over by a table of sizes, without a frame each, and a run of one-byte
+    values in an array at once: 16.7M small integers cost one regular
+    expression match, not 16.7M steps (issue 20 item 3: the walk once took
+    15 s over such a body).
     """
-    # One frame per open map or array: [values left, keys seen (a map) or None, label in parent, index].
+    fixed, variable, one_byte_run = _FIXED_SIZES, _VARIABLE_SIZES, _ONE_BYTE_VALUES.match
+    # One frame per open map or array: [entries left, keys seen (a map) or None, label in
+    # parent, entries in all]; an entry of a map is a key and its value.
     stack: list[list] = []
     offset = 0
+    label: Any = None  # of the value at offset, in its parent
     try:
         while True:
-            while stack and stack[-1][0] == 0:
-                stack.pop()
-            if offset and not stack:
-                return None
-            label: Any = None
-            if stack:
+            first = body[offset]
+            opened = _container(body, offset, first)
+            if opened is None:
+                raise ValueError("the request is not a map")  # only at the top: see below
+            is_map, count, offset = opened
+            stack.append([count, set() if is_map else None, label, count])
+            # Walk the innermost open container until it opens another one (which the
+            # outer loop pushes) or ends (and is popped, its parent walked on).
+            while stack:
                 frame = stack[-1]
-                frame[0] -= 1
-                if frame[1] is not None:
-                    if frame[3] % 2 == 0:  # a key
-                        kind, key, offset = _header(body, offset)
-                        frame[3] += 1
-                        if kind != "scalar":
-                            raise ValueError("a map or array as a key")
-                        if key in frame[1]:
+                left, keys = frame[0], frame[1]
+                opened_child = False
+                while left:
+                    if keys is not None:  # a key, then its value
+                        first = body[offset]
+                        if 0xA0 <= first <= 0xBF:
+                            end = offset + 1 + (first & 0x1F)
+                            key: Any = body[offset + 1:end].decode("utf-8", "replace")
+                        else:
+                            kind, key, end = _header(body, offset)
+                            if kind != "scalar":
+                                raise ValueError("a map or array as a key")
+                        offset = end
+                        if key in keys:
                             path = "".join(f"[{item[2]!r}]" for item in stack[1:])
                             return ("the request" if len(stack) == 1 else "request" + path), key
-                        frame[1].add(key)
-                        frame[4] = key  # the label of the value that follows
-                        continue
-                    label = frame[4]
-                else:
-                    label = frame[3]
-                frame[3] += 1
-            kind, count, offset = _header(body, offset)
-            if kind == "map":
-                stack.append([2 * count, set(), label, 0, None])
-            elif kind == "array":
-                stack.append([count, None, label, 0, None])
+                        keys.add(key)
+                    first = body[offset]
+                    size = fixed[first]
+                    if size == 1 and keys is None:
+                        run = min(one_byte_run(body, offset).end() - offset, left)
+                        offset += run
+                        left -= run
+                    elif size:
+                        offset += size
+                        left -= 1
+                    elif first in variable:
+                        offset = _after_variable(body, offset, first)
+                        left -= 1
+                    else:
+                        label = key if keys is not None else frame[3] - left
+                        left -= 1
+                        opened_child = True
+                        break
+                frame[0] = left
+                if opened_child:
+                    break
+                stack.pop()
+            if not stack:
+                return None
     except (ValueError, IndexError):
         return None  # not msgpack after all: msgspec decided otherwise, and is the judge
+
+
+# The library's JSON (canonical: sorted keys, no spaces) and msgspec's JSON of one value
+# differ only in key order, which costs no byte, and in how a float is written: each
+# takes 3 to 24 characters either way. So msgspec's length, less this much per float,
+# is a lower bound of the library's, found at C speed.
+MAX_FLOAT_JSON_CHARS = 24
+_NOT_FLOAT_HEADERS = bytes(byte for byte in range(256) if byte not in (0xCA, 0xCB))
+# JSON takes at most six bytes for one byte of msgpack (0xc2 is "false,", a control
+# character in a string "\u0001"): a shorter body cannot carry payloads too big for one frame.
+MIN_OVERSIZED_BODY_BYTES = MAX_FRAME_BYTES // 6
+_json_encoder = msgspec.json.Encoder()
+
+
+def _payloads(request: Put | PutMany) -> list[dict[str, Any]]:
+    """The payloads a put or put_many could write, one per task id (identical duplicates collapse)."""
+    if type(request) is Put:
+        return [request.payload]
+    return list({item.task_id: item.payload for item in reversed(request.requests)}.values())
+
+
+def costly_put_refusal(request: Request, body: bytes, *, walked: bool, sized: bool = False) -> str | None:
+    """Why a put or put_many the library would refuse is refused now, before anything costs
+    a step per value, or None.
+
+    Its payloads' JSON cannot fit one WAL frame (msgspec's JSON, at C speed:
+    once six 17 MB puts of 16.7M one-byte integers took 12 s to refuse), or,
+    when the body is about to be ``walked`` for duplicate keys, its payloads
+    hold more objects and arrays than validation allows (counted as the
+    library counts them; the library applies the same rule to every request).
+    ``sized``: its size was checked already.
+    """
+    kind = type(request)
+    if kind is not Put and kind is not PutMany:
+        return None
+    if not sized and len(body) > MIN_OVERSIZED_BODY_BYTES:
+        payloads = _payloads(request)
+        try:
+            encoded = len(_json_encoder.encode(payloads)) - len(payloads) - 1  # "[", "]" and commas
+        except (msgspec.EncodeError, TypeError, ValueError, OverflowError, RecursionError):
+            encoded = 0  # not JSON: the library says what is wrong
+        floats = len(body.translate(None, _NOT_FLOAT_HEADERS))
+        at_least = encoded - MAX_FLOAT_JSON_CHARS * floats
+        if at_least > MAX_FRAME_BYTES:
+            return (f"{kind.__struct_config__.tag} of {len(body)} bytes refused "
+                    f"before validating: its payloads take at least {at_least} bytes of JSON, and one "
+                    f"transaction is one WAL frame of at most {MAX_FRAME_BYTES} bytes")
+    if walked:
+        containers = Containers()
+        for index, payload in enumerate(_payloads(request) if kind is Put else
+                                        [item.payload for item in request.requests]):
+            limit = containers.limit()
+            count = count_containers(payload, limit)
+            if count > limit:
+                field = "payload" if kind is Put else f"requests[{index}].payload"
+                return f"{containers.refusal(field)} (refused before validating)"
+            containers.spend(count)
+    return None
 
 
 def decode_request(body: bytes) -> Request:
@@ -821,6 +947,8 @@ def decode_request(body: bytes) -> Request:
     key twice is refused instead (RequestRefused). The cheap signal: this
     package's clients send exactly what msgspec encodes for the decoded
     request, so only a body that differs from its re-encoding is walked.
+    Before that walk, a put the library would refuse for its size or its
+    objects and arrays is refused cheaply (`costly_put_refusal`).
     """
     try:
         request = _request_decoder.decode(body)
@@ -828,7 +956,12 @@ def decode_request(body: bytes) -> Request:
         # msgspec raises RecursionError for deeply nested input: still the
         # peer's fault, never the daemon's end.
         raise ProtocolError(f"undecodable request: {exc}", _peek_id(body)) from exc
-    if _encoder.encode(request) != body and (duplicate := duplicate_key(body)) is not None:
+    if (refusal := costly_put_refusal(request, body, walked=False)) is not None:
+        raise RequestRefused(refusal, request.id)
+    walked = _encoder.encode(request) != body
+    if walked and (refusal := costly_put_refusal(request, body, walked=True, sized=True)) is not None:
+        raise RequestRefused(refusal, request.id)
+    if walked and (duplicate := duplicate_key(body)) is not None:
         where, key = duplicate
         raise RequestRefused(f"key {key!r} appears twice in {where}: a map must not repeat a key "
                              f"(the last one would silently win)", request.id)

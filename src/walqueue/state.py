@@ -37,7 +37,13 @@ Two figures for monitoring (the daemon's metrics), kept without a clock:
     the longest-waiting ready task is found in amortized O(1);
   - each leased task remembers `lease_start`, the `now` of the reserve or
     touch that set its deadline (None for a lease loaded from a snapshot,
-    whose format does not carry it).
+    whose format does not carry it). `_halves` is a heap of (lease_start +
+    deadline, task_id), twice each lease's middle, and `_past_half` the ids
+    of the leases found at or past their middle by the last count: a count
+    at a `now` no earlier than the last one moves only the leases that
+    reached their middle since, so a report costs amortized O(1), not
+    O(leases) (once 1,024 pipelined reports over 100k leases took one
+    39.8 s loop turn).
 Both are set by the records themselves, so recovery rebuilds them exactly as
 serving built them.
 """
@@ -149,6 +155,9 @@ class State:
         # those found delayed when they reached the head, by available_at.
         self._ready_fifo: deque[int | str] = deque()
         self._delayed: list[tuple[int, int, str]] = []
+        self._halves: list[tuple[int, str]] = []
+        self._past_half: set[str] = set()
+        self._half_cursor = -1  # 2 * the `now` of the last count of leases past half
         self._last_loaded = ""  # the task id of the last snapshot entry loaded
 
     # -- queries --------------------------------------------------------
@@ -237,8 +246,26 @@ class State:
         touch's now) to the deadline; leases whose deadline has passed but
         that no reserve has reaped yet count too. Leases loaded from a
         snapshot have no known start and are not counted until touched.
-        O(leased tasks): meant for a monitoring query, not the hot path.
+        Amortized O(1) while `now` does not go back (the daemon's never
+        does): each lease joins `_past_half` once, when `_halves` reaches it.
+        A `now` earlier than the last one's is counted by a walk over every
+        lease, O(leased tasks).
         """
+        twice_now = 2 * now
+        if twice_now < self._half_cursor:
+            return self._count_past_half(now)
+        tasks, halves, past_half = self.tasks, self._halves, self._past_half
+        while halves and halves[0][0] <= twice_now:
+            twice_middle, task_id = heapq.heappop(halves)
+            task = tasks.get(task_id)
+            if (task is not None and task.status == LEASED and task.lease_start is not None
+                    and task.lease_start + task.deadline == twice_middle):
+                past_half.add(task_id)  # a duplicate entry of the same lease adds nothing
+        self._half_cursor = twice_now
+        return len(past_half)
+
+    def _count_past_half(self, now: int) -> int:
+        """leases_past_half by a walk over every lease."""
         tasks = self.tasks
         seen: set[str] = set()
         count = 0
@@ -250,6 +277,24 @@ class State:
             if task.lease_start is not None and 2 * now >= task.lease_start + deadline:
                 count += 1
         return count
+
+    def _lease_started(self, task: Task) -> None:
+        """A reserve or touch gave `task` a lease with a known start: its middle joins `_halves`."""
+        self._past_half.discard(task.task_id)
+        heapq.heappush(self._halves, (task.lease_start + task.deadline, task.task_id))
+
+    def _tidy_halves(self) -> None:
+        """Drop stale `_halves` entries once they outnumber the live leases (O(entries), amortized)."""
+        halves = self._halves
+        if len(halves) <= 2 * self.counts[LEASED] + 1024:
+            return
+        tasks, past_half = self.tasks, self._past_half
+        live = {(twice_middle, task_id) for twice_middle, task_id in halves
+                if (task := tasks.get(task_id)) is not None and task.status == LEASED
+                and task.lease_start is not None and task.lease_start + task.deadline == twice_middle
+                and task_id not in past_half}
+        halves[:] = live
+        heapq.heapify(halves)
 
     def _peek(self, heap, status, attribute, now, limit) -> list[str]:
         tasks = self.tasks
@@ -445,9 +490,11 @@ class State:
             task.deadline = deadline
             task.lease_start = now
             heapq.heappush(self._leases, (deadline, task.task_id))
+            self._lease_started(task)
         counts[READY] -= len(targets)
         counts[LEASED] += len(targets)
         self._tidy(self._leases, LEASED)
+        self._tidy_halves()
 
     def _check_ack(self, record):
         return ("ack", record, [self._current_lease(record)])
@@ -457,6 +504,7 @@ class State:
         # The task leaves the live tasks for the tombstones: stale heap and
         # FIFO entries for it find no live task and are dropped.
         identity = bytes.fromhex(task.pin_identity())
+        self._past_half.discard(task.task_id)
         del self.tasks[task.task_id]
         del self.task_id_by_key[task.key]
         self.tombstones.add(task.task_id, task.key, identity, task.attempts, task.max_attempts,
@@ -488,7 +536,9 @@ class State:
         task.deadline = record["now"] + record["lease_seconds"]
         task.lease_start = record["now"]
         heapq.heappush(self._leases, (task.deadline, task.task_id))
+        self._lease_started(task)
         self._tidy(self._leases, LEASED)
+        self._tidy_halves()
 
     def _check_revive(self, record):
         validation.integer(record["now"], "now")
@@ -570,6 +620,7 @@ class State:
         """Leased -> ready (at `seq`), or dead once attempts reach max_attempts."""
         task.worker = None
         task.deadline = None
+        self._past_half.discard(task.task_id)
         self.counts[LEASED] -= 1
         if task.attempts >= task.max_attempts:
             task.status = DEAD

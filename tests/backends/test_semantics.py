@@ -236,3 +236,22 @@ def test_two_clients_of_one_queue_see_one_queue(backend):
     assert first.reserve("w") == []
     first.ack(lease)
     assert second.get("t").status == "completed"
+
+
+def test_a_payload_or_a_request_with_too_many_objects_and_arrays_is_refused_alike(backend):
+    """Issue 20 item 6: what a payload costs in memory is bounded, not only its bytes; the
+    library's rule (docs/guarantees.md), on the daemon and on PostgreSQL alike."""
+    from walqueue.validation import MAX_PAYLOAD_CONTAINERS, MAX_REQUEST_CONTAINERS
+
+    client = backend.client()
+    # The payload itself counts: this one holds exactly the bound.
+    assert client.put("at-the-bound", {"l": [[]] * (MAX_PAYLOAD_CONTAINERS - 2)}) == "at-the-bound"
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_PAYLOAD_CONTAINERS} objects and arrays"):
+        client.put("one-more", {"l": [[]] * (MAX_PAYLOAD_CONTAINERS - 1)})
+    per_item = MAX_PAYLOAD_CONTAINERS - 2
+    items = [PutRequest(f"many-{index}", {"l": [[]] * per_item}) for index in range(11)]
+    assert 11 * (per_item + 2) > MAX_REQUEST_CONTAINERS >= 10 * (per_item + 2)
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_REQUEST_CONTAINERS}"):
+        client.put_many(items)
+    assert client.get("one-more") is None and client.get("many-0") is None
+    assert client.stats().ready == 1

@@ -36,6 +36,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+# WALQueue's decision beyond SPEC (docs/guarantees.md): objects and arrays per payload, and in
+# all the payloads of one request.
+MAX_PAYLOAD_CONTAINERS = 100_000
+MAX_REQUEST_CONTAINERS = 1_048_576
 MAX_TEXT_BYTES = 1024
 INT_LIMIT = 2**63
 MAX_LIMIT = 1000
@@ -253,10 +257,21 @@ def _plain_json(value: Any, where: str) -> Any:
     raise ModelInvalidRequest(f"{where}: not a JSON value: {value!r}")
 
 
+def _containers(value: Any) -> int:
+    """The objects and arrays in a plain JSON value, itself included."""
+    if isinstance(value, dict):
+        return 1 + sum(_containers(item) for item in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_containers(item) for item in value)
+    return 0
+
+
 def _check_payload(payload: Any, task_id: str) -> Any:
     if not isinstance(payload, Mapping):
         raise ModelInvalidRequest(f"payload of {task_id!r} must be a JSON object")
     plain = _plain_json(payload, f"payload of {task_id!r}")
+    if _containers(plain) > MAX_PAYLOAD_CONTAINERS:
+        raise ModelInvalidRequest(f"payload of {task_id!r} holds too many objects and arrays")
     # "Stored as the JSON round trip of what was given".
     return json.loads(canonical_json(plain))
 
@@ -438,6 +453,8 @@ class ReferenceQueue:
 
     def put_many(self, requests: Sequence[Any]) -> list[str]:
         puts = [_normalize_put(request) for request in list(requests)]
+        if sum(_containers(put.payload) for put in puts) > MAX_REQUEST_CONTAINERS:
+            raise ModelInvalidRequest("the payloads of this put_many hold too many objects and arrays")
         ids: list[str] = []
         new: list[_Put] = []
         new_by_key: dict[str, _Put] = {}

@@ -9,7 +9,13 @@ millions of Python objects to encode would make the sender the bottleneck):
 * ``undecodable_arrays``: a body of 17M empty arrays that decodes to no
   request (once: 1.3 GiB just to find its id);
 * ``oversized_put_many``: a 600,000-item ``put_many``, more than one WAL
-  frame can hold (once: 9.3 s to refuse).
+  frame can hold (once: 9.3 s to refuse);
+* ``ints_put``: a ``put`` whose payload is a list of ~17.8M one-byte integers,
+  35 MB of JSON, more than one WAL frame can hold (once: ~2 s each to refuse,
+  15 s when the body was not msgspec's own encoding);
+* ``million_lists_put`` (not in HOSTILE: it is refused by validation, not
+  before it): a ``put`` just under 1 MiB, the size the daemon checks before
+  decoding, holding a million empty lists (once: 20 of them held 1,462 MiB).
 
 ``python -m tests.process.hostile_requests SOCKET SECONDS`` is the bystander:
 it puts, reserves and acks in a loop for SECONDS and prints one JSON line,
@@ -59,8 +65,27 @@ def oversized_put_many(request_id: int, items: int = 600_000) -> bytes:
     return _framed(b"".join(body))
 
 
+def ints_put(request_id: int, count: int | None = None) -> bytes:
+    head = _put_head(request_id, "hostile-ints")
+    if count is None:
+        count = p.MAX_BODY_BYTES - len(head) - 5 - 64
+    return _framed(head + b"\xdd" + struct.pack(">I", count) + b"\x01" * count)
+
+
+def million_lists_put(request_id: int, task_id: str = "hostile-million-lists") -> bytes:
+    head = _put_head(request_id, task_id)
+    count = p.PEEK_MIN_BODY_BYTES - 1 - len(head) - 5
+    return _framed(head + b"\xdd" + struct.pack(">I", count) + b"\x90" * count)
+
+
+def _put_head(request_id: int, task_id: str) -> bytes:
+    """A put's body up to its payload's one value: {"type": "put", "id": .., "task_id": .., "payload": {"x": """
+    return (b"\x84" + _str("type") + _str("put") + _str("id") + msgspec.msgpack.encode(request_id)
+            + _str("task_id") + _str(task_id) + _str("payload") + b"\x81" + _str("x"))
+
+
 HOSTILE = {"empty_lists_put": empty_lists_put, "undecodable_arrays": undecodable_arrays,
-           "oversized_put_many": oversized_put_many}
+           "oversized_put_many": oversized_put_many, "ints_put": ints_put}
 
 
 def quantile(values: list[float], fraction: float) -> float:

@@ -40,20 +40,34 @@ def test_the_input_budget_counts_received_bytes_not_declared_ones():
     assert budget.admit(a_connection(LARGE_FRAME_BYTES))
 
 
-def test_a_full_budget_lets_only_the_oldest_large_frame_read_on():
-    budget = InputBudget(max_bytes=30)
-    oldest, second, small = a_connection(LARGE_FRAME_BYTES), a_connection(LARGE_FRAME_BYTES), a_connection(100)
-    assert budget.admit(oldest) and budget.admit(second)  # 14 + 14 received: room left
-    second.reader.feed(b"y" * 10)
-    assert not budget.admit(second) and second.input_waiting and second in budget.waiting
-    oldest.reader.feed(b"y" * 10)
-    assert budget.admit(oldest), "the oldest frame always reads on, so one completes"
-    assert budget.admit(small), "small frames need no room"
-    oldest.reader = protocol.FrameReader()  # its frame completed
-    assert budget.admit(oldest) and budget.admitted_total == 24
-    assert budget.admit(second) and not second.input_waiting and not budget.waiting
-    budget.release(second)
-    assert budget.admitted_total == 0
+def test_a_full_budget_lets_the_frames_nearest_completion_read_on_as_far_as_the_overdraft_goes():
+    budget = InputBudget(max_bytes=30, overdraft_bytes=LARGE_FRAME_BYTES * 5 // 2)
+    first, second, third, far = (a_connection(LARGE_FRAME_BYTES), a_connection(LARGE_FRAME_BYTES),
+                                 a_connection(LARGE_FRAME_BYTES), a_connection(protocol.MAX_BODY_BYTES))
+    assert budget.admit(far) and budget.admit(first)  # 14 + 14 received: room left
+    for conn, more in ((first, 10), (second, 20), (third, 0)):
+        conn.reader.feed(b"y" * more)
+        assert not budget.admit(conn) and conn.input_waiting, "the budget is full"
+    far.reader.feed(b"y")
+    assert not budget.admit(far)
+    assert budget.admit(a_connection(100)), "small frames need no room"
+    # The nearest completion first, while what they lack fits the overdraft (2.5 MiB):
+    # two frames lacking about 1 MiB do, the third does not, and the 17 MiB one waits.
+    ready = budget.grant(monotonic_seconds=100.0)
+    assert ready == [second, first] and budget.waiting == {third, far}
+    assert second.reserved == second.reader.wanted_bytes() == LARGE_FRAME_BYTES + 4 - 34
+    assert second.reserved_deadline_seconds == pytest.approx(
+        100.0 + connection_module.RESERVED_GRACE_SECONDS + second.reserved / connection_module.RESERVED_BYTES_PER_SECOND)
+    second.reader.feed(b"z" * 1000)
+    assert budget.admit(second), "room reserved: it reads on though the budget is full"
+    assert budget.grant(monotonic_seconds=100.5) == [], "the overdraft is taken"
+    second.reader.feed(b"z" * second.reader.wanted_bytes())  # its frame is in
+    assert second.reader.next_body() is not None and second.reader.frames_done == 1
+    assert budget.admit(second) and second.reserved == 0 and budget.reserved_total == first.reserved
+    assert budget.grant(monotonic_seconds=101.0) == [third]
+    for conn in (first, third, far):
+        budget.release(conn)
+    assert (budget.admitted_total, budget.reserved_total, budget.waiting) == (0, 0, set())
 
 
 @pytest.mark.parametrize("version, reported", [(1, ""), (2, walqueue.__version__)])

@@ -208,3 +208,160 @@ def test_closing_a_thousand_connections_with_64_waits_each_costs_each_its_own_wa
     elapsed = time.perf_counter() - started
     assert not parked and parked.head() is None and parked.next_deadline() is None
     assert elapsed < 1.0, f"dropping 64,000 waits took {elapsed:.2f} s"  # O(all) each: ~10 s here
+
+
+# -- work per turn bounded in time (issue 20 item 3) ------------------------------------------
+
+
+class PingRecorder:
+    """A Notifier that records the fake clock's reading at each watchdog ping."""
+
+    def __init__(self, clock, watchdog_seconds: float) -> None:
+        self.clock = clock
+        self.watchdog_seconds = watchdog_seconds
+        self.pings: list[float] = [clock.monotonic]
+
+    def notify(self, text: str) -> None:
+        if text == "WATCHDOG=1":
+            self.pings.append(self.clock.monotonic)
+
+
+def costly(clock, seconds: float, function):
+    """``function``, taking ``seconds`` of the fake clock at each call."""
+    def call(*args):
+        clock.advance(seconds)
+        return function(*args)
+    return call
+
+
+def test_a_flood_of_costly_requests_is_spread_over_turns_so_the_watchdog_is_pinged_between(served):  # noqa: F811
+    # Once a turn applied every request it had (up to 1,024 per connection):
+    # 1,024 pipelined reports over 100k leases took one 39.8 s turn, and the
+    # watchdog went unpinged for 64 s. Here each request costs 0.1 s.
+    loop, clock, connect = served
+    loop.notifier = PingRecorder(clock, watchdog_seconds=2.0)
+    loop._next_watchdog = clock.monotonic + 2.0
+    loop.service._handlers[p.Stats] = costly(clock, 0.1, loop.service._handlers[p.Stats])
+    flooder, bystander = connect(), connect()
+    flooder.send(*(p.Stats(id=number) for number in range(1, 201)))
+    bystander.send(p.Get(id=7, task_id="nothing"))
+    answered: list[int] = []
+    turns = 0
+    while len(answered) < 200 and turns < 1000:
+        loop.one_turn()
+        turns += 1
+        flooder._read()
+        answered += [answer.id for answer in flooder.answers]
+        flooder.answers.clear()
+        if turns == 2:
+            assert bystander.has_answer(7), "the bystander is answered in the first turns, not after the flood"
+    assert answered == list(range(1, 201)), "every request answered once, in order"
+    per_turn = (loop_module.TURN_WORK_SECONDS // 0.1) + 1
+    assert turns >= 200 / per_turn, turns
+    pings = loop.notifier.pings
+    gaps = [pings[index + 1] - pings[index] for index in range(len(pings) - 1)]
+    # A ping is due every 2 s; a turn may overrun it by its work bound plus one request.
+    assert len(gaps) >= 9 and max(gaps) <= 2.0 + loop_module.TURN_WORK_SECONDS + 0.1 + 1e-9, gaps
+
+
+def test_reading_is_bounded_per_turn_and_what_was_left_unread_goes_first_next_turn(served):  # noqa: F811
+    loop, clock, connect = served
+    clients = [connect() for _ in range(8)]
+    read: list[list] = []
+    receive = loop._receive
+
+    def timed_receive(conn, requests, monotonic_seconds):
+        read[-1].append(conn)
+        clock.advance(0.1)
+        receive(conn, requests, monotonic_seconds)
+
+    loop._receive = timed_receive
+    for number, client in enumerate(clients):
+        client.send(p.Stats(id=100 + number))
+    answered = set()
+    for _ in range(10):
+        read.append([])
+        loop.one_turn()
+        answered |= {number for number, client in enumerate(clients) if client.has_answer(100 + number)}
+    assert answered == set(range(8))
+    busy = [turn for turn in read if turn]
+    assert all(len(turn) <= 3 for turn in busy), [len(turn) for turn in busy]  # 0.25 s of 0.1 s reads
+    first_turn = set(busy[0])
+    assert set(busy[1][:8 - len(first_turn)]).isdisjoint(first_turn), "the unread go first"
+
+
+# -- chained frame deadlines (issue 20 item 4) ------------------------------------------------
+
+
+def fed(loop, sock: socket.socket, data: bytes | memoryview, max_turns: int = 400,
+        *, whole: bool = True) -> memoryview:
+    """Send ``data`` on a non-blocking socket, running turns while the kernel's buffer is full;
+    what was not taken in ``max_turns`` (an error if ``whole``)."""
+    view = memoryview(data)
+    for _ in range(max_turns):
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            pass
+        if not view:
+            break
+        loop.one_turn()
+    assert not (whole and view), f"{len(view)} bytes not taken in {max_turns} turns"
+    return view
+
+
+@pytest.mark.parametrize("chained", [3, 6, 12])
+def test_frames_far_from_done_cannot_chain_their_deadlines_to_starve_one_nearly_done(served, chained):  # noqa: F811
+    # Once a waiting frame's deadline stopped, and started afresh when it could
+    # read: K near-empty 17 MiB frames, filler to the budget, one more byte on
+    # each but the first, and a bystander's 1.5 MB put_many waited K x ~25 s.
+    from walqueue.daemon.connection import (
+        FRAME_GRACE_SECONDS,
+        LARGE_FRAME_BYTES,
+        MIN_FRAME_BYTES_PER_SECOND,
+        OVERDRAFT_BYTES,
+        RESERVED_BYTES_PER_SECOND,
+        RESERVED_GRACE_SECONDS,
+        InputBudget,
+    )
+
+    loop, clock, connect = served
+    loop.max_connections = 64
+    loop.input_budget = InputBudget(max_bytes=3 * LARGE_FRAME_BYTES)
+    chain = [connect() for _ in range(chained)]
+    for conn in chain:
+        conn.sock.sendall(struct.pack(">I", p.MAX_BODY_BYTES) + b"\x85")
+    loop.one_turn()
+    fillers = [connect() for _ in range(3)]
+    for conn in fillers:  # all but their last byte: the budget is full
+        fed(loop, conn.sock, struct.pack(">I", LARGE_FRAME_BYTES) + bytes(LARGE_FRAME_BYTES - 1))
+    for _ in range(5):
+        loop.one_turn()
+    assert loop.input_budget.admitted_total >= loop.input_budget.max_bytes
+    for conn in chain[1:]:
+        conn.sock.sendall(b"\x00")
+    loop.one_turn()
+    bystander = connect()
+    items = [p.PutItem(task_id=f"big-{index:05d}", payload={"pad": "x" * 60}) for index in range(15_000)]
+    request = p.encode(p.PutMany(id=9, requests=items))
+    assert len(request) > LARGE_FRAME_BYTES
+    rest = fed(loop, bystander.sock, request, max_turns=20, whole=False)
+    assert rest, "the bystander waits for room"
+    # A frame of the chain that waited first was given room to complete, the whole
+    # overdraft; unused, it is taken back, and the bystander lacks less than any
+    # frame of the chain: whatever their number, it waits that long once.
+    clock.advance(RESERVED_GRACE_SECONDS + OVERDRAFT_BYTES / RESERVED_BYTES_PER_SECOND)
+    fed(loop, bystander.sock, rest)
+    answer = bystander.answer(9)
+    assert isinstance(answer, p.TaskIds) and len(answer.task_ids) == 15_000, answer
+    (holder,) = [index for index, conn in enumerate(chain) if conn.has_answer(None)]
+    cut = chain[holder].answer(None)
+    assert cut.fatal and "given room to complete while others waited" in cut.message, cut
+    # One deadline each from its length prefix, waiting included: all the rest of
+    # the chain is cut at the same moment, not one after another.
+    clock.advance(FRAME_GRACE_SECONDS + p.MAX_BODY_BYTES / MIN_FRAME_BYTES_PER_SECOND)
+    loop.one_turn()
+    for conn in chain[:holder] + chain[holder + 1:]:
+        error = conn.answer(None)
+        assert error.fatal and "not received in time" in error.message, error
+    assert loop.input_budget.admitted_total == 0 and not loop.input_budget.waiting

@@ -188,6 +188,71 @@ def test_leases_past_half_counts_from_the_reserve_or_the_last_touch(tmp_path):
         assert q.leases_past_half(12) == 1
 
 
+class CountingTasks(dict):
+    """The state's live tasks, counting the lookups a figure makes."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        CountingTasks.lookups += 1
+        return super().get(key, default)
+
+
+def test_reports_at_a_later_now_count_each_lease_once_not_every_lease_each_time(tmp_path):
+    # Issue 20 item 3: every daemon_stats walked every lease, so 1,024 pipelined
+    # reports over 100k leases made one 39.8 s loop turn.
+    leases, reports = 2000, 500
+    with Queue(tmp_path / "q") as q:
+        q.put_many([{"task_id": f"t{index:05d}", "payload": {}} for index in range(leases)])
+        for start in range(0, leases, 1000):
+            q.reserve("w", now=start, lease_seconds=10_000, limit=1000)
+        state = q._state
+        state.tasks = CountingTasks(state.tasks)
+        CountingTasks.lookups = 0
+        figures = [q.leases_past_half(now) for now in range(5000, 5000 + reports)]
+        assert figures == [1000] * 500, figures[:3]  # those leased at 0 are past 5000
+        # Each lease is looked at once, when it reaches its middle; a walk per
+        # report would be reports x leases = 1,000,000 lookups.
+        assert CountingTasks.lookups <= leases, CountingTasks.lookups
+        assert q.leases_past_half(6000) == 2000
+
+
+def test_leases_past_half_kept_incrementally_matches_a_count_of_every_lease(tmp_path):
+    rng = random.Random(20)
+    with Queue(tmp_path / "q") as q:
+        q.put_many([{"task_id": f"t{index:03d}", "payload": {}, "max_attempts": 1000}
+                    for index in range(60)])
+        held: dict[str, object] = {}
+        now = 0
+        for _ in range(1500):
+            now += rng.choice((0, 0, 1, 2, 5))
+            action = rng.random()
+            if action < 0.3:
+                for lease in q.reserve("w", now=now, lease_seconds=rng.randint(1, 30),
+                                       limit=rng.randint(1, 4)):
+                    held[lease.task_id] = lease
+            elif held and action < 0.8:
+                task_id = rng.choice(sorted(held))
+                lease = held.pop(task_id)
+                if lease.deadline <= now:
+                    continue
+                if action < 0.5:
+                    held[task_id] = q.touch(lease, now=now, lease_seconds=rng.randint(1, 30))
+                elif action < 0.65:
+                    q.release(lease, now=now)
+                else:
+                    q.ack(lease, now=now)
+                    q.put(f"{task_id}-{now}-{rng.random()}", {}, max_attempts=1000)
+            elif action < 0.9:
+                q.expire_due(now=now)
+            expected = q._state._count_past_half(now)
+            assert q.leases_past_half(now) == expected, now
+            if rng.random() < 0.05:  # a caller's earlier now is counted by a walk, and changes nothing
+                earlier = rng.randint(0, now)
+                assert q.leases_past_half(earlier) == q._state._count_past_half(earlier)
+        assert len(q._state._halves) <= 2 * q.stats().leased + 1024 + 4
+
+
 # -- the seq clock and the recorder ---------------------------------------------
 
 
@@ -251,6 +316,29 @@ def test_the_recorder_reports_quantiles_and_requests_per_fsync_over_a_recent_win
         report = recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
                                  compact_wal_bytes=99, directory="/d")
         assert report.fsync_window == FSYNC_WINDOW
+
+
+def test_the_fsync_window_is_sorted_once_per_change_not_once_per_report(tmp_path, monkeypatch):
+    # Issue 20 item 3: a turn may answer a thousand pipelined reports; each sorted the window.
+    from walqueue.daemon import recorder as recorder_module
+
+    sorts = []
+    monkeypatch.setattr(recorder_module, "sorted", lambda values: sorts.append(1) or sorted(values),
+                        raising=False)
+    clock = [1000.0]
+    recorder = Recorder(next_seq=1, now=0, recovery_seconds=0.0, clock=lambda: clock[0])
+    for index in range(FSYNC_WINDOW):
+        recorder.batch_ended(index / 1e6, 1, fsynced=True)
+    with Queue(tmp_path / "q") as q:
+        def report():
+            return recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
+                                   compact_wal_bytes=99, directory="/d")
+        reports = [report() for _ in range(1000)]
+        assert len(sorts) == 1 and {r.fsync_window for r in reports} == {FSYNC_WINDOW}
+        recorder.batch_ended(1.0, 3, fsynced=True)
+        assert report().requests_per_fsync > 1 and len(sorts) == 2
+        clock[0] += FSYNC_WINDOW_SECONDS + 1  # entries leaving the window change it too
+        assert report().fsync_window == 0 and len(sorts) == 3
 
 
 def test_quantile_is_nearest_rank():

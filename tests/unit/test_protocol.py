@@ -421,3 +421,149 @@ def test_bodies_this_package_encodes_skip_the_walk_and_others_are_walked(monkeyp
     assert p.decode_request(p.encode(put)[4:]) == put and walked == []
     reordered = enc({"payload": {"a": 1}, "id": 6, "task_id": "t", "type": "put"})  # other encoders
     assert p.decode_request(reordered).payload == {"a": 1} and walked == [reordered]
+
+
+# -- refusals that cost what the bytes cost, not a step per value (issue 20 items 3 and 6) ------
+
+
+def ints_put(count: int, *, canonical: bool) -> bytes:
+    """A put body whose payload is {"x": [1] * count}, as msgspec encodes it or left without
+    the default fields (as another encoder may send it, so the body is walked)."""
+    if canonical:
+        marker = 0x7FFFFFFF
+        body = enc(p.Put(id=5, task_id="ints", payload={"x": [marker]}))
+        at = body.index(b"\x91\xce" + struct.pack(">I", marker))
+        return body[:at] + b"\xdd" + struct.pack(">I", count) + b"\x01" * count + body[at + 6:]
+    head = raw_map(("type", enc("put")), ("id", enc(5)), ("task_id", enc("ints")), ("payload", b""))
+    return head + b"\x81" + enc("x") + b"\xdd" + struct.pack(">I", count) + b"\x01" * count
+
+
+@pytest.mark.parametrize("canonical", [True, False], ids=["as-msgspec-encodes", "walked"])
+def test_a_put_of_millions_of_small_ints_is_refused_for_its_json_without_a_step_per_int(
+        canonical, monkeypatch):
+    # Once six 17 MB puts of 16.7M one-byte integers took ~12 s to refuse, and
+    # the duplicate-key walk alone took 15 s over one such body.
+    from walqueue import validation
+
+    body = ints_put(16_700_000, canonical=canonical)
+    assert len(body) < p.MAX_BODY_BYTES and (p._encoder.encode(p._request_decoder.decode(body)) == body) == canonical
+    monkeypatch.setattr(p, "duplicate_key", None)  # nothing walks it
+    monkeypatch.setattr(validation, "plain_json", None)  # nothing validates it a value at a time
+    with pytest.raises(p.RequestRefused) as refused:
+        p.decode_request(body)
+    message, request_id = refused.value.args
+    assert request_id == 5 and "put of" in message and "refused before validating" in message, message
+    assert "at least 33400007 bytes of JSON" in message and str(MAX_FRAME_BYTES) in message
+
+
+def test_payloads_that_may_fit_one_frame_are_left_to_the_library():
+    fits = (MAX_FRAME_BYTES - len('{"x":[]}')) // 2  # "1," each, the last without its comma
+    for count, refused in ((fits, False), (fits + 2, True)):
+        request = p.Put(id=1, task_id="t", payload={"x": [1] * count})
+        assert (p.costly_put_refusal(request, p.encode_value(request), walked=False) is not None) == refused
+    # Floats are written differently by msgspec and by the library: the bound gives them room.
+    floats = p.Put(id=1, task_id="t", payload={"x": [1e-05] * 2_000_000})  # 7 characters in msgspec, 5 in the library
+    assert p.costly_put_refusal(floats, p.encode_value(floats), walked=False) is None
+    many = p.PutMany(id=2, requests=[p.PutItem(task_id="same", payload={"x": [1] * (fits // 2 + 1)})] * 2)
+    assert p.costly_put_refusal(many, p.encode_value(many), walked=False) is None, "identical duplicates collapse"
+
+
+def test_msgspec_writes_json_values_as_long_as_the_library_does_but_for_floats():
+    from walqueue.codec import canonical_json
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+        max_leaves=20)
+
+    @settings(max_examples=300, derandomize=True, deadline=None)
+    @given(st.dictionaries(st.text(max_size=5), values, max_size=4), st.floats(allow_nan=False, allow_infinity=False))
+    def check(payload, number):
+        assert len(p._json_encoder.encode(payload)) == len(canonical_json(payload))
+        difference = len(p._json_encoder.encode(number)) - len(canonical_json({"f": number})) + len('{"f":}')
+        assert abs(difference) <= p.MAX_FLOAT_JSON_CHARS - 3
+
+    check()
+
+
+def test_a_walked_body_with_too_many_objects_and_arrays_is_refused_before_the_walk(monkeypatch):
+    from walqueue import validation
+
+    lists = validation.MAX_PAYLOAD_CONTAINERS  # with the payload itself, one too many
+    body = raw_map(("type", enc("put")), ("id", enc(8)), ("task_id", enc("t")),
+                   ("payload", b"\x81" + enc("l") + b"\xdd" + struct.pack(">I", lists) + b"\x90" * lists))
+    monkeypatch.setattr(p, "duplicate_key", None)
+    with pytest.raises(p.RequestRefused) as refused:
+        p.decode_request(body)
+    assert f"payload holds more than {lists} objects and arrays" in refused.value.args[0]
+    items = [p.PutItem(task_id=f"i{index}", payload={"l": [[]] * (lists - 2)}) for index in range(11)]
+    walked = enc({"requests": items, "id": 9, "type": "put_many"})  # another encoder's order
+    with pytest.raises(p.RequestRefused) as refused:
+        p.decode_request(walked)
+    assert "requests[10].payload: the payloads of this request hold more than" in refused.value.args[0]
+
+
+# A second, naive msgpack writer for the walk's test: maps as lists of pairs (so a key may
+# come twice), integers at any width the format allows.
+def naive_pack(value, widths) -> bytes:
+    if isinstance(value, tuple):  # ("map", [(key, value), ...])
+        pairs = value[1]
+        head = bytes([0x80 | len(pairs)]) if len(pairs) < 16 else b"\xde" + struct.pack(">H", len(pairs))
+        return head + b"".join(naive_pack(key, widths) + naive_pack(item, widths) for key, item in pairs)
+    if isinstance(value, list):
+        head = bytes([0x90 | len(value)]) if len(value) < 16 and widths.draw_bool() else \
+            b"\xdd" + struct.pack(">I", len(value))
+        return head + b"".join(naive_pack(item, widths) for item in value)
+    if isinstance(value, bool) or value is None:
+        return enc(value)
+    if isinstance(value, int):
+        if 0 <= value < 256 and widths.draw_bool():
+            return b"\xcc" + bytes([value]) if widths.draw_bool() else b"\xcf" + struct.pack(">Q", value)
+        return enc(value)
+    if isinstance(value, str):
+        data = value.encode()
+        return (b"\xd9" + bytes([len(data)]) + data) if len(data) < 256 and widths.draw_bool() else enc(value)
+    return enc(value)
+
+
+def naive_first_duplicate(value, path="request"):
+    """(where, key) of the first map, in document order, with a key twice."""
+    if isinstance(value, tuple):
+        seen = set()
+        for key, item in value[1]:
+            if key in seen:
+                return ("the request" if path == "request" else path), key
+            seen.add(key)
+            found = naive_first_duplicate(item, f"{path}[{key!r}]")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = naive_first_duplicate(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+class Widths:
+    def __init__(self, data):
+        self.data = data
+
+    def draw_bool(self) -> bool:
+        return self.data.draw(st.booleans())
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.data())
+def test_the_walk_finds_the_first_key_twice_whatever_the_encoding(data):
+    keys = st.sampled_from(["a", "b", "", "é", 1, 200])
+    scalars = st.none() | st.booleans() | st.integers(0, 300) | st.integers(-40, -1) | st.sampled_from(["x", "y" * 40])
+    tree = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=20)
+        | st.lists(st.tuples(keys, inner), max_size=4).map(lambda pairs: ("map", pairs)),
+        max_leaves=40)
+    payload = data.draw(st.lists(st.tuples(keys, tree), max_size=4).map(lambda pairs: ("map", pairs)))
+    request = ("map", [("type", "put"), ("id", 1), ("task_id", "t"), ("payload", payload)])
+    body = naive_pack(request, Widths(data))
+    assert p.duplicate_key(body) == naive_first_duplicate(request)

@@ -706,3 +706,59 @@ def test_discarding_a_queue_releases_its_lock(directory):
 def test_invalid_request_is_a_value_error_and_a_walqueue_error():
     assert issubclass(InvalidRequest, ValueError)
     assert issubclass(InvalidRequest, WalQueueError)
+
+
+# -- objects and arrays per payload and per request (issue 20 item 6) ---------------------------
+
+
+@pytest.fixture
+def small_container_bounds(monkeypatch):
+    """The rules at a size a test can afford many times (the real ones: tests/backends)."""
+    monkeypatch.setattr(validation, "MAX_PAYLOAD_CONTAINERS", 1000)
+    monkeypatch.setattr(validation, "MAX_REQUEST_CONTAINERS", 4500)
+
+
+def test_a_payload_holds_at_most_so_many_objects_and_arrays_on_every_library_entry(
+        q, directory, small_container_bounds):
+    """Once 20 puts of a million empty lists each (19.8 MiB sent) held 1,462 MiB of the
+    daemon's memory, again after a restart. The payload itself counts; lists, tuples,
+    dicts and any Mapping alike; refused before anything is written, naming the payload."""
+    limit = validation.MAX_PAYLOAD_CONTAINERS
+    at_the_bound = {"l": [[]] * (limit - 3), "m": {}}
+    q.put("at-the-bound", at_the_bound)
+    q.put_without_copy(PutRequest("at-the-bound-too", at_the_bound))
+    for over in ({"l": [[]] * (limit - 2), "m": {}}, {"t": ((),) * (limit - 1)},
+                 {"m": types.MappingProxyType({"x": [{}] * (limit - 2)})}):
+        error = assert_rejected(q, directory, "payload", lambda over=over: q.put("over", over))
+        assert f"more than {limit} objects and arrays" in str(error)
+        assert_rejected(q, directory, "payload", lambda over=over: q.put_without_copy(PutRequest("over", over)))
+        assert_rejected(q, directory, "requests[1].payload",
+                        lambda over=over: q.put_many([PutRequest("fresh", {}), PutRequest("over", over)]))
+    assert validation.plain_json(at_the_bound) == limit
+    assert validation.plain_json({"l": [[]] * (limit - 2), "m": {}}) == 0  # the full check says why
+
+
+def test_the_payloads_of_one_put_many_hold_at_most_so_many_objects_and_arrays_in_all(
+        q, directory, small_container_bounds):
+    limit, total = validation.MAX_PAYLOAD_CONTAINERS, validation.MAX_REQUEST_CONTAINERS
+    items = total // limit  # payloads at the bound, all together still within the total
+    fitting = [PutRequest(f"p{index}", {"l": [[]] * (limit - 2)}) for index in range(items)]
+    rest = total - items * limit
+    fitting.append(PutRequest("rest", {"l": [[]] * (rest - 2)}))
+    assert len(q.put_many(fitting)) == items + 1
+    for put_many in (q.put_many, q.put_many_without_copy):
+        over = [PutRequest(f"o{index}", {"l": [[]] * (limit - 2)}) for index in range(items)]
+        over.append(PutRequest("one-too-many", {"l": [[]] * (rest - 1)}))
+        error = assert_rejected(q, directory, f"requests[{items}].payload", lambda put_many=put_many, over=over:
+                                put_many(over))
+        assert f"more than {total} objects and arrays in all" in str(error)
+
+
+def test_the_json_lines_front_end_refuses_a_payload_with_too_many_objects_and_arrays(tmp_path):
+    lists = ",".join(["[]"] * validation.MAX_PAYLOAD_CONTAINERS)
+    line = '{"id": 1, "op": "put", "task_id": "t", "payload": {"l": [' + lists + ']}}\n'
+    result = subprocess.run([sys.executable, "-m", "walqueue.cli", str(tmp_path / "q")],
+                            input=line, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    answer = result.stdout.strip()
+    assert '"ok": false' in answer and "InvalidRequest" in answer and "objects and arrays" in answer

@@ -15,15 +15,22 @@ Bounds, and why:
 * Large frames being received share one `InputBudget` of
   MAX_ADMITTED_INPUT_BYTES, which counts the bytes RECEIVED of each frame of
   at least LARGE_FRAME_BYTES in progress (declaring a length costs a peer
-  nothing, so it reserves nothing): while the received bytes fill the
-  budget, only the oldest such frame is read on, so half-sent frames cannot
-  add up to max-connections x 17 MiB and some frame always completes.
-* A frame in progress has a deadline (`FrameDeadlines`): once its length
-  prefix is in, its body must arrive within FRAME_GRACE_SECONDS plus its
-  length at MIN_FRAME_BYTES_PER_SECOND (time spent waiting for room in the
-  budget does not count), else the connection gets a fatal error saying so.
-  A connection trickling bytes cannot hold a buffer, or the oldest place in
-  the budget, for ever.
+  nothing, so it reserves nothing). While the received bytes fill it, a
+  frame reads on only with room reserved to complete in OVERDRAFT_BYTES
+  (one largest frame), given to the waiting frames with the fewest bytes
+  left first: so half-sent frames cannot add up to max-connections x 17 MiB,
+  some frame always completes, and how many frames hog the budget that
+  have far to go changes nothing for one that is nearly done.
+* A frame in progress has one deadline (`FrameDeadlines`), from when its
+  length prefix is in, never moved later: its body must arrive within
+  FRAME_GRACE_SECONDS plus its length at MIN_FRAME_BYTES_PER_SECOND, waiting
+  for the budget included, else the connection gets a fatal error saying
+  so. A frame given reserved room must also complete within
+  RESERVED_GRACE_SECONDS plus what it lacks at RESERVED_BYTES_PER_SECOND:
+  room reserved for a frame that does not come is soon given to the next.
+  (Once a frame's deadline stopped while it waited and started afresh when
+  it could read: K frames each took their own 27 s in turn, and a bystander's
+  1.5 MB put_many waited 67.7 s for K=3, 148.6 s for K=6.)
 * Deferral: a connection whose unsent answers reach the high-water mark, or
   that had MAX_REQUESTS_PER_TURN_PER_CONNECTION requests applied in this
   turn, has its further requests kept in ``deferred``, in order, for a later
@@ -60,6 +67,10 @@ LARGE_FRAME_BYTES = 1024 * 1024
 MAX_ADMITTED_INPUT_BYTES = 256 * 1024 * 1024
 FRAME_GRACE_SECONDS = 10.0
 MIN_FRAME_BYTES_PER_SECOND = 1024 * 1024
+# Room beyond a full input budget, reserved for frames to complete: one largest frame.
+OVERDRAFT_BYTES = protocol.LENGTH_PREFIX_BYTES + protocol.MAX_BODY_BYTES
+RESERVED_GRACE_SECONDS = 1.0
+RESERVED_BYTES_PER_SECOND = 32 * 1024 * 1024
 # Listings cost the loop real time (sorting every id, encoding views), so a
 # turn starts at most this many and encodes at most this many listing bytes
 # across all connections; the rest continue in the next turns, which come
@@ -169,7 +180,11 @@ class Connection:
     delivered_bytes: int = 0  # of those, the ones moved into out or backlog
     admitted: int = 0  # bytes received of its large frame in progress, counted in the InputBudget
     input_waiting: bool = False  # its large frame waits for room in the input budget
+    reserved: int = 0  # room reserved for its large frame in progress to complete (InputBudget)
+    reserved_frame: int = -1  # the reader's frame that room is for
+    reserved_deadline_seconds: float | None = None  # monotonic: when that frame must then be in
     frame_deadline_seconds: float | None = None  # monotonic: when its frame in progress must be in
+    deadline_frame: int = -1  # the reader's frame frame_deadline_seconds is for
     closed: bool = False
     parked: int = 0  # its waiting reserves (service.Peer)
     events: int = 0  # the selector events it is registered for
@@ -380,31 +395,32 @@ class Connection:
 class InputBudget:
     """The bytes received of large frames in progress, across all connections (module docstring)."""
 
-    def __init__(self, max_bytes: int = MAX_ADMITTED_INPUT_BYTES) -> None:
+    def __init__(self, max_bytes: int = MAX_ADMITTED_INPUT_BYTES,
+                 overdraft_bytes: int = OVERDRAFT_BYTES) -> None:
         self.max_bytes = max_bytes
+        self.overdraft_bytes = overdraft_bytes
         self.admitted_total = 0  # sum of Connection.admitted
+        self.reserved_total = 0  # sum of Connection.reserved
         self.waiting: set[Connection] = set()  # connections with input_waiting
-        self._receiving: dict[Connection, None] = {}  # large frames in progress, oldest first
 
     def admit(self, connection: Connection) -> bool:
         """Count what the connection received of its large frame in progress; may it read more?
 
         Returns False while the received bytes of all large frames fill the
-        budget and this frame is not the oldest: read nothing more from it
-        for now (`waiting`).
+        budget and this frame has no room reserved to complete: read nothing
+        more from it for now (`waiting`, until `grant`).
         """
-        length = connection.reader.pending_length()
+        reader = connection.reader
+        length = reader.pending_length()
         large = length is not None and length >= LARGE_FRAME_BYTES
-        if not large and not connection.admitted and not connection.input_waiting:
+        if not large and not connection.admitted and not connection.input_waiting and not connection.reserved:
             return True  # the common case: no large frame, now or before
-        received = connection.reader.buffered_bytes if large else 0
+        if connection.reserved and connection.reserved_frame != reader.frames_done:
+            self._unreserve(connection)  # the frame it was for is in
+        received = reader.buffered_bytes if large else 0
         self.admitted_total += received - connection.admitted
         connection.admitted = received
-        if not large:
-            self._receiving.pop(connection, None)
-        elif connection not in self._receiving:
-            self._receiving[connection] = None
-        if large and self.admitted_total >= self.max_bytes and next(iter(self._receiving)) is not connection:
+        if large and not connection.reserved and self.admitted_total >= self.max_bytes:
             if not connection.input_waiting:
                 connection.input_waiting = True
                 self.waiting.add(connection)
@@ -413,19 +429,48 @@ class InputBudget:
         self.waiting.discard(connection)
         return True
 
+    def grant(self, monotonic_seconds: float) -> list[Connection]:
+        """The waiting connections that may read on now: all of them once the budget has room,
+        else those with the fewest bytes left, while what they lack fits the free overdraft
+        (each then reserved its room, and RESERVED_GRACE_SECONDS plus what it lacks at
+        RESERVED_BYTES_PER_SECOND to use it)."""
+        if self.admitted_total < self.max_bytes:
+            ready = list(self.waiting)
+        else:
+            ready = []
+            for connection in sorted(self.waiting, key=lambda waiting: waiting.reader.wanted_bytes()):
+                lacking = connection.reader.wanted_bytes()
+                if self.reserved_total + lacking > self.overdraft_bytes:
+                    break
+                connection.reserved, connection.reserved_frame = lacking, connection.reader.frames_done
+                connection.reserved_deadline_seconds = (monotonic_seconds + RESERVED_GRACE_SECONDS
+                                                        + lacking / RESERVED_BYTES_PER_SECOND)
+                self.reserved_total += lacking
+                ready.append(connection)
+        for connection in ready:
+            connection.input_waiting = False
+            self.waiting.discard(connection)
+        return ready
+
+    def _unreserve(self, connection: Connection) -> None:
+        self.reserved_total -= connection.reserved
+        connection.reserved, connection.reserved_frame = 0, -1
+        connection.reserved_deadline_seconds = None
+
     def release(self, connection: Connection) -> None:
         """Forget a closed connection's frame in progress."""
         self.admitted_total -= connection.admitted
         connection.admitted = 0
+        self._unreserve(connection)
+        connection.input_waiting = False
         self.waiting.discard(connection)
-        self._receiving.pop(connection, None)
 
 
 class FrameDeadlines:
     """When each connection's frame in progress must have arrived (module docstring).
 
     A heap of (deadline, number, connection); an entry whose connection has
-    completed that frame, closed, or got a later deadline is skipped lazily.
+    completed that frame, closed, or got an earlier deadline is skipped lazily.
     """
 
     def __init__(self) -> None:
@@ -433,17 +478,30 @@ class FrameDeadlines:
         self._count = 0
 
     def track(self, connection: Connection, monotonic_seconds: float) -> None:
-        """Start, keep or end the deadline of the connection's frame in progress."""
-        remaining = connection.reader.wanted_bytes() if connection.reader.pending_length() else 0
-        if not remaining or connection.closing:
+        """Start, keep or end the deadline of the connection's frame in progress.
+
+        A frame gets its deadline once, when its length prefix is first seen;
+        bytes arriving, or waiting for the budget, never move it later. Room
+        reserved for it in the budget may bring it earlier.
+        """
+        reader = connection.reader
+        length = reader.pending_length()
+        if length is None or connection.closing:
             connection.frame_deadline_seconds = None
-        elif connection.input_waiting:
-            connection.frame_deadline_seconds = None  # waiting for the budget is the daemon's doing
-        elif connection.frame_deadline_seconds is None:
-            deadline = monotonic_seconds + FRAME_GRACE_SECONDS + remaining / MIN_FRAME_BYTES_PER_SECOND
-            connection.frame_deadline_seconds = deadline
-            self._count += 1
-            heapq.heappush(self._heap, (deadline, self._count, connection))
+            return
+        deadline = connection.frame_deadline_seconds
+        if connection.deadline_frame != reader.frames_done or deadline is None:
+            connection.deadline_frame = reader.frames_done
+            deadline = monotonic_seconds + FRAME_GRACE_SECONDS + length / MIN_FRAME_BYTES_PER_SECOND
+            self._push(connection, deadline)
+        reserved = connection.reserved_deadline_seconds
+        if reserved is not None and connection.reserved_frame == reader.frames_done and reserved < deadline:
+            self._push(connection, reserved)
+
+    def _push(self, connection: Connection, deadline: float) -> None:
+        connection.frame_deadline_seconds = deadline
+        self._count += 1
+        heapq.heappush(self._heap, (deadline, self._count, connection))
 
     def _live_head(self) -> tuple[float, int, Connection] | None:
         while self._heap:
@@ -471,6 +529,11 @@ class FrameDeadlines:
 def late_frame_message(connection: Connection) -> str:
     """The fatal error for a frame not received in time: what the daemon needs, in numbers."""
     length = connection.reader.pending_length() or 0
-    return (f"frame of {length} bytes not received in time: {connection.reader.buffered_bytes} bytes "
-            f"arrived; once its length prefix is in, a frame must arrive within "
-            f"{FRAME_GRACE_SECONDS:g} s plus {MIN_FRAME_BYTES_PER_SECOND} bytes per second of its length")
+    message = (f"frame of {length} bytes not received in time: {connection.reader.buffered_bytes} bytes "
+               f"arrived; once its length prefix is in, a frame must arrive within "
+               f"{FRAME_GRACE_SECONDS:g} s plus {MIN_FRAME_BYTES_PER_SECOND} bytes per second of its length")
+    if connection.reserved:
+        message += (f", and one given room to complete while others waited for the input budget within "
+                    f"{RESERVED_GRACE_SECONDS:g} s plus {RESERVED_BYTES_PER_SECOND} bytes per second of what "
+                    f"it lacked ({connection.reserved} bytes)")
+    return message

@@ -11,7 +11,9 @@ One loop turn = one ``select()`` call, on one thread:
    inside ONE batch (walqueue.daemon.commit), so they share one fsync — also
    the daemon's own work that is due: the expiry of leases whose deadline
    passed, and serving parked reserves. Requests of a saturated connection
-   are deferred to a later turn instead;
+   are deferred to a later turn instead, and so are the rest once the turn
+   has applied for TURN_WORK_SECONDS (reading likewise stops after
+   TURN_WORK_SECONDS; what it left is read first next turn);
 4. collect a snapshot child that exited and publish its snapshot
    (walqueue.daemon.compaction); free a step of a deleted file's blocks if
    one is due and no child writes (walqueue.daemon.freeing); end waits that
@@ -95,6 +97,15 @@ from .turn_timer import TurnTimer
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 DRAIN_SECONDS = 5.0
+# Work per turn is bounded in time, not only in count: once a turn has spent
+# this long reading (receiving and decoding) the connections it polled, the
+# rest are read first in the next turn; once it has spent this long applying
+# requests, the rest are deferred, in order, to the next turn, which follows
+# at once. Each turn ends with the watchdog's ping when one is due, so a
+# flood of requests cannot keep the loop from pinging (issue 20 item 3: one
+# turn of 1,024 pipelined reports once took 39.8 s, past WatchdogSec=60 with
+# the 30 s ping interval). One request still runs whole.
+TURN_WORK_SECONDS = 0.25
 # A timer never sleeps longer than this: a safety net, should a due time ever
 # be computed wrongly, not something the loop relies on.
 MAX_TIMER_SECONDS = 60.0
@@ -231,6 +242,8 @@ class Loop:
         self._accept_failures = RateLimitedLog(f"accept failed, pausing accepts for {ACCEPT_PAUSE_SECONDS:g} s")
         self._touched: set[Connection] = set()  # connections with news this turn
         self._deferring: set[Connection] = set()  # connections with deferred requests
+        # Connections a turn polled readable but did not read (TURN_WORK_SECONDS): read first next turn.
+        self._unread: dict[Connection, None] = {}
         self._receive_buffer = bytearray(MAX_RECV_BYTES)  # one buffer all connections share
         self._receive_view = memoryview(self._receive_buffer)
         # (monotonic deadline, connection) in accept order, so deadlines are ascending.
@@ -308,6 +321,11 @@ class Loop:
         self._listings_started = 0
         requests: list[tuple[Connection, protocol.Request]] = []
         metrics = self.metrics_endpoint
+        if self._unread:
+            # Those left unread last turn go first (epoll reports them in the same order every turn).
+            unread, self._unread = self._unread, {}
+            events.sort(key=lambda event: event[0].data not in unread)
+        read_until = polled + TURN_WORK_SECONDS
         for key, mask in events:
             if key.data is _LISTENER:
                 self._accept()
@@ -325,7 +343,10 @@ class Loop:
                 if mask & selectors.EVENT_WRITE:
                     self._send(conn)
                 if mask & selectors.EVENT_READ and not conn.closed:
-                    self._receive(conn, requests, polled)
+                    if clock.monotonic_seconds() < read_until:
+                        self._receive(conn, requests, polled)
+                    else:
+                        self._unread[conn] = None  # still readable: the next poll reports it again
         self.turn += 1
         if self._awaiting_hello:
             self._expire_hellos()
@@ -343,10 +364,9 @@ class Loop:
             self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
         if self.input_budget.waiting:
-            for conn in list(self.input_budget.waiting):
-                if self.input_budget.admit(conn):
-                    self.frame_deadlines.track(conn, clock.monotonic_seconds())
-                    self._touched.add(conn)
+            for conn in self.input_budget.grant(clock.monotonic_seconds()):
+                self.frame_deadlines.track(conn, clock.monotonic_seconds())
+                self._touched.add(conn)
         touched, self._touched = self._touched, set()
         for conn in touched:
             conn.peer_open_at_poll = None  # what the poll saw holds for its turn only
@@ -384,8 +404,9 @@ class Loop:
         """Close connections whose frame in progress is past its deadline, saying why."""
         for conn in self.frame_deadlines.expired(self.clock.monotonic_seconds()):
             if not conn.closing:
+                message = late_frame_message(conn)
                 self.input_budget.release(conn)  # what it sent holds no room any more
-                self._fatal(conn, None, late_frame_message(conn))
+                self._fatal(conn, None, message)
 
     def _may_free(self) -> bool:
         """Deleted files are freed only while no snapshot child writes: one big I/O job at a time
@@ -394,7 +415,7 @@ class Loop:
 
     def _timeout(self) -> float | None:
         if ((self._deferring and any(conn.can_resume() for conn in self._deferring))
-                or self.service.outbox):
+                or self.service.outbox or self._unread):
             # Deferred requests can go now, or answers produced after the last delivery
             # (a failed compaction's) wait: no event will announce either.
             return 0.0
@@ -494,6 +515,7 @@ class Loop:
         conn.closed = True
         conn.deferred.clear()
         self._deferring.discard(conn)
+        self._unread.pop(conn, None)
         self.input_budget.release(conn)
         if conn.events:
             self.selector.unregister(conn.sock)
@@ -582,18 +604,22 @@ class Loop:
             isinstance(request, protocol.WRITING_REQUESTS) for _, request in requests)
         self.recorder.turn_started(now, service.queue)
         turn = self.turn
+        monotonic_seconds = self.clock.monotonic_seconds
 
         def apply() -> None:
             if reap:
                 service.reap()
             if service.parked:
                 service.serve_parked()
+            apply_until = monotonic_seconds() + TURN_WORK_SECONDS
+            applied = 0
             for conn, request in requests:
                 if conn.closed:
                     continue
                 listing = type(request) is protocol.Tasks
                 if (conn.deferred or conn.saturated(turn)
-                        or (listing and self._listings_started >= MAX_LISTINGS_STARTED_PER_TURN)):
+                        or (listing and self._listings_started >= MAX_LISTINGS_STARTED_PER_TURN)
+                        or (applied and monotonic_seconds() >= apply_until)):
                     if not conn.closing:  # a closing connection's are dropped
                         conn.deferred.append(request)
                         self._deferring.add(conn)
@@ -601,6 +627,7 @@ class Loop:
                 if listing:
                     self._listings_started += 1
                 conn.turn_requests += 1
+                applied += 1
                 service.handle(conn, request)
 
         committed = self.commit.turn(apply)

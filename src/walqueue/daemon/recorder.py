@@ -124,6 +124,10 @@ class Recorder:
         self._wal_bytes_compacted = 0
         # (monotonic end, seconds, requests in its batch) of recent fsyncs.
         self._window: deque[tuple[float, float, int]] = deque(maxlen=FSYNC_WINDOW)
+        # The window's figures, computed once per change of the window, not per report:
+        # a turn may answer a thousand reports (issue 20 item 3).
+        self._window_changes = 0
+        self._window_figures: tuple[int, tuple] | None = None
 
     def batch_ended(self, seconds: float, requests: int, fsynced: bool) -> None:
         self.requests_total += requests
@@ -131,6 +135,7 @@ class Recorder:
             self.fsyncs_total += 1
             self.fsync_seconds_total += seconds
             self._window.append((self._clock(), seconds, requests))
+            self._window_changes += 1
 
     def compaction_started(self, pause_seconds: float) -> None:
         """A compaction began; the loop stood still ``pause_seconds`` (rotation and fork)."""
@@ -154,6 +159,22 @@ class Recorder:
         if now > self.seq_clock.last_time:
             self.seq_clock.note(queue.stats().last_seq + 1, now)
 
+    def _fsync_figures(self, clock: float) -> tuple:
+        """(p50, p99, fsyncs, requests per fsync) of the window at ``clock``, sorted only when
+        the window changed since the last report."""
+        window = self._window
+        while window and window[0][0] < clock - FSYNC_WINDOW_SECONDS:
+            window.popleft()
+            self._window_changes += 1
+        cached = self._window_figures
+        if cached is not None and cached[0] == self._window_changes:
+            return cached[1]
+        durations = sorted(seconds for _, seconds, _ in window)
+        figures = (quantile(durations, 0.5), quantile(durations, 0.99), len(durations),
+                   sum(requests for _, _, requests in window) / len(window) if window else None)
+        self._window_figures = (self._window_changes, figures)
+        return figures
+
     def recovered(self, seconds: float) -> None:
         self.last_recovery_seconds = seconds
 
@@ -164,10 +185,7 @@ class Recorder:
         ``compaction`` is the compactor's `Status` (walqueue.daemon.compaction), if any.
         """
         clock = self._clock()
-        window = self._window
-        while window and window[0][0] < clock - FSYNC_WINDOW_SECONDS:
-            window.popleft()
-        durations = sorted(seconds for _, seconds, _ in window)
+        p50, p99, fsyncs, requests_per_fsync = self._fsync_figures(clock)
         due_since = queue.ready_due_since(now, self.seq_clock.time_of)
         stats = queue.stats()
         compaction_fields = {}
@@ -188,12 +206,11 @@ class Recorder:
             compact_wal_bytes=compact_wal_bytes,
             fsyncs_total=self.fsyncs_total,
             fsync_seconds_total=self.fsync_seconds_total,
-            fsync_p50_seconds=quantile(durations, 0.5),
-            fsync_p99_seconds=quantile(durations, 0.99),
-            fsync_window=len(durations),
+            fsync_p50_seconds=p50,
+            fsync_p99_seconds=p99,
+            fsync_window=fsyncs,
             requests_total=self.requests_total,
-            requests_per_fsync=(sum(requests for _, _, requests in window) / len(window)
-                                if window else None),
+            requests_per_fsync=requests_per_fsync,
             write_failures_total=self.write_failures_total,
             compactions_total=self.compactions_total,
             last_compaction_seconds=self.last_compaction_seconds,

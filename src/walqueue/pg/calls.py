@@ -184,7 +184,8 @@ def put_call(statements: Statements, queue: str, task_id: Any, payload: Any, *, 
 def put_many_call(statements: Statements, queue: str, requests: Iterable[Any]) -> Call:
     if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
         raise InvalidRequest("requests must be a list of PutRequest or mappings")
-    validated = [_put_request_of(item, index) for index, item in enumerate(requests)]
+    containers = validation.Containers()  # the request's, shared by its payloads
+    validated = [_put_request_of(item, index, containers) for index, item in enumerate(requests)]
     return _put_requests(statements, queue, validated, lambda ids: ids)
 
 
