@@ -313,10 +313,10 @@ def test_many_idle_metrics_connections_cannot_exhaust_the_daemon_s_descriptors(m
     assert "write failed" not in log and "Traceback" not in log and "reopen" not in log
 
 
-def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_total_deadline(make_daemon):
+def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_head_deadline(make_daemon):
     # A timeout renewed by every byte let one byte every few seconds hold a
     # scrape slot for ever; the deadline counts from the accept.
-    from walqueue.daemon.metrics_http import REQUEST_DEADLINE_SECONDS
+    from walqueue.daemon.metrics_http import HEAD_DEADLINE_SECONDS
 
     port = free_port()
     make_daemon("--metrics-listen", f"127.0.0.1:{port}")
@@ -334,4 +334,61 @@ def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_total_deadline(ma
                 closed_after = time.monotonic() - started
                 break
         assert closed_after is not None, "the trickling scrape was never cut off"
-    assert REQUEST_DEADLINE_SECONDS <= closed_after < REQUEST_DEADLINE_SECONDS + 5, closed_after
+    assert HEAD_DEADLINE_SECONDS <= closed_after < HEAD_DEADLINE_SECONDS + 5, closed_after
+
+
+# -- the endpoint against a local attacker (issue 20 item 5) -------------------------------
+
+ATTACKER_CONNECTIONS = 32  # four times the endpoint's slots
+HONEST_SCRAPES = 40
+HONEST_SECONDS = 3.0  # each honest scrape's own bound, as a scraper's timeout
+
+
+def honest_scrape(port: int) -> int | None:
+    """One GET /metrics as Prometheus sends it: its status, or None if it got no answer in time."""
+    deadline = time.monotonic() + HONEST_SECONDS
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=HONEST_SECONDS) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n")
+            answer = b""
+            while (remaining := deadline - time.monotonic()) > 0:
+                sock.settimeout(remaining)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+    except OSError:
+        return None
+    match = re.match(rb"HTTP/1\.0 (\d{3}) ", answer)
+    if match is None or (match.group(1) == b"200" and b"walqueue_uptime_seconds" not in answer):
+        return None
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle"])
+def test_honest_scrapes_are_served_while_a_local_attacker_holds_connections_open(make_daemon, mode):
+    # Once one loop holding the 8 slots open (replacing each one the endpoint
+    # closed at once) left 0 of 148 honest scrapes served: every newcomer got
+    # 503 while the slots waited out their 5 s deadlines.
+    port = free_port()
+    daemon = make_daemon("--metrics-listen", f"127.0.0.1:{port}")
+    attacker = subprocess.Popen([sys.executable, "-m", "tests.process.metrics_flood", str(port),
+                                 str(ATTACKER_CONNECTIONS), mode],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=child_env(), cwd=REPO)
+    try:
+        readable, _, _ = select.select([attacker.stdout], [], [], FIGURE_SECONDS)
+        assert readable and attacker.stdout.readline() == b"holding\n", "the attacker never got going"
+        statuses = [honest_scrape(port) for _ in range(HONEST_SCRAPES)]
+        assert attacker.poll() is None, "the attacker stopped before the honest scrapes ended"
+    finally:
+        attacker.kill()
+        attacker.wait(HTTP_SECONDS)
+        attacker.stdout.close()
+    served = statuses.count(200)
+    print(f"{served} of {HONEST_SCRAPES} honest scrapes served under a {mode} attack: {statuses}")
+    assert served >= HONEST_SCRAPES * 3 // 4, statuses
+    # The queue's own clients were never in question, and the daemon is fine.
+    with Client(daemon.socket_path, timeout=HTTP_SECONDS, retry_seconds=0) as client:
+        client.put("after", {})
+    assert daemon.terminate() == 0
+
