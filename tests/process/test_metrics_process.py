@@ -4,6 +4,7 @@
 
 import asyncio
 import json
+import os
 import re
 import select
 import socket
@@ -392,3 +393,51 @@ def test_honest_scrapes_are_served_while_a_local_attacker_holds_connections_open
         client.put("after", {})
     assert daemon.terminate() == 0
 
+
+# -- --metrics-textfile: the path no connection can block (issue 20 item 5) ---------------
+
+
+def test_the_textfile_is_written_atomically_every_interval_and_follows_the_queue(make_daemon, workdir):
+    textfiles = workdir / "textfile_collector"
+    textfiles.mkdir()
+    path = textfiles / "walqueue.prom"
+    daemon = make_daemon("--metrics-textfile", str(path), "--metrics-textfile-interval", "1")
+    daemon.wait_for_log(f"writing metrics to {path} every 1 s (mode 0644)")
+
+    def ready_in_file():
+        try:
+            return sample(families_of(path.read_text()), "walqueue_tasks", status="ready")
+        except (FileNotFoundError, KeyError):
+            return None
+
+    wait_until(lambda: ready_in_file() == 0, FIGURE_SECONDS, "the textfile to be written")
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert sample(families_of(path.read_text()), "walqueue_info", directory=str(daemon.directory)) == 1
+    with Client(daemon.socket_path) as client:
+        client.put("a", {})
+    wait_until(lambda: ready_in_file() == 1, FIGURE_SECONDS, "the textfile to show the put", interval=0.1)
+    assert sorted(os.listdir(textfiles)) == ["walqueue.prom"]  # no temporary file left about
+    assert daemon.terminate() == 0
+    assert ready_in_file() == 1  # left in place: its age tells a stopped daemon
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--metrics-textfile", "/tmp/walqueue.txt"), "--metrics-textfile"),
+    (("--metrics-textfile", "/tmp/walqueue.prom", "--metrics-textfile-mode", "999"), "--metrics-textfile-mode"),
+    (("--metrics-textfile-interval", "5"), "--metrics-textfile-interval"),
+    (("--metrics-textfile", "/tmp/walqueue.prom", "--metrics-textfile-interval", "0.1"),
+     "--metrics-textfile-interval"),
+])
+def test_a_bad_metrics_textfile_option_exits_2_naming_it(workdir, args, named):
+    result = subprocess.run(serve_command(workdir / "queue", *args), capture_output=True, text=True,
+                            env=child_env(), cwd=REPO, timeout=30)
+    assert result.returncode == 2 and named in result.stderr, result.stderr
+    assert not (workdir / "queue").exists()
+
+
+def test_a_textfile_that_cannot_be_written_stops_the_start_with_exit_1(make_daemon, workdir):
+    daemon = make_daemon("--metrics-textfile", str(workdir / "missing" / "walqueue.prom"), start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 1
+    assert "--metrics-textfile" in daemon.log() and "cannot write" in daemon.log()
+    assert not (workdir / "wq.sock").exists()

@@ -1,10 +1,12 @@
-"""walqueued's optional ``GET /metrics`` endpoint (``walqueued serve --metrics-listen``).
+"""walqueued's optional metrics outputs: ``GET /metrics`` (``walqueued serve --metrics-listen``)
+and the textfile (``--metrics-textfile``, walqueue.daemon.metrics_textfile).
 
 Served from the daemon's own selector loop, with non-blocking sockets and no
 thread: the process stays single-threaded (so it may fork a child to write
 a snapshot), and only the loop ever reads the Queue. The loop registers the
 endpoint's sockets in its selector, hands their events to `on_event`, and at
-the end of a turn in which a complete scrape waits for text (`wanted`) renders the text and `publish`es it. Text younger than
+the end of a turn in which a complete scrape or the textfile waits for text
+(`wanted`) renders the text and `publish`es it. Text younger than
 FRESH_SECONDS is served again without a render, so scrapes make the loop
 render at most about once per FRESH_SECONDS whatever their rate.
 
@@ -36,7 +38,8 @@ newcomer refused with 503. A peer is an IP address, an IPv6 /64, or
 "loopback" for every loopback address (any local user can connect from
 127.0.0.2 as well as from 127.0.0.1), so locally every scraper shares the
 slots with any local attacker: most honest scrapes are still served (the
-attacker must win a race for each of them), not all.
+attacker must win a race for each of them), not all. A path no connection
+can block is the textfile (docs/metrics.md).
 
 Only ``GET /metrics`` is served (a query string is ignored): other paths
 get 404, other methods 405. Every answer closes the connection. The address
@@ -54,6 +57,7 @@ from urllib.parse import urlsplit
 
 from .descriptors import OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
 from .log import log, one_line
+from .metrics_textfile import Textfile
 
 FRESH_SECONDS = 1.0
 MAX_CONNECTIONS = 8
@@ -179,21 +183,28 @@ class Scrape:
 
 
 class MetricsEndpoint:
-    """GET /metrics on the loop's selector; see the module docstring."""
+    """GET /metrics on the loop's selector, and the textfile; see the module docstring."""
 
-    def __init__(self, host: str, port: int) -> None:
-        """Bind and listen now (raises OSError if the address is unusable); serve after `start()`."""
-        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((host, port))
-            self._listener.listen(LISTEN_BACKLOG)
-        except OSError:
-            self._listener.close()
-            raise
-        self._listener.setblocking(False)
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+    def __init__(self, host: str | None = None, port: int = 0, *, textfile: Textfile | None = None) -> None:
+        """Bind and listen now if ``host`` is given (raises OSError if the address is unusable);
+        serve after `start()`. ``textfile`` is written every ``textfile.interval_seconds``."""
+        self._listener: socket.socket | None = None
+        self.address: tuple[str, int] | None = None
+        if host is not None:
+            family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind((host, port))
+                listener.listen(LISTEN_BACKLOG)
+            except OSError:
+                listener.close()
+                raise
+            listener.setblocking(False)
+            self._listener = listener
+            self.address = listener.getsockname()[:2]
+        self.textfile = textfile
+        self._textfile_due_seconds = float("-inf")  # monotonic: written in the first turn
         self._selector: selectors.BaseSelector | None = None
         self._scrapes: list[Scrape] = []  # accept order; at most MAX_CONNECTIONS
         self._text: bytes | None = None
@@ -205,14 +216,17 @@ class MetricsEndpoint:
                                          f"{MAX_CONNECTIONS} in progress")
 
     @property
-    def url(self) -> str:
+    def url(self) -> str | None:
+        if self.address is None:
+            return None
         host, port = self.address
         return f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
 
     def start(self, selector: selectors.BaseSelector) -> None:
         """Serve from now on: the loop hands the events of ``selector`` keyed to it to `on_event`."""
         self._selector = selector
-        selector.register(self._listener, selectors.EVENT_READ, self)
+        if self._listener is not None:
+            selector.register(self._listener, selectors.EVENT_READ, self)
 
     def owns(self, data: object) -> bool:
         """True for the selector data of the endpoint's sockets."""
@@ -221,12 +235,13 @@ class MetricsEndpoint:
     def close(self) -> None:
         for scrape in list(self._scrapes):
             self._close(scrape)
-        if self._selector is not None:
-            try:
-                self._selector.unregister(self._listener)
-            except (KeyError, ValueError):
-                pass
-        self._listener.close()
+        if self._listener is not None:
+            if self._selector is not None:
+                try:
+                    self._selector.unregister(self._listener)
+                except (KeyError, ValueError):
+                    pass
+            self._listener.close()
         self._spare.close()
 
     # -- the loop's side ----------------------------------------------------------
@@ -244,11 +259,14 @@ class MetricsEndpoint:
             self._send(scrape)
 
     def next_deadline(self) -> float | None:
-        """The monotonic second of the next scrape deadline, if any."""
-        return min((scrape.deadline_seconds for scrape in self._scrapes), default=None)
+        """The monotonic second of the next scrape deadline or textfile write, if any."""
+        deadlines = [scrape.deadline_seconds for scrape in self._scrapes]
+        if self.textfile is not None:
+            deadlines.append(self._textfile_due_seconds)
+        return min(deadlines, default=None)
 
     def expire(self, monotonic_seconds: float) -> None:
-        """Close the scrapes past a deadline, answered or not."""
+        """Close the scrapes past a deadline, answered or not; want text if the textfile is due."""
         for scrape in [scrape for scrape in self._scrapes if scrape.deadline_seconds <= monotonic_seconds]:
             if scrape.reading:
                 log.debug("metrics %s: no request head within %g s", scrape.name, HEAD_DEADLINE_SECONDS)
@@ -256,9 +274,12 @@ class MetricsEndpoint:
             else:
                 log.debug("metrics %s: closed at its %g s deadline", scrape.name, REQUEST_DEADLINE_SECONDS)
                 self._close(scrape)
+        if self.textfile is not None and monotonic_seconds >= self._textfile_due_seconds:
+            self.wanted = True
 
     def publish(self, text: str, monotonic_seconds: float) -> None:
-        """Answer every scrape that waits for text with ``text`` (the loop just rendered it)."""
+        """Answer every scrape that waits for text with ``text`` (the loop just rendered it), and
+        write the textfile if it is due."""
         self._text = text.encode()
         self._rendered_seconds = monotonic_seconds
         self.wanted = False
@@ -267,10 +288,14 @@ class MetricsEndpoint:
                 scrape.waiting = False
                 scrape.out += response(200, self._text, CONTENT_TYPE)
                 self._send(scrape)
+        if self.textfile is not None and monotonic_seconds >= self._textfile_due_seconds:
+            self.textfile.write(self._text, monotonic_seconds)
+            self._textfile_due_seconds = monotonic_seconds + self.textfile.interval_seconds
 
     # -- connections ----------------------------------------------------------------
 
     def _accept(self, monotonic_seconds: float) -> None:
+        assert self._listener is not None
         for _ in range(MAX_ACCEPTS_PER_TURN):  # the listener stays readable for the next turn
             try:
                 sock, address = self._listener.accept()
