@@ -4,6 +4,7 @@
 
 import asyncio
 import json
+import os
 import re
 import select
 import socket
@@ -313,10 +314,10 @@ def test_many_idle_metrics_connections_cannot_exhaust_the_daemon_s_descriptors(m
     assert "write failed" not in log and "Traceback" not in log and "reopen" not in log
 
 
-def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_total_deadline(make_daemon):
+def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_head_deadline(make_daemon):
     # A timeout renewed by every byte let one byte every few seconds hold a
     # scrape slot for ever; the deadline counts from the accept.
-    from walqueue.daemon.metrics_http import REQUEST_DEADLINE_SECONDS
+    from walqueue.daemon.metrics_http import HEAD_DEADLINE_SECONDS
 
     port = free_port()
     make_daemon("--metrics-listen", f"127.0.0.1:{port}")
@@ -334,4 +335,109 @@ def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_total_deadline(ma
                 closed_after = time.monotonic() - started
                 break
         assert closed_after is not None, "the trickling scrape was never cut off"
-    assert REQUEST_DEADLINE_SECONDS <= closed_after < REQUEST_DEADLINE_SECONDS + 5, closed_after
+    assert HEAD_DEADLINE_SECONDS <= closed_after < HEAD_DEADLINE_SECONDS + 5, closed_after
+
+
+# -- the endpoint against a local attacker (issue 20 item 5) -------------------------------
+
+ATTACKER_CONNECTIONS = 32  # four times the endpoint's slots
+HONEST_SCRAPES = 40
+HONEST_SECONDS = 3.0  # each honest scrape's own bound, as a scraper's timeout
+
+
+def honest_scrape(port: int) -> int | None:
+    """One GET /metrics as Prometheus sends it: its status, or None if it got no answer in time."""
+    deadline = time.monotonic() + HONEST_SECONDS
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=HONEST_SECONDS) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n")
+            answer = b""
+            while (remaining := deadline - time.monotonic()) > 0:
+                sock.settimeout(remaining)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+    except OSError:
+        return None
+    match = re.match(rb"HTTP/1\.0 (\d{3}) ", answer)
+    if match is None or (match.group(1) == b"200" and b"walqueue_uptime_seconds" not in answer):
+        return None
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("mode", ["silent", "trickle"])
+def test_honest_scrapes_are_served_while_a_local_attacker_holds_connections_open(make_daemon, mode):
+    # Once one loop holding the 8 slots open (replacing each one the endpoint
+    # closed at once) left 0 of 148 honest scrapes served: every newcomer got
+    # 503 while the slots waited out their 5 s deadlines.
+    port = free_port()
+    daemon = make_daemon("--metrics-listen", f"127.0.0.1:{port}")
+    attacker = subprocess.Popen([sys.executable, "-m", "tests.process.metrics_flood", str(port),
+                                 str(ATTACKER_CONNECTIONS), mode],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=child_env(), cwd=REPO)
+    try:
+        readable, _, _ = select.select([attacker.stdout], [], [], FIGURE_SECONDS)
+        assert readable and attacker.stdout.readline() == b"holding\n", "the attacker never got going"
+        statuses = [honest_scrape(port) for _ in range(HONEST_SCRAPES)]
+        assert attacker.poll() is None, "the attacker stopped before the honest scrapes ended"
+    finally:
+        attacker.kill()
+        attacker.wait(HTTP_SECONDS)
+        attacker.stdout.close()
+    served = statuses.count(200)
+    print(f"{served} of {HONEST_SCRAPES} honest scrapes served under a {mode} attack: {statuses}")
+    assert served >= HONEST_SCRAPES * 3 // 4, statuses
+    # The queue's own clients were never in question, and the daemon is fine.
+    with Client(daemon.socket_path, timeout=HTTP_SECONDS, retry_seconds=0) as client:
+        client.put("after", {})
+    assert daemon.terminate() == 0
+
+
+# -- --metrics-textfile: the path no connection can block (issue 20 item 5) ---------------
+
+
+def test_the_textfile_is_written_atomically_every_interval_and_follows_the_queue(make_daemon, workdir):
+    textfiles = workdir / "textfile_collector"
+    textfiles.mkdir()
+    path = textfiles / "walqueue.prom"
+    daemon = make_daemon("--metrics-textfile", str(path), "--metrics-textfile-interval", "1")
+    daemon.wait_for_log(f"writing metrics to {path} every 1 s (mode 0644)")
+
+    def ready_in_file():
+        try:
+            return sample(families_of(path.read_text()), "walqueue_tasks", status="ready")
+        except (FileNotFoundError, KeyError):
+            return None
+
+    wait_until(lambda: ready_in_file() == 0, FIGURE_SECONDS, "the textfile to be written")
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert sample(families_of(path.read_text()), "walqueue_info", directory=str(daemon.directory)) == 1
+    with Client(daemon.socket_path) as client:
+        client.put("a", {})
+    wait_until(lambda: ready_in_file() == 1, FIGURE_SECONDS, "the textfile to show the put", interval=0.1)
+    assert sorted(os.listdir(textfiles)) == ["walqueue.prom"]  # no temporary file left about
+    assert daemon.terminate() == 0
+    assert ready_in_file() == 1  # left in place: its age tells a stopped daemon
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--metrics-textfile", "/tmp/walqueue.txt"), "--metrics-textfile"),
+    (("--metrics-textfile", "/tmp/walqueue.prom", "--metrics-textfile-mode", "999"), "--metrics-textfile-mode"),
+    (("--metrics-textfile-interval", "5"), "--metrics-textfile-interval"),
+    (("--metrics-textfile", "/tmp/walqueue.prom", "--metrics-textfile-interval", "0.1"),
+     "--metrics-textfile-interval"),
+])
+def test_a_bad_metrics_textfile_option_exits_2_naming_it(workdir, args, named):
+    result = subprocess.run(serve_command(workdir / "queue", *args), capture_output=True, text=True,
+                            env=child_env(), cwd=REPO, timeout=30)
+    assert result.returncode == 2 and named in result.stderr, result.stderr
+    assert not (workdir / "queue").exists()
+
+
+def test_a_textfile_that_cannot_be_written_stops_the_start_with_exit_1(make_daemon, workdir):
+    daemon = make_daemon("--metrics-textfile", str(workdir / "missing" / "walqueue.prom"), start=False)
+    daemon.start(wait_ready=False)
+    assert daemon.proc.wait(30) == 1
+    assert "--metrics-textfile" in daemon.log() and "cannot write" in daemon.log()
+    assert not (workdir / "wq.sock").exists()

@@ -131,6 +131,9 @@ class SteppingClock:
     def monotonic_seconds(self) -> float:
         return self.monotonic
 
+    def boot_seconds(self) -> float:
+        return self.monotonic
+
     def wall_seconds(self) -> float:
         return 1_700_000_000.0
 

@@ -155,6 +155,31 @@ def test_a_wall_clock_step_neither_stretches_nor_cuts_a_lease(served):  # noqa: 
     assert "walqueue_clock_steps_total 2" in render_prometheus(report)
 
 
+def test_a_suspend_neither_delays_due_work_nor_stretches_a_lease(served):  # noqa: F811
+    # Issue 20 item 13: now followed CLOCK_MONOTONIC, which stops while the
+    # machine is suspended, so after a 120 s suspend a task put with a delay of
+    # 5 s (the client's wall clock + 5) became due after 125 s, and every lease
+    # of the run lasted 120 s too long.
+    loop, clock, connect = served
+    client = connect()
+    client.send(p.Put(id=1, task_id="leased", payload={}), p.Reserve(id=2, worker="w", lease_seconds=30))
+    client.answer(1)
+    (lease,) = client.answer(2).leases
+    clock.advance(10)
+    clock.suspend(120)  # wall and boot clocks move on, the monotonic clock does not
+    loop.one_turn()
+    assert loop.queue.get("leased").status == "ready", "the lease ended during the suspend"
+    client.send(p.Touch(id=3, task_id="leased", worker="w", generation=lease.generation, lease_seconds=30))
+    assert client.answer(3).error == "StaleLease"
+    client.send(p.Put(id=4, task_id="delayed", payload={}, available_at=int(clock.wall) + 5))
+    client.answer(4)
+    clock.advance(5)
+    client.send(p.Reserve(id=5, worker="w", limit=2))
+    assert sorted(lease.task_id for lease in client.answer(5).leases) == ["delayed", "leased"]
+    report = loop.report(loop.now())
+    assert report.clock_steps_total == 0  # the wall clock did not step: it counted the suspend too
+
+
 def test_force_release_ends_current_leases_by_task_id_with_ordinary_release_records(served):  # noqa: F811
     from tests.unit.frames import wal_records
 

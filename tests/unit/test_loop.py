@@ -26,9 +26,12 @@ MAX_TURNS = 200
 
 
 class FakeClock:
+    """The wall, monotonic and boot clocks; the boot clock is the monotonic one plus `suspended`."""
+
     def __init__(self, wall_seconds: float = 1_000_000.0) -> None:
         self.wall = wall_seconds
         self.monotonic = 0.0
+        self.suspended = 0.0
 
     def wall_seconds(self) -> float:
         return self.wall
@@ -36,9 +39,17 @@ class FakeClock:
     def monotonic_seconds(self) -> float:
         return self.monotonic
 
+    def boot_seconds(self) -> float:
+        return self.monotonic + self.suspended
+
     def advance(self, seconds: float) -> None:
         self.wall += seconds
         self.monotonic += seconds
+
+    def suspend(self, seconds: float) -> None:
+        """The machine sleeps: the wall and boot clocks move on, the monotonic clock stands still."""
+        self.wall += seconds
+        self.suspended += seconds
 
 
 class Client:
@@ -127,8 +138,32 @@ def test_the_clock_is_whole_seconds_and_never_goes_backwards():
     for monotonic, wall in ((0.0, 100.9), (0.05, 99.2), (0.1, 101.0), (0.2, 50.0), (1.1, 102.0)):
         clock.monotonic, clock.wall = monotonic, wall
         readings.append(now())
-    # It follows the monotonic clock from the wall clock at start, whatever the wall clock does after.
+    # It follows the boot clock from the wall clock at start, whatever the wall clock does after.
     assert readings == [100, 100, 101, 101, 102]
+
+
+def test_now_follows_the_boot_clock_through_a_suspend_and_a_suspend_is_no_step():
+    # On the monotonic clock, which stops while the machine sleeps, a 120 s
+    # suspend left now 120 s behind for the rest of the run, and was counted
+    # as a wall-clock step.
+    clock = FakeClock(wall_seconds=1000.0)
+    now = DaemonNow(clock)
+    assert now() == 1000
+    clock.suspend(120)
+    assert now() == 1120 and now.steps == 0 and now.offset_seconds == 0
+    clock.advance(5)
+    assert now() == 1125
+
+
+def test_the_system_clock_counts_a_suspend_where_the_kernel_can(monkeypatch):
+    from walqueue.daemon import clock as daemon_clock
+
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        assert daemon_clock._boot_seconds is time.monotonic
+        return
+    readings = {time.CLOCK_BOOTTIME: 5000.0, time.CLOCK_MONOTONIC: 3000.0}
+    monkeypatch.setattr(daemon_clock.time, "clock_gettime", readings.__getitem__)
+    assert daemon_clock.SystemClock().boot_seconds() == 5000.0
 
 
 def test_the_report_counts_the_slow_turns_and_the_longest_one(served):

@@ -5,6 +5,7 @@ prometheus_client, not string-matched), the wire form and --metrics-listen."""
 import dataclasses
 import math
 import random
+import socket
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -623,24 +624,148 @@ def test_anything_but_get_metrics_is_answered_with_its_error(endpoint_driver, re
     assert endpoint_driver.renders == 0
 
 
-def test_scrapes_beyond_the_bound_are_refused_and_each_has_a_total_deadline(endpoint_driver):
+def closed_by_the_endpoint(sock) -> bytes:
+    """What the endpoint sent before it closed ``sock`` (it must have closed it already)."""
+    sock.setblocking(False)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass  # closed with bytes of ours unread: what it sent may be lost
+    except BlockingIOError:
+        raise AssertionError(f"still open after {data!r}") from None
+    sock.close()
+    return data
+
+
+def still_open(sock) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) is None
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def test_a_newcomer_takes_the_slot_of_the_oldest_unfinished_scrape(endpoint_driver):
+    # Once a ninth scrape was refused while eight connections that never sent a
+    # request held every slot until their deadline: one local loop keeping them
+    # full left 0 of 148 honest scrapes served.
     from walqueue.daemon import metrics_http
 
     driver = endpoint_driver
     idle = [driver.scrape(b"G") for _ in range(metrics_http.MAX_CONNECTIONS)]
-    for _ in range(5):
-        driver.turn()
-    assert driver.answer(driver.scrape()).startswith(b"HTTP/1.0 503")
-    # More bytes do not extend a deadline: it counts from the accept.
-    for sock in idle:
-        sock.sendall(b"ET")
-    driver.monotonic += metrics_http.REQUEST_DEADLINE_SECONDS - 0.1
     driver.turn()
-    assert driver.endpoint.next_deadline() is not None
+    assert driver.answer(driver.scrape()).endswith(b"text 1\n")
+    assert closed_by_the_endpoint(idle[0]).startswith(b"HTTP/1.0 503")
+    assert all(still_open(sock) for sock in idle[1:])
+    for sock in idle[1:]:
+        sock.close()
+
+
+def test_a_request_that_arrived_meanwhile_is_served_not_evicted(endpoint_driver):
+    from walqueue.daemon import metrics_http
+
+    driver = endpoint_driver
+    idle = [driver.scrape(b"GET /metrics HTTP/1.0\r\n") for _ in range(metrics_http.MAX_CONNECTIONS)]
+    driver.turn()
+    idle[0].sendall(b"\r\n")  # the oldest one's head is complete now, unread by the endpoint
+    newcomer = driver.scrape()
+    assert driver.answer(newcomer).endswith(b"text 1\n")
+    assert driver.answer(idle[0]).endswith(b"text 1\n")  # given its one last read before eviction
+    assert closed_by_the_endpoint(idle[1]).startswith(b"HTTP/1.0 503")
+    for sock in idle[2:]:
+        sock.close()
+
+
+def test_the_peer_holding_the_most_slots_gives_one_up(endpoint_driver, monkeypatch):
+    from walqueue.daemon import metrics_http
+
+    # Every loopback address is one peer; here each address is its own, so that two can be told apart.
+    monkeypatch.setattr(metrics_http, "peer_of", lambda address: address)
+    driver = endpoint_driver
+    other = socket.create_connection(driver.endpoint.address, timeout=5, source_address=("127.0.0.2", 0))
+    other.sendall(b"G")  # the oldest slot, of a peer that holds one
+    driver.turn()
+    flooding = [driver.scrape(b"G") for _ in range(metrics_http.MAX_CONNECTIONS - 1)]
+    driver.turn()
+    assert driver.answer(driver.scrape()).endswith(b"text 1\n")
+    assert still_open(other)
+    assert closed_by_the_endpoint(flooding[0]).startswith(b"HTTP/1.0 503")
+    for sock in [other, *flooding[1:]]:
+        sock.close()
+
+
+def test_only_complete_requests_in_every_slot_refuse_a_newcomer(endpoint_driver):
+    from walqueue.daemon import metrics_http
+
+    driver = endpoint_driver
+    # All arrive before one turn: the first eight wait for the turn's render, the ninth is refused.
+    socks = [driver.scrape() for _ in range(metrics_http.MAX_CONNECTIONS + 1)]
+    assert driver.answer(socks[-1]).startswith(b"HTTP/1.0 503")
+    assert all(driver.answer(sock).endswith(b"text 1\n") for sock in socks[:-1])
+    assert driver.renders == 1
+
+
+def test_a_request_head_must_arrive_within_its_deadline_whatever_it_trickles(endpoint_driver):
+    from walqueue.daemon import metrics_http
+
+    driver = endpoint_driver
+    slow = driver.scrape(b"G")
+    driver.turn()
+    driver.monotonic += metrics_http.HEAD_DEADLINE_SECONDS - 0.1
+    slow.sendall(b"ET /metrics HTTP/1.0\r\n")  # more bytes do not extend the deadline
+    driver.turn()
+    assert driver.endpoint.next_deadline() == metrics_http.HEAD_DEADLINE_SECONDS
     driver.monotonic += 0.1
     driver.turn()
     assert driver.endpoint.next_deadline() is None
-    for sock in idle:
-        assert sock.recv(100) == b""  # closed by the endpoint
+    assert closed_by_the_endpoint(slow).startswith(b"HTTP/1.0 408")
+
+
+def test_an_answer_not_taken_is_cut_at_the_total_deadline(endpoint_driver):
+    from walqueue.daemon import metrics_http
+
+    driver = endpoint_driver
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(driver.endpoint.address)
+    sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+    for _ in range(100):  # the turn up to its render: until the request waits for the text
+        for key, mask in driver.selector.select(0.05):
+            driver.endpoint.on_event(key.data, mask, driver.monotonic)
+        if driver.endpoint.wanted:
+            break
+    driver.endpoint.publish("x" * (16 << 20) + "\n", driver.monotonic)  # far more than the buffers hold
+    assert driver.endpoint.next_deadline() == metrics_http.REQUEST_DEADLINE_SECONDS
+    driver.monotonic += metrics_http.REQUEST_DEADLINE_SECONDS
+    driver.turn()
+    assert driver.endpoint.next_deadline() is None
+    sock.close()
+
+
+def test_a_turn_accepts_at_most_its_bound_of_connections(endpoint_driver, monkeypatch):
+    import selectors
+
+    from walqueue.daemon import metrics_http
+
+    monkeypatch.setattr(metrics_http, "MAX_ACCEPTS_PER_TURN", 3)
+    driver = endpoint_driver
+    socks = [driver.scrape() for _ in range(4)]
+    driver.endpoint.on_event(driver.endpoint, selectors.EVENT_READ, driver.monotonic)
+    assert len(driver.endpoint._scrapes) + sum(not still_open(sock) for sock in socks) == 3
+    for sock in socks:
         sock.close()
-    assert driver.answer(driver.scrape()).endswith(b"text 1\n")
+
+
+@pytest.mark.parametrize("address, peer", [
+    ("127.0.0.1", "loopback"), ("127.0.0.2", "loopback"), ("::1", "loopback"),
+    ("::ffff:127.0.0.1", "loopback"), ("192.0.2.7", "192.0.2.7"), ("::ffff:192.0.2.7", "192.0.2.7"),
+    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"), ("fe80::1%eth0", "fe80::/64"),
+])
+def test_a_peer_is_an_address_a_v6_64_or_every_loopback_address_at_once(address, peer):
+    from walqueue.daemon.metrics_http import peer_of
+
+    assert peer_of(address) == peer

@@ -14,7 +14,8 @@ One module per concept (docs/daemon.md, "Inside walqueued"):
 * ``loop``: the selector loop, timers, signals, accept and the shutdown drain.
 * ``systemd``: sd_notify (READY, STOPPING, WATCHDOG, STATUS,
   EXTEND_TIMEOUT_USEC) and socket activation.
-* ``recorder`` and ``metrics_http``: the daemon's figures and GET /metrics.
+* ``recorder``, ``metrics_http`` and ``metrics_textfile``: the daemon's figures, GET /metrics
+  and the textfile.
 * ``cli``: the ``walqueued`` command.
 
 Nothing here imports walqueue.client (or aio, worker): the daemon and its

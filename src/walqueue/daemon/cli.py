@@ -44,6 +44,11 @@ from .loop import (
 )
 from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
 from .metrics_http import ListenError, MetricsEndpoint, parse_listen
+from .metrics_textfile import DEFAULT_INTERVAL_SECONDS as DEFAULT_TEXTFILE_INTERVAL_SECONDS
+from .metrics_textfile import DEFAULT_MODE as DEFAULT_TEXTFILE_MODE
+from .metrics_textfile import DESCRIPTORS as TEXTFILE_DESCRIPTORS
+from .metrics_textfile import MIN_INTERVAL_SECONDS as MIN_TEXTFILE_INTERVAL_SECONDS
+from .metrics_textfile import Textfile, TextfileError
 from .systemd import SD_LISTEN_FDS_START, Notifier, activated_listener, open_reporting_progress
 
 SOCKET_NAME = "walqueued.sock"
@@ -68,13 +73,13 @@ def _load_hook(spec: str, option: str = "--test-hook") -> Callable:
     return getattr(importlib.import_module(module_name), attribute)
 
 
-def _parse_mode(value: str) -> int:
+def _parse_mode(value: str, option: str | None = None) -> int:
     try:
         mode = int(value, 8)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not an octal mode such as 0660") from None
+        raise click.BadParameter(f"{value!r} is not an octal mode such as 0660", param_hint=option) from None
     if not 0 <= mode <= 0o777:
-        raise click.BadParameter(f"{value!r} is outside 0000..0777")
+        raise click.BadParameter(f"{value!r} is outside 0000..0777", param_hint=option)
     return mode
 
 
@@ -82,12 +87,13 @@ EXIT_CODES_HELP = """\b
 Exit codes:
   0  stopped by SIGTERM/SIGINT: last batch fsynced and answered, socket removed
   1  failure: cannot open the directory for a passing reason (e.g. EIO,
-     EMFILE), bind the socket or listen on the --metrics-listen address, or
-     reopening the queue after a failed write failed; or an unexpected error
-     (a bug: its traceback is logged)
+     EMFILE), bind the socket, listen on the --metrics-listen address or
+     write the --metrics-textfile, or reopening the queue after a failed
+     write failed; or an unexpected error (a bug: its traceback is logged)
   2  usage error (a bad --metrics-listen, or a non-loopback one without
-     --metrics-allow-remote, included); the socket path is not a socket;
-     a descriptor passed by systemd is not a Unix stream socket
+     --metrics-allow-remote, or a --metrics-textfile not ending in .prom,
+     included); the socket path is not a socket; a descriptor passed by
+     systemd is not a Unix stream socket
   3  another walqueued owns the directory (QueueLocked) or listens on the socket
   4  the directory is corrupt (CorruptStore), at start or at a reopen
   5  the directory cannot be used as it is: read-only file system, no
@@ -155,13 +161,26 @@ def cli() -> None:
 @click.option("--metrics-allow-remote", is_flag=True, default=False,
               help="Allow a non-loopback --metrics-listen address (anyone who can reach it reads "
                    "the queue's directory and load; put a firewall in front).")
+@click.option("--metrics-textfile", metavar="PATH", type=click.Path(dir_okay=False), default=None,
+              help="Write the same metrics text to PATH (NAME.prom in node_exporter's textfile "
+                   "directory) every --metrics-textfile-interval seconds, atomically (a temporary "
+                   "PATH.tmp renamed over it). Needs no port, and no connection can keep it from "
+                   "Prometheus: the way to scrape under the shipped units (docs/metrics.md).")
+@click.option("--metrics-textfile-interval", type=click.FloatRange(min=MIN_TEXTFILE_INTERVAL_SECONDS),
+              default=DEFAULT_TEXTFILE_INTERVAL_SECONDS, show_default=True, metavar="SECONDS",
+              help="Seconds between two writes of --metrics-textfile.")
+@click.option("--metrics-textfile-mode", default=f"{DEFAULT_TEXTFILE_MODE:04o}", show_default=True,
+              metavar="MODE",
+              help="Permissions of --metrics-textfile, in octal, whatever the umask (node_exporter "
+                   "runs as another user and must read it).")
 @click.option("--test-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
 @click.option("--test-child-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE called in each snapshot child before it writes.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
           compact_wal_ratio: float, max_connections: int, hello_timeout_seconds: float, log_level: str,
-          metrics_listen: str | None, metrics_allow_remote: bool, test_hook: str | None,
+          metrics_listen: str | None, metrics_allow_remote: bool, metrics_textfile: str | None,
+          metrics_textfile_interval: float, metrics_textfile_mode: str, test_hook: str | None,
           test_child_hook: str | None, preallocate_wal_bytes: int) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT.
 
@@ -179,6 +198,19 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
     elif metrics_allow_remote:
         raise click.BadParameter("is only meaningful with --metrics-listen",
                                  param_hint="--metrics-allow-remote")
+    textfile = None
+    if metrics_textfile is not None:
+        try:
+            textfile = Textfile(metrics_textfile, interval_seconds=metrics_textfile_interval,
+                                mode=_parse_mode(metrics_textfile_mode, "--metrics-textfile-mode"))
+        except TextfileError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics-textfile") from None
+    else:
+        context = click.get_current_context()
+        for name in ("metrics_textfile_interval", "metrics_textfile_mode"):
+            if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+                raise click.BadParameter("is only meaningful with --metrics-textfile",
+                                         param_hint="--" + name.replace("_", "-"))
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, log_level.upper()),
@@ -197,7 +229,8 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
                              compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
                              max_connections=max_connections, hook=hook, child_hook=child_hook,
                              hello_timeout_seconds=hello_timeout_seconds,
-                             preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address))
+                             preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
+                             metrics_textfile=textfile))
 
 
 def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
@@ -259,16 +292,39 @@ def reach_directory(directory: str) -> Directory:
     return reached.directory
 
 
+def open_metrics(address: tuple[str, int] | None, textfile: Textfile | None) -> MetricsEndpoint:
+    """Listen on ``address`` and check that ``textfile`` can be written; raises OSError (logged)."""
+    if textfile is not None:
+        try:
+            textfile.probe()
+        except OSError as exc:
+            log.error("--metrics-textfile %s: cannot write: %s", textfile.path, exc)
+            raise
+    try:
+        endpoint = MetricsEndpoint(*(address or (None, 0)), textfile=textfile)
+    except OSError as exc:
+        log.error("--metrics-listen %s:%d: cannot listen: %s", *address, exc)
+        raise
+    if endpoint.url is not None:
+        log.info("serving metrics at %s", endpoint.url)
+    if textfile is not None:
+        log.info("writing metrics to %s every %g s (mode %04o)", textfile.path, textfile.interval_seconds,
+                 textfile.mode)
+    return endpoint
+
+
 def serve_directory(directory: str, *, socket_path: str | None, mode: int, compact_wal_bytes: int,
                     max_connections: int, hook: Callable[[str], None] | None,
                     hello_timeout_seconds: float = DEFAULT_HELLO_TIMEOUT_SECONDS,
                     preallocate_wal_bytes: int = DEFAULT_PREALLOCATE_WAL_BYTES,
                     metrics_address: tuple[str, int] | None = None,
                     compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
-                    child_hook: Callable[[], None] | None = None) -> int:
+                    child_hook: Callable[[], None] | None = None,
+                    metrics_textfile: Textfile | None = None) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
-    metrics_descriptors = 0 if metrics_address is None else METRICS_DESCRIPTORS
+    metrics_descriptors = ((0 if metrics_address is None else METRICS_DESCRIPTORS)
+                           + (0 if metrics_textfile is None else TEXTFILE_DESCRIPTORS))
     max_connections = descriptor_budget(max_connections, metrics_descriptors)
     notifier = Notifier(dict(os.environ))
     notifier.notify("STATUS=recovering " + directory)
@@ -290,7 +346,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                       mode=mode, compact_wal_bytes=compact_wal_bytes, max_connections=max_connections,
                       hook=hook, notifier=notifier, hello_timeout_seconds=hello_timeout_seconds,
                       preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
-                      compact_wal_ratio=compact_wal_ratio, child_hook=child_hook)
+                      metrics_textfile=metrics_textfile, compact_wal_ratio=compact_wal_ratio,
+                      child_hook=child_hook)
     finally:
         os.close(reached.fd)
         notifier.close()
@@ -299,7 +356,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
 def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mode: int,
            compact_wal_bytes: int, max_connections: int, hook, notifier: Notifier,
            hello_timeout_seconds: float, preallocate_wal_bytes: int,
-           metrics_address: tuple[str, int] | None, compact_wal_ratio: float, child_hook) -> int:
+           metrics_address: tuple[str, int] | None, metrics_textfile: Textfile | None,
+           compact_wal_ratio: float, child_hook) -> int:
     """serve_directory once the directory is reached: recover, listen, run the loop."""
     if listener is None:
         try:
@@ -344,17 +402,15 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
         owned_path = socket_path
         log.info("listening on %s (mode %04o)", socket_path, mode)
     metrics_endpoint = None
-    if metrics_address is not None:
+    if metrics_address is not None or metrics_textfile is not None:
         try:
-            metrics_endpoint = MetricsEndpoint(*metrics_address)
-        except OSError as exc:
-            log.error("--metrics-listen %s:%d: cannot listen: %s", *metrics_address, exc)
+            metrics_endpoint = open_metrics(metrics_address, metrics_textfile)
+        except OSError:
             queue.close()
             if owned_path is not None:
                 os.unlink(owned_path)
             listener.close()
             return EXIT_FAILURE
-        log.info("serving metrics at %s", metrics_endpoint.url)
     loop = Loop(
         directory,
         queue,

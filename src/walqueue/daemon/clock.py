@@ -6,22 +6,39 @@ due times; monotonic seconds decide waits, hello and frame deadlines and
 timers.
 
 Policy (docs/guarantees.md, "The daemon's clock"): within a run, ``now``
-advances with the MONOTONIC clock from an anchor taken at start (the wall
+advances with the BOOT clock (CLOCK_BOOTTIME: the monotonic clock plus the
+time the machine was suspended) from an anchor taken at start (the wall
 clock then), never with the wall clock itself. So a wall clock stepped
 forward or back while the daemon runs (a bad NTP server, an operator's
 ``date -s``) neither stretches nor cuts a lease: a lease of L seconds lasts
-between L-1 and L seconds of real time, whatever the wall clock does. Where
-SPEC writes ``now = max(int(time.time()), last_now)``, this keeps its
-properties and differs only after a step: ``now`` stays on the time line
-the daemon started with, and a step is logged and counted instead. At the
-next start the anchor is the wall clock again (deadlines on disk are
-absolute), so a wall clock that is wrong AT START is trusted; an operator
-can end the leases granted meanwhile with ``force_release``.
+between L-1 and L seconds of real time, whatever the wall clock does. A
+suspend counts as the real time it is (issue 20 item 13): CLOCK_MONOTONIC
+stops while the machine sleeps, so on it a 120 s suspend made a task put
+with a delay of 5 s due after 125 s, and every lease and due time of the run
+120 s late for good. Where SPEC writes ``now = max(int(time.time()),
+last_now)``, this keeps its properties and differs only after a step:
+``now`` stays on the time line the daemon started with, and a step is
+logged and counted instead. At the next start the anchor is the wall clock
+again (deadlines on disk are absolute), so a wall clock that is wrong AT
+START is trusted; an operator can end the leases granted meanwhile with
+``force_release``.
+
+Waits, the hello, frame and scrape deadlines and the timers stay on the
+monotonic clock: they time what a peer does, and a peer on this machine was
+suspended too (a frame half sent before a suspend is not late after it).
+The select timeout the loop computes from ``now`` is a duration, correct on
+either clock; a suspend in the middle of it wakes the loop that much later
+in real time (the kernel's timeout does not count the suspend), so a lease
+that ended during a suspend is reaped at the next request or when that
+timeout ends, at most MAX_TIMER_SECONDS later; any request after the resume
+already sees the real ``now``.
 
 A step is a change of more than STEP_THRESHOLD_SECONDS in the offset between
 the wall clock and ``now``'s time line (NTP's slewing moves both alike and
-is not a step). Each is logged and counted (`steps`); `offset_seconds` is
-the current offset. Both are in the daemon's report (metrics).
+is not a step; nor is a suspend, which the wall clock and the boot clock
+both count). Each is logged and counted (`steps`); `offset_seconds` is the
+current offset. Both are in the daemon's report (metrics). Where there is no
+CLOCK_BOOTTIME (it is Linux's), ``now`` follows the monotonic clock.
 """
 
 from __future__ import annotations
@@ -35,10 +52,21 @@ log = logging.getLogger("walqueued")
 STEP_THRESHOLD_SECONDS = 2.0
 
 
+if hasattr(time, "CLOCK_BOOTTIME"):
+    def _boot_seconds() -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+else:  # not Linux: no clock that counts a suspend and never steps
+    _boot_seconds = time.monotonic
+
+
 class Clock(Protocol):
     def wall_seconds(self) -> float: ...
 
     def monotonic_seconds(self) -> float: ...
+
+    def boot_seconds(self) -> float:
+        """Like monotonic_seconds, but counting the time the machine was suspended."""
+        ...
 
 
 class SystemClock:
@@ -50,14 +78,17 @@ class SystemClock:
     def monotonic_seconds(self) -> float:
         return time.monotonic()
 
+    def boot_seconds(self) -> float:
+        return _boot_seconds()
+
 
 class DaemonNow:
     """Whole seconds on a time line anchored at the wall clock at start, advancing with the
-    monotonic clock, never going backwards (see the module docstring)."""
+    boot clock, never going backwards (see the module docstring)."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._anchor_monotonic = clock.monotonic_seconds()
+        self._anchor_boot = clock.boot_seconds()
         self._anchor_wall = clock.wall_seconds()
         self.last_now = 0
         self.offset_seconds = 0.0  # wall clock minus the daemon's time line, at the last reading
@@ -65,7 +96,7 @@ class DaemonNow:
 
     def seconds(self) -> float:
         """The daemon's time line now, in (fractional) seconds; also notices wall-clock steps."""
-        elapsed = self._clock.monotonic_seconds() - self._anchor_monotonic
+        elapsed = self._clock.boot_seconds() - self._anchor_boot
         daemon_seconds = self._anchor_wall + elapsed
         offset = self._clock.wall_seconds() - daemon_seconds
         if abs(offset - self.offset_seconds) > STEP_THRESHOLD_SECONDS:

@@ -39,9 +39,9 @@ deadline, or a task due while reserves wait) — or the end of the reaper's
 back-off after a reap that failed to write (disk full: retried after 1, 2,
 4, ... s up to 5 minutes, not every second). A snapshot child's exit wakes
 the loop through its pidfd. Time comes from an injected `Clock`: ``now``
-(whole seconds on the monotonic clock from a wall-clock anchor at start,
-never backwards: walqueue.daemon.clock) for leases, monotonic seconds for
-waits and timers.
+(whole seconds on the boot clock, which counts a suspend, from a wall-clock
+anchor at start, never backwards: walqueue.daemon.clock) for leases,
+monotonic seconds for waits and timers.
 Only connections a turn touched are looked at, so idle ones cost nothing.
 A turn over 100 ms is logged with where its time went
 (walqueue.daemon.turn_timer).
