@@ -289,6 +289,23 @@ def test_a_flood_of_costly_requests_is_spread_over_turns_so_the_watchdog_is_ping
     assert len(gaps) >= 9 and max(gaps) <= 2.0 + loop_module.TURN_WORK_SECONDS + 0.1 + 1e-9, gaps
 
 
+def test_a_backlog_deferred_by_the_time_bound_does_not_go_before_a_later_bystander(served):  # noqa: F811
+    # A flooder that reads its answers has a backlog deferred turn after turn. Applied
+    # first-come, that backlog filled every turn's TURN_WORK_SECONDS and a bystander who
+    # arrived later waited for all of it (a stats call took over 5 s beside 2,000 costly gets).
+    # Requests are applied one connection at a time, in rounds: the bystander goes in the first.
+    loop, clock, connect = served
+    loop.service._handlers[p.Stats] = costly(clock, 0.1, loop.service._handlers[p.Stats])
+    flooder, bystander = connect(), connect()
+    flooder.send(*(p.Stats(id=number) for number in range(1, 201)))
+    loop.one_turn()   # reads the flood, applies what fits, defers the rest
+    flooder._read()
+    assert 0 < len(flooder.answers) < 200
+    bystander.send(p.Stats(id=7))
+    loop.one_turn()
+    assert bystander.has_answer(7), "the bystander waited behind the flooder's backlog"
+
+
 def test_reading_is_bounded_per_turn_and_what_was_left_unread_goes_first_next_turn(served):  # noqa: F811
     loop, clock, connect = served
     clients = [connect() for _ in range(8)]

@@ -115,6 +115,24 @@ _WAKEUP = object()
 _COMPACTION = object()  # a snapshot child's pidfd: readable once it exited
 
 
+def _in_rounds(requests: list[tuple[Connection, protocol.Request]]):
+    """The turn's requests one connection at a time, in rounds, each connection's in its order.
+
+    With the turn's work bounded in time (TURN_WORK_SECONDS), first-come order
+    let one connection's backlog, resumed first every turn, fill every turn
+    while another connection's single request waited behind all of it.
+    """
+    queues: dict[Connection, deque[protocol.Request]] = {}
+    for conn, request in requests:
+        queues.setdefault(conn, deque()).append(request)
+    while queues:
+        for conn in list(queues):
+            pending = queues[conn]
+            yield conn, pending.popleft()
+            if not pending:
+                del queues[conn]
+
+
 def refuse_a_live_socket(path: str) -> bool:
     """True if nothing is at ``path``; False if a socket nobody answers on (a dead owner's) is.
 
@@ -613,7 +631,7 @@ class Loop:
                 service.serve_parked()
             apply_until = monotonic_seconds() + TURN_WORK_SECONDS
             applied = 0
-            for conn, request in requests:
+            for conn, request in _in_rounds(requests):
                 if conn.closed:
                     continue
                 listing = type(request) is protocol.Tasks
