@@ -69,6 +69,8 @@ log = logging.getLogger("walqueue.scheduler")
 class _Progress:
     handled: int | None = None    # the latest period start whose put was answered (or refused)
     accounted: int | None = None  # periods up to here were put, handled or reported skipped
+    next_due: int | None = None   # no period starts before this (None: not known yet)
+    never_again: bool = False     # a cron expression with no period left within 50 years
 
 
 class Scheduler:
@@ -134,20 +136,19 @@ class Scheduler:
             if self._stop.is_set():
                 break
             self._step_entry(entry, now)
-        upcoming = []
-        for entry in self.entries:
-            try:
-                upcoming.append(periods.next_start(entry.timing, now))
-            except periods.NeverFires:
-                pass
+        upcoming = [progress.next_due for progress in self._progress.values()
+                    if progress.next_due is not None and not progress.never_again]
         return min(upcoming, default=None)
 
     # -- one entry ----------------------------------------------------------------
 
     def _step_entry(self, entry: Entry, now: int) -> None:
         progress = self._progress[entry.name]
+        if progress.next_due is not None and (now < progress.next_due or progress.never_again):
+            return  # nothing started since the last step (cron arithmetic is not free)
         window = periods.window(entry.timing, now, entry.catch_up)
         if not window or (progress.handled is not None and progress.handled >= window[-1]):
+            self._plan(progress, entry, now)
             return
         first_step = progress.handled is None
         if progress.accounted is None:
@@ -166,6 +167,14 @@ class Scheduler:
             self._put(entry, start, now, look_first=first_step or start != window[-1],
                       periods_back=len(window) - 1 - window.index(start))
             progress.handled = progress.accounted = start
+        self._plan(progress, entry, now)
+
+    @staticmethod
+    def _plan(progress: _Progress, entry: Entry, now: int) -> None:
+        try:
+            progress.next_due = periods.next_start(entry.timing, now)
+        except periods.NeverFires:
+            progress.next_due, progress.never_again = now, True
 
     def _put(self, entry: Entry, start: int, now: int, *, look_first: bool, periods_back: int) -> None:
         task_id = periods.task_id(entry.name, start)
