@@ -15,9 +15,11 @@ says when periods start):
 
 1. Its *window* is the last `catch_up` periods that have started (default 1:
    the current period only).
-2. The periods of the window it has not handled are put, oldest first. A
-   period older than the current one is a catch-up: it is looked up first,
-   so the log says whether it was already there or was put now.
+2. The periods of the window it has not handled are put, oldest first (a
+   period older than the current one is a catch-up). Each is looked up
+   first, so the log says whether it was there already (another scheduler,
+   or this one before a restart) or is put now; the put is sent either way,
+   and the store decides: an identical request writes nothing.
 3. Periods older than the window that it never handled are skipped, and the
    log says which. At its first step it learns what happened before it ran
    by looking up (`get`) up to LOOKBACK_PERIODS periods before the window,
@@ -150,7 +152,6 @@ class Scheduler:
         if not window or (progress.handled is not None and progress.handled >= window[-1]):
             self._plan(progress, entry, now)
             return
-        first_step = progress.handled is None
         if progress.accounted is None:
             self._report_history(entry, window[0])
             progress.accounted = window[0] - 1
@@ -164,8 +165,7 @@ class Scheduler:
                 continue
             if self._stop.is_set():
                 return
-            self._put(entry, start, now, look_first=first_step or start != window[-1],
-                      periods_back=len(window) - 1 - window.index(start))
+            self._put(entry, start, now, periods_back=len(window) - 1 - window.index(start))
             progress.handled = progress.accounted = start
         self._plan(progress, entry, now)
 
@@ -176,10 +176,11 @@ class Scheduler:
         except periods.NeverFires:
             progress.next_due, progress.never_again = now, True
 
-    def _put(self, entry: Entry, start: int, now: int, *, look_first: bool, periods_back: int) -> None:
+    def _put(self, entry: Entry, start: int, now: int, *, periods_back: int) -> None:
         task_id = periods.task_id(entry.name, start)
         shown = display.name(task_id)
-        existing = self.client.get(task_id) if look_first else None
+        # Looked up first only so the log can say who put it; the put alone decides.
+        existing = self.client.get(task_id)
         try:
             self.client.put(task_id, entry.payload, key=task_id, available_at=start,
                             max_attempts=entry.max_attempts)
