@@ -217,9 +217,10 @@ def test_a_reserve_wait_ends_with_no_leases(daemon):
 def test_sigterm_answers_parked_reserves_closes_and_removes_the_socket(daemon, client_process):
     with Client(daemon.socket_path) as client:
         client.put("kept", {})
+        # Taken before the reserver starts, so that it parks: taken after, the reserver could
+        # reach the daemon first (whichever process gets the CPU), take "kept" and never park.
+        client.reserve("other")
     reserver = client_process("reserve", daemon.socket_path, "w", 60)
-    with Client(daemon.socket_path) as client:
-        client.reserve("other")  # takes "kept" so the reserver parks
     daemon.wait_for_log("parked reserve")
     assert daemon.terminate() == 0
     code, out, err = reserver.result(timeout=10)
