@@ -321,8 +321,10 @@ def test_a_metrics_request_trickled_byte_by_byte_is_cut_at_its_head_deadline(mak
 
     port = free_port()
     make_daemon("--metrics-listen", f"127.0.0.1:{port}")
+    # Read before the connect, so no earlier than the accept the deadline counts from: read after
+    # it, a test that lost the CPU once connected counted from later, and saw the cut come early.
+    started = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=HTTP_SECONDS) as sock:
-        started = time.monotonic()
         closed_after = None
         for byte in b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"x" * 100:
             try:
