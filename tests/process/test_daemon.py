@@ -473,8 +473,12 @@ def test_the_worker_helper_acks_releases_and_keeps_long_leases(daemon, client_pr
     with Client(daemon.socket_path) as client:
         client.put("ok", {})
         client.put("bad", {"fail": True}, max_attempts=1)
-        client.put("slow", {"sleep": 2.5})
-        worker = client_process("work", daemon.socket_path, "helper", 3, 2)
+        # Past its 3 s lease, which (granted in a whole second of the daemon's clock) lasts 2 to 3 s:
+        # the worker touches every second, so the first touch has a second to spare. A 2 s lease
+        # lasted as little as 1 s, and its first touch, a second after the answer, came too late
+        # whenever the grant fell late in its second.
+        client.put("slow", {"sleep": 3.5})
+        worker = client_process("work", daemon.socket_path, "helper", 3, 3)
         code, out, err = worker.result(timeout=30)
         assert code == 0, err
         assert json.loads(out) == {"handled": 3, "processed": 2, "failed": 1}
