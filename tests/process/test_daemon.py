@@ -864,14 +864,12 @@ def test_many_unread_listings_do_not_stall_other_clients(daemon):
             readers.append(sock)
         for sock in readers:  # back to back, so they land in the same turns
             sock.sendall(p.encode(p.Tasks(id=2)))  # ~10 MB each: past the high-water mark
-        slowest = 0.0
+        # Served meanwhile, because a turn starts at most one listing and encodes at most 2 MiB
+        # of them (without those limits a stats waited ~1.5 s here, with them ~0.04 s): that is
+        # counted turn by turn in tests/unit/test_hostile_loop.py, not timed here, where a busy
+        # machine stretches any wait.
         for _ in range(20):
-            started = time.monotonic()
             assert bystander.stats().ready == 8_000
-            slowest = max(slowest, time.monotonic() - started)
-        # A turn starts at most one listing and encodes at most 2 MiB of them
-        # (without those limits a stats waited ~1.5 s here, with them ~0.04 s).
-        assert slowest < 0.75, f"a stats waited {slowest:.2f} s behind unread listings"
         first = readers[0]
         first.settimeout(30)
         listed = []

@@ -415,3 +415,34 @@ def test_frames_far_from_done_cannot_chain_their_deadlines_to_starve_one_nearly_
         error = conn.answer(None)
         assert error.fatal and "not received in time" in error.message, error
     assert loop.input_budget.admitted_total == 0 and not loop.input_budget.waiting
+
+
+# -- unread listings (issue 12 item 4; the process tests' bystanders, turn by turn) ------------
+
+
+def test_unread_listings_cost_each_turn_a_bounded_share_and_a_bystander_is_answered_in_its_turn(
+        served):  # noqa: F811
+    # Once each listing sorted every id and encoded up to 8 MiB in the same turn, and a bystander
+    # behind forty of them waited seconds. Counted here in what each turn did, not in seconds.
+    from walqueue.daemon.connection import LISTING_BYTES_PER_TURN, MAX_LISTINGS_STARTED_PER_TURN
+
+    loop, _, connect = served
+    loop.queue.put_many([{"task_id": f"t{index:05d}", "payload": {"pad": "x" * 1000}}
+                         for index in range(10_000)])  # ~10 MB a listing
+    bystander = connect()
+    listers = [connect() for _ in range(8)]  # with the bystander, within the fixture's 10 connections
+    for lister in listers:
+        lister.send(p.Tasks(id=2))  # never read
+    listed = 0
+    for number in range(20):
+        bystander.send(p.Stats(id=100 + number))
+        loop.one_turn()
+        # Its stats is answered in the turn that read it, whatever the listings wait for.
+        assert bystander.has_answer(100 + number), f"turn {number}"
+        # At most one listing started, and one listing chunk past the turn's listing bytes.
+        assert loop._listings_started <= MAX_LISTINGS_STARTED_PER_TURN, f"turn {number}"
+        encoded = LISTING_BYTES_PER_TURN - loop.listing_budget.remaining_bytes
+        assert encoded <= LISTING_BYTES_PER_TURN + p.CHUNK_BUDGET_BYTES + 4096, f"turn {number}: {encoded}"
+        listed += encoded
+    # Not vacuous: the listings went on meanwhile, a turn's share at a time.
+    assert listed > 10 * LISTING_BYTES_PER_TURN
