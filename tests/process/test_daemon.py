@@ -197,7 +197,7 @@ def test_a_lease_expires_on_the_real_clock_and_wakes_a_waiting_worker(daemon):
         assert stale.value.status == "leased" and stale.value.generation == again.generation
 
 
-def test_an_expired_lease_shows_in_dead_within_two_seconds_without_any_reserve(daemon):
+def test_an_expired_lease_is_reaped_by_the_daemon_on_its_own_without_any_request(daemon):
     with Client(daemon.socket_path) as client:
         client.put("once", {}, max_attempts=1)
         (lease,) = client.reserve("w", lease_seconds=1)
