@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from walqueue.ctl import (
+from walqueue.ctl.errors import (
     EXIT_CORRUPT,
     EXIT_KEY_CONFLICT,
     EXIT_NOT_FOUND,

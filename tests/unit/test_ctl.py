@@ -15,9 +15,9 @@ from click.testing import CliRunner
 
 import walqueue
 from walqueue import Queue
-from walqueue import ctl as ctl_module
 from walqueue.client import Client, DaemonUnavailable
-from walqueue.ctl import (
+from walqueue.ctl import backends, cli, errors, output
+from walqueue.ctl.errors import (
     EXIT_CORRUPT,
     EXIT_FAILURE,
     EXIT_KEY_CONFLICT,
@@ -27,12 +27,11 @@ from walqueue.ctl import (
     EXIT_UNAVAILABLE,
     EXIT_UNREADABLE,
     EXIT_USAGE,
-    cli,
 )
 from walqueue.daemon.recorder import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
-              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, ctl_module.EXIT_NO_QUEUE}
+              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, errors.EXIT_NO_QUEUE}
 
 
 class FakeClient:
@@ -102,7 +101,7 @@ def clock():
 def run(monkeypatch, queue, clock):
     """run(*args, input=None) -> click Result, against the fake daemon."""
     FakeClient.instances.clear()
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY",
+    monkeypatch.setattr(backends, "CLIENT_FACTORY",
                         lambda path, **options: FakeClient(queue, clock, path, **options))
     monkeypatch.delenv("WALQUEUE_SOCKET", raising=False)
     runner = CliRunner()
@@ -332,7 +331,7 @@ def test_an_unreachable_daemon_exits_3_and_says_how_to_fix_it(run, monkeypatch):
     def unreachable(path, **options):
         raise DaemonUnavailable(f"cannot connect to walqueued at {path}: [Errno 2] No such file")
 
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", unreachable)
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", unreachable)
     result = run("--socket", "/nowhere.sock", "stats")
     assert result.exit_code == EXIT_UNAVAILABLE
     assert "/nowhere.sock" in result.stderr and "walqueued serve" in result.stderr
@@ -360,7 +359,7 @@ def help_codes(text: str) -> list[int]:
 
 def test_the_group_help_lists_every_exit_code_once(run):
     text = run("--help").stdout
-    assert help_codes(text) == list(ctl_module.EXIT_MEANINGS) == list(range(12))
+    assert help_codes(text) == list(errors.EXIT_MEANINGS) == list(range(12))
     assert "_WALQUEUE_CTL_COMPLETE=bash_source" in text
 
 
@@ -439,7 +438,7 @@ def test_next_shows_the_reserve_order_without_leasing(run, queue, clock):
 
 
 def test_the_next_table_says_when_a_task_is_due(run, clock, monkeypatch):
-    monkeypatch.setattr(ctl_module.time, "time", lambda: 1000.0)
+    monkeypatch.setattr(output.time, "time", lambda: 1000.0)
     run("put", "now", "--available-at", "999")
     run("put", "soon", "--available-at", "1042")
     rows = [row.split() for row in run("next").stdout.splitlines()[1:]]
@@ -508,7 +507,7 @@ def test_a_bad_stdin_line_is_named_once(run):
 
 
 def test_a_socket_path_that_is_a_regular_file_says_it_is_not_a_socket(run, monkeypatch, tmp_path):
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", Client)  # the real client
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", Client)  # the real client
     regular = tmp_path / "not-a-socket"
     regular.write_text("")
     result = run("--socket", str(regular), "stats")
@@ -640,5 +639,5 @@ def test_verify_needs_no_daemon(run, monkeypatch, tmp_path):
     def no_client(path, **options):
         raise AssertionError("verify must not contact the daemon")
 
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", no_client)
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", no_client)
     assert run("verify", str(healthy_directory(tmp_path))).exit_code == 0
