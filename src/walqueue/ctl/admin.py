@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from walqueue import display
+from walqueue.backend import BACKUP, COMPACT, DAEMON_STATS, PAUSE
 from walqueue.backup import (
     BackupError,
     BackupIncomplete,
@@ -64,17 +65,17 @@ def stats(ctl: Ctl, as_json: bool) -> None:
     docs/metrics.md defines each one and what to alert on. With --dsn, the
     queue's counts only (last_seq, snapshot_seq and wal_bytes are 0).
     """
-    if ctl.dsn is not None:
-        fields = dataclasses.asdict(ctl.client.stats())
-    else:
+    if DAEMON_STATS in ctl.capabilities:
         fields = stats_fields(ctl.client.daemon_stats())
+    else:
+        fields = dataclasses.asdict(ctl.client.stats())
     if as_json:
         emit(fields)
         return
     table([[name, cell(value)] for name, value in fields.items()])
 
 
-@command(*DAEMON_CODES)
+@command(*DAEMON_CODES, needs=DAEMON_STATS)
 @json_option("Print the report as `stats --json` does instead; errors as JSON on stderr.")
 @pass_ctl
 def metrics(ctl: Ctl, as_json: bool) -> None:
@@ -92,7 +93,8 @@ def metrics(ctl: Ctl, as_json: bool) -> None:
     click.echo(render_prometheus(report), nl=False)
 
 
-@command(*DAEMON_CODES, name="top", short_help="A live view of the daemon, refreshed every second.")
+@command(*DAEMON_CODES, name="top", short_help="A live view of the daemon, refreshed every second.",
+         needs=DAEMON_STATS)
 @click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
               help="Seconds between refreshes.")
 @click.option("--count", type=click.IntRange(min=1), default=None,
@@ -120,7 +122,7 @@ def top_command(ctl: Ctl, interval: float, count: int | None, as_json: bool) -> 
     top.run(first, sample, interval=interval, count=count, as_json=as_json)
 
 
-@command(*DAEMON_CODES)
+@command(*DAEMON_CODES, needs=COMPACT)
 @json_option(JSON_ALREADY)
 @pass_ctl
 def compact(ctl: Ctl, as_json: bool) -> None:
@@ -133,7 +135,7 @@ def compact(ctl: Ctl, as_json: bool) -> None:
     emit({"seq": ctl.client.compact()})
 
 
-@command(*DAEMON_CODES, short_help='Stop handing out tasks until resume.')
+@command(*DAEMON_CODES, short_help='Stop handing out tasks until resume.', needs=PAUSE)
 @json_option(JSON_ALREADY)
 @pass_ctl
 def pause(ctl: Ctl, as_json: bool) -> None:
@@ -147,7 +149,7 @@ def pause(ctl: Ctl, as_json: bool) -> None:
     emit({"paused": ctl.client.pause()})
 
 
-@command(*DAEMON_CODES, short_help='Hand out tasks again.')
+@command(*DAEMON_CODES, short_help='Hand out tasks again.', needs=PAUSE)
 @json_option(JSON_ALREADY)
 @pass_ctl
 def resume(ctl: Ctl, as_json: bool) -> None:
@@ -169,7 +171,7 @@ def check_parent(dest: str) -> None:
 
 
 @command(*DAEMON_CODES, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_DEST_NOT_EMPTY, EXIT_BACKUP_INCOMPLETE,
-         short_help='Copy the queue, consistent, into DEST while it serves.')
+         short_help='Copy the queue, consistent, into DEST while it serves.', needs=BACKUP)
 @click.argument("dest", type=click.Path())
 @json_option('Print {"seq", "files", "bytes", "directory"} as one JSON object; errors as JSON '
              'on stderr.')

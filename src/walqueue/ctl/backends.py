@@ -5,6 +5,11 @@ for it, whether errors are JSON) that the commands share. Its `client` is
 created on first use by `open_client`, the one place a backend is chosen,
 so `verify` and `--help` never touch a socket; it is a `GuardedClient`, whose
 exceptions arrive as CtlErrors, so commands call SPEC's methods plainly.
+
+What a command may do is the backend's `capabilities` (walqueue.backend),
+known from its class before anything connects: `refuse_unable` turns a
+command whose capability the backend lacks into exit 2 with the reason and,
+on PostgreSQL, the tool to use instead (walqueue.pg.UNSUPPORTED_COMMANDS).
 """
 
 from __future__ import annotations
@@ -54,6 +59,12 @@ class Ctl:
     _client: Any = None
 
     @property
+    def capabilities(self) -> frozenset[str]:
+        """What this invocation's backend does beyond the common calls, known before connecting."""
+        backend = postgres_backend().Client if self.dsn is not None else Client
+        return backend.capabilities
+
+    @property
     def client(self) -> Any:
         if self._client is None:
             try:
@@ -84,9 +95,9 @@ def open_client(ctl: Ctl) -> Any:
                           name="walqueue-ctl")
 
 
-# walqueued's own commands: their message on PostgreSQL comes from walqueue.pg;
-# top has no PostgreSQL counterpart of its own.
-DAEMON_ONLY_COMMANDS = ("verify", "backup", "compact", "pause", "resume", "metrics", "top")
+# What to use instead of top on PostgreSQL; walqueue.pg says it for the other commands.
+TOP_ON_POSTGRES = ("top shows walqueued's own figures; on PostgreSQL use `walqueue-ctl --dsn URL "
+                   "stats` and pg_stat_activity")
 
 
 def postgres_backend():
@@ -99,12 +110,24 @@ def postgres_backend():
     return backend
 
 
-def refuse_on_postgres(command_name: str | None) -> None:
-    """Exit 2, saying what to use instead, for a walqueued-only command under --dsn."""
-    if command_name not in DAEMON_ONLY_COMMANDS:
-        return
-    messages = {**postgres_backend().UNSUPPORTED_COMMANDS,
-                "top": "top shows walqueued's own figures; on PostgreSQL use `walqueue-ctl "
-                       "--dsn URL stats` and pg_stat_activity"}
-    raise CtlError(f"{command_name} is not available with --dsn: {messages[command_name]}",
-                   EXIT_USAGE, "Unsupported")
+def refuse_unable(ctl: Ctl, command_name: str, needs: str | None, offline: bool) -> None:
+    """Exit 2, saying why, if this backend cannot run the command.
+
+    `needs` is the capability the command calls for (None: only the common
+    calls); an `offline` command reads a walqueued directory itself, which a
+    queue on PostgreSQL does not have.
+    """
+    able = needs is None or needs in ctl.capabilities
+    if ctl.dsn is None:
+        if able:
+            return
+        reason = f"this walqueued client lacks the capability {needs!r}"
+    else:
+        if able and not offline:
+            return
+        advice = {**postgres_backend().UNSUPPORTED_COMMANDS, "top": TOP_ON_POSTGRES}
+        reason = advice.get(command_name) or (f"the PostgreSQL backend lacks the capability "
+                                              f"{needs!r} (walqueue.backend)")
+    where = "--dsn" if ctl.dsn is not None else "walqueued"
+    raise CtlError(f"{command_name} is not available with {where}: {reason}", EXIT_USAGE,
+                   "Unsupported")

@@ -15,7 +15,7 @@ import click
 
 from walqueue import __version__
 from walqueue.client import SOCKET_NAME, socket_path
-from walqueue.ctl.backends import Ctl, refuse_on_postgres
+from walqueue.ctl.backends import Ctl, refuse_unable
 from walqueue.ctl.errors import (
     DEFAULT_SOCKET,
     EXIT_MEANINGS,
@@ -42,6 +42,17 @@ stderr: {"code": N, "error": "Name", "message": "..."}.
 Shell completion (bash; zsh_source and fish_source likewise):
   eval "$(_WALQUEUE_CTL_COMPLETE=bash_source walqueue-ctl)"
 """
+
+
+class CtlCommand(click.Command):
+    """A command and what it needs of the backend: `needs`, a capability of
+    walqueue.backend, or `offline`: it reads a walqueued directory itself."""
+
+    def __init__(self, *args: Any, needs: str | None = None, offline: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.needs = needs
+        self.offline = offline
 
 
 class CtlGroup(click.Group):
@@ -124,13 +135,17 @@ def cli(ctx: click.Context, socket_option: str | None, directory: str | None, ds
     ctl = Ctl(path, timeout, dsn=dsn, queue=queue_name or "default")
     ctx.obj = ctl
     ctx.call_on_close(ctl.close)
-    if dsn is not None:
-        refuse_on_postgres(ctx.invoked_subcommand)
+    command = cli.commands.get(ctx.invoked_subcommand or "")
+    if isinstance(command, CtlCommand):  # before anything connects
+        refuse_unable(ctl, command.name, command.needs, command.offline)
 
 
 pass_ctl = click.make_pass_decorator(Ctl)
 
 
-def command(*codes: int, short_help: str | None = None, name: str | None = None):
-    """A walqueue-ctl command whose --help lists its own exit codes."""
-    return cli.command(name, epilog=command_epilog(codes), short_help=short_help)
+def command(*codes: int, short_help: str | None = None, name: str | None = None,
+            needs: str | None = None, offline: bool = False):
+    """A walqueue-ctl command whose --help lists its own exit codes; `needs` is the
+    capability it calls for, refused with exit 2 by a backend without it."""
+    return cli.command(name, cls=CtlCommand, epilog=command_epilog(codes), short_help=short_help,
+                       needs=needs, offline=offline)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from walqueue import display
+from walqueue.backend import FORCE_RELEASE
 from walqueue.ctl.backends import Ctl
 from walqueue.ctl.errors import (
     DAEMON_CODES,
@@ -146,7 +147,8 @@ def release(ctl: Ctl, lease: str, worker: str | None, generation: int | None, de
     for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.client.release(ref, delay=delay))
 
 
-@command(*DAEMON_CODES, short_help="End the current leases of tasks by id, whoever holds them.")
+@command(*DAEMON_CODES, short_help="End the current leases of tasks by id, whoever holds them.",
+         needs=FORCE_RELEASE)
 @click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not "
                                           "a terminal).")

@@ -28,7 +28,7 @@ from walqueue.verify import verify_directory
 
 
 @command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_NO_QUEUE,
-         short_help='Check a queue directory offline.')
+         short_help='Check a queue directory offline.', offline=True)
 @click.argument("directory", type=click.Path(file_okay=False))
 @json_option("Print the report as one JSON object; errors as JSON on stderr.")
 def verify(directory: str, as_json: bool) -> None:
