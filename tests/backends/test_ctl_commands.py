@@ -11,6 +11,7 @@ each backend.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -22,7 +23,7 @@ from click.testing import CliRunner
 from tests.postgres import session_server, unique_name
 from tests.process.daemon import Daemon
 from walqueue.ctl import cli
-from walqueue.ctl.errors import EXIT_OK, EXIT_USAGE
+from walqueue.ctl.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 
 # walqueued's own commands, which a queue on PostgreSQL has no use for (SPEC §9).
 DAEMON_ONLY = {"verify", "backup", "compact", "pause", "resume", "metrics", "top"}
@@ -85,6 +86,22 @@ def target(request):
                workdir / "queue")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("command", [["get", "nosuch"], ["revive", "real", "nosuch"],
+                                     ["force-release", "real", "nosuch", "--yes"]])
+def test_no_such_task_is_exit_7_on_every_command_and_backend(target, command):
+    """Issue 23: `get nosuch` exited 7 and `revive nosuch` 2; force-release said 2 as well."""
+    backend, options, _, _ = target
+    runner = CliRunner()
+    if backend == "postgres":
+        assert runner.invoke(cli, [*options, "migrate"]).exit_code == EXIT_OK
+    assert runner.invoke(cli, [*options, "put", "real", "{}"]).exit_code == EXIT_OK
+    result = runner.invoke(cli, [*options, *command])
+    assert result.exit_code == EXIT_NOT_FOUND, result.output
+    assert "no task 'nosuch'" in result.stderr
+    real = runner.invoke(cli, [*options, "get", "real"])
+    assert real.exit_code == EXIT_OK and json.loads(real.stdout)["status"] == "ready"  # unchanged
 
 
 def test_every_command_works_or_exits_with_a_documented_code_and_a_message(target):

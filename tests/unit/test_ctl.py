@@ -135,6 +135,34 @@ def test_put_defaults_to_an_empty_payload_and_reads_dash_from_stdin(run, queue):
     assert queue.get("a").payload == {} and queue.get("b").payload == {"from": "stdin"}
 
 
+def test_put_without_a_payload_reads_a_piped_stdin_instead_of_dropping_it(run, queue):
+    """Issue 23: `echo '{"to":1}' | walqueue-ctl put ID` stored {} and exited 0."""
+    assert lines(run("put", "piped", input='{"to": 1}\n')) == [{"task_id": "piped"}]
+    assert queue.get("piped").payload == {"to": 1}
+    assert run("put", "empty", input="").exit_code == 0  # nothing piped: nothing to drop
+    assert queue.get("empty").payload == {}
+    bad = run("put", "bad", input="to=1\n")
+    assert bad.exit_code == EXIT_USAGE and "the payload on stdin is not valid JSON" in bad.stderr
+    assert queue.get("bad") is None
+    # An argument wins: stdin is not read at all.
+    assert run("put", "arg", '{"n": 2}', input='{"n": 3}').exit_code == 0
+    assert queue.get("arg").payload == {"n": 2}
+
+
+def test_put_without_a_payload_on_a_terminal_reads_nothing():
+    from walqueue.ctl.tasks import payload_text
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+        def read(self):
+            raise AssertionError("a terminal's stdin must not be read")
+
+    assert payload_text(None, Terminal()) == ("{}", "the payload")
+    assert payload_text(None, None) == ("{}", "the payload")  # no stdin at all (fd 0 closed)
+
+
 def test_put_delay_and_available_at(run, queue, clock):
     run("put", "later", "--delay", "30")
     run("put", "at", "--available-at", "5000")
@@ -266,6 +294,31 @@ def test_stats_prints_a_table_or_json(run):
     assert stats["directory"] == "/var/q" and "queue" not in stats
 
 
+def test_json_before_the_command_is_the_command_s_json(run):
+    """Issue 23: `walqueue-ctl --json stats` was "no such option", though help says any command."""
+    run("put", "a")
+    (stats,) = lines(run("--json", "stats"))
+    assert stats["ready"] == 1
+    assert [task["task_id"] for task in lines(run("--json", "tasks"))] == ["a"]
+    missing = run("--json", "get", "nope")
+    assert json.loads(missing.stderr)["code"] == EXIT_NOT_FOUND
+    unknown = run("--json", "nosuchcommand")
+    assert json.loads(unknown.stderr)["error"] == "UsageError"
+
+
+def test_the_stats_table_leaves_out_the_wal_figures_of_a_backend_without_a_wal(run, monkeypatch):
+    """On PostgreSQL last_seq, snapshot_seq and wal_bytes are always 0: not shown as figures."""
+    from walqueue import backend
+
+    monkeypatch.setattr(Client, "capabilities", frozenset({backend.FORCE_RELEASE}))
+    run("put", "a")
+    table = run("stats").stdout
+    assert re.search(r"^ready\s+1$", table, re.M)
+    assert not re.search(r"^(last_seq|snapshot_seq|wal_bytes)\b", table, re.M)
+    (stats,) = lines(run("stats", "--json"))
+    assert {"last_seq", "snapshot_seq", "wal_bytes"} <= set(stats)
+
+
 def test_metrics_prints_the_prometheus_text(run):
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -294,6 +347,16 @@ def test_dead_lists_dead_tasks_as_a_table_or_json_lines_and_revive_brings_them_b
     revived = run("revive", "d1", "d2", "d1")
     assert lines(revived) == [{"task_ids": ["d1", "d2"]}]
     assert queue.get("d1").status == "ready"
+
+
+def test_revive_of_an_unknown_task_exits_7_like_get_and_revives_nothing(run, queue):
+    """Issue 23: `get nosuch` exited 7 but `revive nosuch` 2: one code for "no such task"."""
+    make_dead(run, "d1")
+    result = run("revive", "d1", "nosuch")
+    assert result.exit_code == EXIT_NOT_FOUND and "no task 'nosuch'" in result.stderr
+    assert queue.get("d1").status == "dead"
+    error = json.loads(run("revive", "nosuch", "--json").stderr)
+    assert (error["code"], error["error"]) == (EXIT_NOT_FOUND, "NotFound")
 
 
 def test_revive_of_a_task_that_is_not_dead_exits_2_and_revives_nothing(run, queue):
@@ -365,6 +428,7 @@ def test_the_group_help_lists_every_exit_code_once(run):
 
 @pytest.mark.parametrize("command, own", [
     ("put", {0, 1, 2, 3, 6}), ("get", {0, 1, 2, 3, 7}), ("ack", {0, 1, 2, 3, 5}),
+    ("revive", {0, 1, 2, 3, 7}), ("force-release", {0, 1, 2, 3, 7}),
     ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 11}),
 ])
 def test_each_command_help_lists_its_own_exit_codes(run, command, own):

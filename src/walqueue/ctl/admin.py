@@ -35,6 +35,10 @@ from walqueue.ctl.output import cell, emit, table
 from walqueue.metrics import DaemonStats, render_prometheus
 from walqueue.verify import verify_directory
 
+# The queue's WAL figures: always 0 on a backend without a WAL of its own (it cannot
+# compact), so its stats table leaves them out; --json keeps every key.
+WAL_FIELDS = ("last_seq", "snapshot_seq", "wal_bytes")
+
 
 def stats_fields(report: DaemonStats) -> dict[str, Any]:
     """The report flat: the QueueStats keys first (as `stats --json` always had), then the rest."""
@@ -63,7 +67,8 @@ def stats(ctl: Ctl, as_json: bool) -> None:
       last_compaction_seconds, connections, parked_reserves, paused,
       uptime_seconds, start_time_seconds, last_recovery_seconds, directory.
     docs/metrics.md defines each one and what to alert on. With --dsn, the
-    queue's counts only (last_seq, snapshot_seq and wal_bytes are 0).
+    table shows the queue's counts only; --json also gives last_seq,
+    snapshot_seq and wal_bytes, which are 0 there.
     """
     if DAEMON_STATS in ctl.capabilities:
         fields = stats_fields(ctl.client.daemon_stats())
@@ -72,7 +77,8 @@ def stats(ctl: Ctl, as_json: bool) -> None:
     if as_json:
         emit(fields)
         return
-    table([[name, cell(value)] for name, value in fields.items()])
+    hidden = () if COMPACT in ctl.capabilities else WAL_FIELDS
+    table([[name, cell(value)] for name, value in fields.items() if name not in hidden])
 
 
 @command(*DAEMON_CODES, needs=DAEMON_STATS)

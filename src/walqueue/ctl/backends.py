@@ -15,12 +15,12 @@ on PostgreSQL, the tool to use instead (walqueue.pg.UNSUPPORTED_COMMANDS).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from walqueue import WalQueueError
 from walqueue.client import Client
-from walqueue.ctl.errors import EXIT_USAGE, CtlError, error_for
+from walqueue.ctl.errors import EXIT_USAGE, CtlError, error_for, not_found
 
 
 class GuardedClient:
@@ -53,7 +53,7 @@ class Ctl:
 
     socket_path: str
     timeout: float
-    json: bool | None = None  # set by a command's --json once parsed
+    json: bool | None = None  # set by the group's --json, or a command's once parsed
     dsn: str | None = None  # a PostgreSQL database instead of the daemon (SPEC §9)
     queue: str = "default"  # the queue in that database
     _client: Any = None
@@ -73,6 +73,17 @@ class Ctl:
                 raise error_for(exc, self.socket_path, self.dsn) from exc
             self._client = GuardedClient(client, self.socket_path, self.dsn)
         return self._client
+
+    def unknown_task(self, task_ids: Iterable[str], consequence: str) -> CtlError | None:
+        """NotFound (exit 7) for the first of `task_ids` the queue does not hold, or None.
+
+        For a refused revive or force-release: the queue answers InvalidRequest
+        for an unknown id and for a task in the wrong state alike.
+        """
+        for task_id in task_ids:
+            if self.client.get(task_id) is None:
+                return not_found(task_id, consequence)
+        return None
 
     def close(self) -> None:
         if self._client is not None:

@@ -57,7 +57,8 @@ EXIT_MEANINGS = {
                   "     or the copy backup made does not verify",
     EXIT_STALE_LEASE: "stale lease: ack/release/touch with a lease that is not current",
     EXIT_KEY_CONFLICT: "key conflict: put with a key or task id already used differently",
-    EXIT_NOT_FOUND: "not found: get of an unknown task",
+    EXIT_NOT_FOUND: "no such task: get, revive or force-release of a task id the queue\n"
+                    "     does not hold (nothing changed; a lease of one is stale: 5)",
     EXIT_UNREADABLE: "verify or backup could not read the queue directory or one of its\n"
                      "     files (run as the daemon's user or a member of its group)",
     EXIT_DEST_NOT_EMPTY: "backup: DEST exists and is not an empty directory (nothing written)",
@@ -113,6 +114,12 @@ class JsonError(click.ClickException):
 
     def show(self, file=None) -> None:
         click.echo(display.json_line(error_object(self.error)), err=True)
+
+
+def not_found(task_id: str, consequence: str) -> CtlError:
+    """Exit 7, the one code for a task id the queue does not hold, whatever the command."""
+    return CtlError(f"no task '{display.name(task_id)}' in the queue{consequence}", EXIT_NOT_FOUND,
+                    "NotFound")
 
 
 def what_is_at(path: str) -> tuple[str, bool] | None:

@@ -36,8 +36,8 @@ pause, resume, metrics and top are walqueued's alone and exit 2 there.
 Keep its password in ~/.pgpass or PGPASSWORD (a command line is public to
 the host's users); a password in it is never printed: shown as ***.
 \b
---json on any command: JSON output, and errors as one JSON object each on
-stderr: {"code": N, "error": "Name", "message": "..."}.
+--json, before or after any command: JSON output, and errors as one JSON
+object each on stderr: {"code": N, "error": "Name", "message": "..."}.
 \b
 Shell completion (bash; zsh_source and fish_source likewise):
   eval "$(_WALQUEUE_CTL_COMPLETE=bash_source walqueue-ctl)"
@@ -83,6 +83,7 @@ def wants_json(ctx: click.Context) -> bool:
 def _remember_json(ctx: click.Context, parameter: click.Parameter, value: bool) -> bool:
     ctl = ctx.find_object(Ctl)
     if ctl is not None:
+        value = value or bool(ctl.json)  # the group's --json counts for the command
         ctl.json = value
     return value
 
@@ -109,9 +110,11 @@ JSON_ALREADY = "Report errors as JSON objects on stderr (the output is JSON alre
               help='With --dsn: the queue in that database [default: "default"].')
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_SECONDS,
               show_default=True, help="Seconds to wait for each answer (plus --wait for reserve).")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON output and JSON errors, as the command's own --json gives.")
 @click.pass_context
 def cli(ctx: click.Context, socket_option: str | None, directory: str | None, dsn: str | None,
-        queue_name: str | None, timeout: float) -> None:
+        queue_name: str | None, timeout: float, as_json: bool) -> None:
     """Operate walqueued, the WALQueue daemon, and verify queue directories.
 
     Data is printed as JSON, one object per line, so that
@@ -132,7 +135,7 @@ def cli(ctx: click.Context, socket_option: str | None, directory: str | None, ds
         path = os.path.join(directory, SOCKET_NAME)
     else:
         path = socket_path(socket_option or DEFAULT_SOCKET)
-    ctl = Ctl(path, timeout, dsn=dsn, queue=queue_name or "default")
+    ctl = Ctl(path, timeout, json=as_json or None, dsn=dsn, queue=queue_name or "default")
     ctx.obj = ctl
     ctx.call_on_close(ctl.close)
     command = cli.commands.get(ctx.invoked_subcommand or "")

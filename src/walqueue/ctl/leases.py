@@ -16,11 +16,13 @@ from walqueue.ctl.backends import Ctl
 from walqueue.ctl.errors import (
     DAEMON_CODES,
     EXIT_FAILURE,
+    EXIT_NOT_FOUND,
     EXIT_STALE_LEASE,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CtlError,
     error_object,
+    not_found,
 )
 from walqueue.ctl.group import JSON_ALREADY, command, json_option, pass_ctl
 from walqueue.ctl.output import emit, parse_json_object, table
@@ -147,8 +149,8 @@ def release(ctl: Ctl, lease: str, worker: str | None, generation: int | None, de
     for_each_lease(ctl, lease, worker, generation, lambda ref: ctl.client.release(ref, delay=delay))
 
 
-@command(*DAEMON_CODES, short_help="End the current leases of tasks by id, whoever holds them.",
-         needs=FORCE_RELEASE)
+@command(*DAEMON_CODES, EXIT_NOT_FOUND,
+         short_help="End the current leases of tasks by id, whoever holds them.", needs=FORCE_RELEASE)
 @click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not "
                                           "a terminal).")
@@ -163,8 +165,8 @@ def force_release(ctl: Ctl, task_ids: tuple[str, ...], yes: bool, as_json: bool)
     daemon's now: it counts as an attempt, and a task at max_attempts
     becomes dead. The worker that held it gets StaleLease on its next ack.
     Shows each lease and asks first, unless --yes. All or nothing: if a
-    task is unknown or not leased, none is released (exit 2). Prints
-    {"task_ids": [...]}.
+    task is not leased, none is released (exit 2; exit 7 if the queue does
+    not hold one of them). Prints {"task_ids": [...]}.
     """
     unique = list(dict.fromkeys(task_ids))
     if not yes:
@@ -174,17 +176,25 @@ def force_release(ctl: Ctl, task_ids: tuple[str, ...], yes: bool, as_json: bool)
         rows = [["TASK_ID", "WORKER", "GENERATION", "DEADLINE"]]
         for task_id in unique:
             task = ctl.client.get(task_id)
-            if task is None or task.status != "leased":
-                state = "unknown" if task is None else task.status
-                raise CtlError(f"task '{display.name(task_id)}' is {state}, not leased: nothing "
-                               f"was released", EXIT_USAGE, "InvalidRequest")
+            if task is None:
+                raise not_found(task_id, ": nothing was released")
+            if task.status != "leased":
+                raise CtlError(f"task '{display.name(task_id)}' is {task.status}, not leased: "
+                               f"nothing was released", EXIT_USAGE, "InvalidRequest")
             rows.append([display.name(task.task_id), display.name(task.worker),
                          str(task.generation), str(task.deadline)])
         table(rows, err=True)  # stdout stays the JSON answer
         if not click.confirm("End these leases now? Each counts as an attempt; a task at "
                              "max_attempts becomes dead.", default=False, err=True):
             raise CtlError("nothing released", EXIT_FAILURE, "Aborted")
-    emit({"task_ids": ctl.client.force_release(unique)})
+    try:
+        released = ctl.client.force_release(unique)
+    except CtlError as exc:
+        unknown = ctl.unknown_task(unique, ": nothing was released") if exc.name == "InvalidRequest" else None
+        if unknown is None:
+            raise
+        raise unknown from exc
+    emit({"task_ids": released})
 
 
 @command(*LEASE_CODES, short_help='Extend live leases.')

@@ -4,12 +4,12 @@ and bring dead ones back (revive)."""
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 import click
 
-from walqueue import display
 from walqueue.ctl.backends import Ctl
-from walqueue.ctl.errors import DAEMON_CODES, EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, CtlError
+from walqueue.ctl.errors import DAEMON_CODES, EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, CtlError, not_found
 from walqueue.ctl.group import JSON_ALREADY, command, json_option, pass_ctl
 from walqueue.ctl.output import emit, parse_json_object, print_tasks
 
@@ -17,9 +17,26 @@ DEFAULT_NEXT_LIMIT = 10
 STATUSES = ("ready", "leased", "completed", "dead")
 
 
+def payload_text(payload: str | None, stdin: TextIO | None) -> tuple[str, str]:
+    """The payload's JSON text, and how to name it in an error.
+
+    '-' reads stdin. Without PAYLOAD_JSON, a stdin that is not a terminal is
+    read too (`echo '{"to": 1}' | walqueue-ctl put ID`), so a piped payload is
+    never dropped for {}; a terminal, an empty stdin or none at all is {}.
+    """
+    if payload is not None and payload != "-":
+        return payload, "the payload"
+    if payload is None and (stdin is None or stdin.isatty()):
+        return "{}", "the payload"
+    text = stdin.read() if stdin is not None else ""
+    if payload is None and not text.strip():
+        return "{}", "the payload"  # nothing was piped: nothing to drop
+    return text, "the payload on stdin"
+
+
 @command(*DAEMON_CODES, EXIT_KEY_CONFLICT, short_help='Put a task (idempotent by key).')
 @click.argument("task_id")
-@click.argument("payload", required=False, default="{}", metavar="[PAYLOAD_JSON|-]")
+@click.argument("payload", required=False, default=None, metavar="[PAYLOAD_JSON|-]")
 @click.option("--key", default=None,
               help="Idempotency key [default: the task id]. A key already used by a different "
                    "request is a key conflict (exit 6).")
@@ -31,10 +48,12 @@ STATUSES = ("ready", "leased", "completed", "dead")
               help="Leases after which a task that keeps failing (released or expired) is dead.")
 @json_option(JSON_ALREADY)
 @pass_ctl
-def put(ctl: Ctl, task_id: str, payload: str, key: str | None, delay: int | None,
+def put(ctl: Ctl, task_id: str, payload: str | None, key: str | None, delay: int | None,
         available_at: int | None, max_attempts: int, as_json: bool) -> None:
     """Put a task; PAYLOAD_JSON is a JSON object ('-' reads it from stdin; default {}).
 
+    Without PAYLOAD_JSON, a payload piped on stdin is read (`echo '{"to": 1}'
+    | walqueue-ctl put ID`); a terminal or an empty stdin gives {}.
     Prints {"task_id": ...}. Putting the identical request again is a no-op
     that prints the same id. Tasks are leased in (available_at, task_id)
     order, so ids that should run in arrival order must sort that way
@@ -42,8 +61,7 @@ def put(ctl: Ctl, task_id: str, payload: str, key: str | None, delay: int | None
     """
     if delay is not None and available_at is not None:
         raise click.UsageError("give --delay or --available-at, not both")
-    text = sys.stdin.read() if payload == "-" else payload
-    value = parse_json_object(text, "the payload" + (" on stdin" if payload == "-" else ""))
+    value = parse_json_object(*payload_text(payload, sys.stdin))
     task = ctl.client.put(task_id, value, key=key, available_at=available_at or 0,
                           delay=delay, max_attempts=max_attempts)
     emit({"task_id": task})
@@ -57,8 +75,7 @@ def get(ctl: Ctl, task_id: str, as_json: bool) -> None:
     """Print one task as JSON (exit 7 if there is no such task)."""
     task = ctl.client.get(task_id)
     if task is None:
-        raise CtlError(f"no task '{display.name(task_id)}' in the queue (completed and dead "
-                       f"tasks stay listed, so it was never put)", EXIT_NOT_FOUND, "NotFound")
+        raise not_found(task_id, " (completed and dead tasks stay listed, so it was never put)")
     emit(task)
 
 
@@ -116,13 +133,21 @@ def dead(ctl: Ctl, limit: int | None, as_json: bool) -> None:
                 as_json, "no dead tasks")
 
 
-@command(*DAEMON_CODES)
+@command(*DAEMON_CODES, EXIT_NOT_FOUND)
 @click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
 @json_option(JSON_ALREADY)
 @pass_ctl
 def revive(ctl: Ctl, task_ids: tuple[str, ...], as_json: bool) -> None:
     """Make dead tasks ready again (attempts reset). Prints {"task_ids": [...]}.
 
-    All or nothing: if one listed task is not dead, none is revived (exit 2).
+    All or nothing: if one listed task is not dead, none is revived (exit 2;
+    exit 7 if the queue does not hold one of them).
     """
-    emit({"task_ids": ctl.client.revive(list(task_ids))})
+    try:
+        revived = ctl.client.revive(list(task_ids))
+    except CtlError as exc:
+        unknown = ctl.unknown_task(task_ids, ": nothing was revived") if exc.name == "InvalidRequest" else None
+        if unknown is None:
+            raise
+        raise unknown from exc
+    emit({"task_ids": revived})
