@@ -2,4 +2,5 @@
 
 from walqueue.ctl import main
 
-main()
+if __name__ == "__main__":  # importing this module (a docs tool, a walk of the package) runs nothing
+    main()
