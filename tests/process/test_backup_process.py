@@ -23,7 +23,7 @@ import pytest
 from walqueue import InvalidRequest, Queue, TaskView, aio
 from walqueue.client import Client
 from walqueue.codec import scan_frames
-from walqueue.ctl import EXIT_USAGE
+from walqueue.ctl.errors import EXIT_USAGE
 from walqueue.fs import OsFileSystem
 from walqueue.snapshot import load_snapshot, read_current
 from walqueue.wal import list_segments

@@ -21,6 +21,8 @@ from click.testing import CliRunner
 
 from walqueue import Queue
 from walqueue import ctl as ctl_module
+from walqueue.ctl import backends as ctl_backends
+from walqueue.ctl.errors import EXIT_USAGE
 from walqueue.schedule import cli, periods
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,7 +101,7 @@ def ctl(files, monkeypatch):
     monkeypatch.delenv("WALQUEUE_DSN", raising=False)
     queue = Queue(files / "queue")
     opened = []
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", lambda path, **options: opened.append(path) or queue)
+    monkeypatch.setattr(ctl_backends, "CLIENT_FACTORY", lambda path, **options: opened.append(path) or queue)
 
     def invoke(*args):
         return CliRunner().invoke(ctl_module.cli, [str(arg) for arg in args])
@@ -142,7 +144,7 @@ def test_json_gives_one_object_per_entry(ctl, files):
 
 def test_a_broken_schedule_file_is_an_error_naming_the_line(ctl, files):
     result = ctl("schedule", files / "bad.toml")
-    assert result.exit_code == ctl_module.EXIT_USAGE
+    assert result.exit_code == EXIT_USAGE
     assert "bad.toml:4: [[task]] 'x': cron '30 25 * * *': Bad hour field" in result.output
     result = ctl("schedule", files / "bad.toml", "--json")
     error = json.loads(result.output.strip().splitlines()[-1])

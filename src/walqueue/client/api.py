@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from walqueue import Lease, QueueStats, TaskView
+from walqueue.backend import CAPABILITIES
 from walqueue.client import calls
 from walqueue.client.address import socket_path
 from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
@@ -41,6 +42,8 @@ class ClientApi:
     retrying (``walqueue.client.retry``); ``name`` labels the connections in
     the daemon's log.
     """
+
+    capabilities = CAPABILITIES  # walqueued does every call beyond the common contract
 
     def __init__(
         self,

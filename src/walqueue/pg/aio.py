@@ -50,6 +50,8 @@ class AsyncConnection(psycopg.AsyncConnection):
 class AsyncClient:
     """SPEC §9's asyncio client for one queue; arguments as walqueue.pg.Client."""
 
+    capabilities = calls.CAPABILITIES
+
     def __init__(self, dsn: str, *, queue: str = "default", schema: str = schema.DEFAULT_SCHEMA,
                  migrate: bool = True, pool_size: int = DEFAULT_POOL_SIZE,
                  connect_seconds: float = DEFAULT_CONNECT_SECONDS,
@@ -289,6 +291,9 @@ class AsyncClient:
 
     async def revive(self, task_ids: Iterable[str]) -> list[str]:
         return await self._run(calls.revive_call(self._statements, self.queue, task_ids))
+
+    async def force_release(self, task_ids: Iterable[str]) -> list[str]:
+        return await self._run(calls.force_release_call(self._statements, self.queue, task_ids))
 
     async def get(self, task_id: str) -> TaskView | None:
         return await self._run(calls.get_call(self._statements, self.queue, task_id))

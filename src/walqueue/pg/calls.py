@@ -31,6 +31,7 @@ import psycopg
 from psycopg.types.numeric import Int4, Int8
 
 from walqueue import validation
+from walqueue.backend import ACK_AND_RESERVE, FORCE_RELEASE
 from walqueue.codec import MAX_FRAME_BYTES, canonical_json
 from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
@@ -39,6 +40,8 @@ from walqueue.queue import _put_request, _put_request_of
 from walqueue.state import State, identity_of
 from walqueue.values import Lease, QueueStats, TaskView
 
+# What Client and AsyncClient do beyond the common contract (walqueue.backend).
+CAPABILITIES = frozenset({ACK_AND_RESERVE, FORCE_RELEASE})
 MAX_WAIT_SECONDS = 300
 KEY_CONFLICT, STALE_LEASE, INVALID_REQUEST = "WQ001", "WQ002", "WQ003"
 # Serialization failure and deadlock: the transaction was rolled back whole.
@@ -103,6 +106,52 @@ class Statements:
         self.get = function("get", "%b, %b")
         self.tasks = function("tasks", "%b, %b")
         self.stats = function("stats", "%b")
+        self.force_release = _force_release_statement(schema)
+
+
+def _force_release_statement(schema: str) -> str:
+    """End the current leases of a list of tasks, all or none, in one statement.
+
+    The live rows are locked in task_id order (as revive's, so two cannot
+    deadlock); if any task is not leased, or its lease has expired, nothing
+    is updated and the one row answers the first such task's index and
+    status. Otherwise each lease ends as a release at the server's now would
+    (ready, or dead at max_attempts; the generation stays, so the holder's
+    next ack is stale) and waiters hear of the ready ones.
+    """
+    live, completed = qualified(schema, "live"), qualified(schema, "completed")
+    clock, announce = qualified(schema, "clock"), qualified(schema, "announce")
+    return f"""
+        WITH args AS (SELECT %b::text AS queue, %b::bytea[] AS ids, {clock}() AS now),
+        locked AS (
+            SELECT l.task_id, l.status, l.deadline FROM {live} AS l, args
+            WHERE l.queue = args.queue AND l.task_id = ANY (args.ids)
+            ORDER BY l.task_id FOR UPDATE OF l
+        ),
+        refused AS (
+            SELECT w.ordinality - 1 AS index,
+                   CASE WHEN k.status = 'leased' THEN 'expired'
+                        WHEN k.status IS NOT NULL THEN k.status
+                        WHEN EXISTS (SELECT 1 FROM {completed} AS c
+                                     WHERE c.queue = args.queue AND c.task_id = w.id)
+                        THEN 'completed' END AS status
+            FROM args CROSS JOIN LATERAL unnest(args.ids) WITH ORDINALITY AS w(id, ordinality)
+            LEFT JOIN locked AS k ON k.task_id = w.id
+            WHERE k.status IS DISTINCT FROM 'leased' OR k.deadline <= args.now
+            ORDER BY w.ordinality LIMIT 1
+        ),
+        released AS (
+            UPDATE {live} AS l
+            SET status = CASE WHEN l.attempts >= l.max_attempts THEN 'dead' ELSE 'ready' END,
+                available_at = args.now, deadline = NULL, worker = NULL
+            FROM args, locked
+            WHERE NOT EXISTS (SELECT 1 FROM refused)
+              AND l.queue = args.queue AND l.task_id = locked.task_id
+            RETURNING l.status
+        )
+        SELECT (SELECT index FROM refused), (SELECT status FROM refused),
+               {announce}((SELECT queue FROM args),
+                          (SELECT count(*) FROM released WHERE status = 'ready'), NULL)"""
 
 
 # -- encoding ------------------------------------------------------------------
@@ -364,6 +413,31 @@ def revive_call(statements: Statements, queue: str, task_ids: Any) -> Call:
 
     return Call(statements.revive, (queue, [encode_name(task_id) for task_id in unique]),
                 lambda rows: unique, error)
+
+
+def force_release_call(statements: Statements, queue: str, task_ids: Any) -> Call:
+    """End the listed tasks' current leases, whoever holds them (an operator's call).
+
+    All or nothing: InvalidRequest, changing nothing, if one is unknown, not
+    leased, or leased past its deadline. Not retried: after a lost answer a
+    retry would find the tasks no longer leased.
+    """
+    if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
+        raise InvalidRequest("task_ids must be a list of task ids")
+    unique = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
+                                for index, task_id in enumerate(task_ids)))
+    if not unique:
+        return Call(None, (), lambda rows: [])
+
+    def convert(rows: list[tuple]) -> list[str]:
+        ((index, status, _),) = rows
+        if index is not None:
+            raise InvalidRequest(f"task {unique[index]!r} is {status or 'unknown'}, not leased: "
+                                 f"there is no lease to release")
+        return unique
+
+    return Call(statements.force_release, (queue, [encode_name(task_id) for task_id in unique]),
+                convert)
 
 
 def _view(row: tuple) -> TaskView:

@@ -101,6 +101,8 @@ class Client:
     parse. No message, log line or repr shows the DSN's password (SPEC §8b).
     """
 
+    capabilities = calls.CAPABILITIES
+
     def __init__(self, dsn: str, *, queue: str = "default", schema: str = schema.DEFAULT_SCHEMA,
                  migrate: bool = True, pool_size: int = DEFAULT_POOL_SIZE,
                  connect_seconds: float = DEFAULT_CONNECT_SECONDS,
@@ -332,6 +334,14 @@ class Client:
     def revive(self, task_ids: Iterable[str]) -> list[str]:
         """Make dead tasks ready again. Raises InvalidRequest, changing nothing, if one is not dead."""
         return self._run(calls.revive_call(self._statements, self.queue, task_ids))
+
+    def force_release(self, task_ids: Iterable[str]) -> list[str]:
+        """End the tasks' current leases now, whoever holds them; each counts as an attempt.
+
+        Returns the ids, duplicates dropped. Raises InvalidRequest, changing
+        nothing, if one is not leased.
+        """
+        return self._run(calls.force_release_call(self._statements, self.queue, task_ids))
 
     def get(self, task_id: str) -> TaskView | None:
         return self._run(calls.get_call(self._statements, self.queue, task_id))
