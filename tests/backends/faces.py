@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import shutil
 import tempfile
 import threading
@@ -158,6 +159,10 @@ class InProcessDaemon:
             self.loop = Loop(str(self.directory), queue, listener, socket_path=self.socket_path,
                              compact_wal_bytes=NEVER_COMPACT_BYTES, max_connections=16, hook=None,
                              notifier=Notifier({}), clock=self.clock)
+            # The Loop froze the heap (gc.freeze, for a daemon's recovered state). In a test
+            # process that is everything the session made so far, put out of the collector's
+            # reach for good (cycles among it are never freed) once more per face.
+            gc.unfreeze()
             self.loop.register_listener()
             undo.pop_all()  # the loop owns them now: its _shutdown() closes them
         timeout = self.loop._timeout
