@@ -20,7 +20,12 @@ test goes on serving. The claims, each with what it must catch:
   reopen, nothing lost, no partial file, the next attempt only after a
   growing back-off, requests meanwhile answered at once with the reason;
 * the child closes the directory's LOCK and every socket it inherited, and
-  stopping kills and reaps it.
+  stopping kills and reaps it;
+* a compaction whose snapshot cannot fit the free space (bounded by
+  ``Queue.snapshot_bytes_bound``, which counts what the WAL does not carry,
+  such as a reserve's worker repeated per task) is refused before the
+  fork: no child, no partial file, no reopen, and a bystander's put on a
+  nearly full disk (a simulated one, through the file-system seam) succeeds.
 """
 
 from __future__ import annotations
@@ -38,12 +43,17 @@ from tests.process import broken_hook
 from walqueue import CorruptStore, Queue
 from walqueue import protocol as p
 from walqueue.daemon.commit import GroupCommit
-from walqueue.daemon.compaction import MAX_RETRY_SECONDS, Backoff, compaction_due
+from walqueue.daemon.compaction import (
+    MAX_RETRY_SECONDS,
+    Backoff,
+    compaction_due,
+)
 from walqueue.daemon.exits import DaemonExit
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.recorder import Recorder
 from walqueue.daemon.service import Service
 from walqueue.daemon.systemd import Notifier
+from walqueue.fs import OsFileSystem
 
 from .test_loop import Client, FakeClock
 from .test_service import FakePeer
@@ -84,6 +94,7 @@ class Gate:
         """Let the child go, and every later one (while the gate stays open: until `close`)."""
         os.write(self._fd, b"g" * 64)
 
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -93,18 +104,20 @@ class Gate:
 class Driver:
     """The loop's turn without sockets: one batch of requests, then settle, then maybe start."""
 
-    def __init__(self, directory, *, floor_bytes=10**12, ratio=0.0, child_hook=None, hook=None) -> None:
+    def __init__(self, directory, *, floor_bytes=10**12, ratio=0.0, child_hook=None, hook=None,
+                 filesystem=None, **compactor_options) -> None:
         self.directory = directory
         self.clock = FakeClock()
         self.queue_hook = hook
-        queue = Queue(directory, hook=hook)
+        self.filesystem = filesystem
+        queue = Queue(directory, hook=hook, filesystem=filesystem)
         self.recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0, clock=self.clock.monotonic_seconds)
         self.service = Service(queue, compact=lambda peer, request_id: self.compactor.request(peer, request_id),
                                report=lambda now: None)
         self.reopens = 0
         self.commit = GroupCommit(self.service, directory=str(directory), open_queue=self._reopen,
                                   recorder=self.recorder, clock=self.clock, compact_wal_bytes=floor_bytes,
-                                  compact_wal_ratio=ratio, child_hook=child_hook)
+                                  compact_wal_ratio=ratio, child_hook=child_hook, **compactor_options)
         self.compactor = self.commit.compaction
         self.peer = FakePeer("client")
         self.request_id = 0
@@ -113,7 +126,7 @@ class Driver:
 
     def _reopen(self) -> Queue:
         self.reopens += 1
-        return Queue(self.directory, hook=self.queue_hook)
+        return Queue(self.directory, hook=self.queue_hook, filesystem=self.filesystem)
 
     @property
     def queue(self) -> Queue:
@@ -479,6 +492,81 @@ def test_the_child_holds_neither_the_lock_nor_a_socket_and_stopping_kills_and_re
         with contextlib.suppress(OSError):
             left.close()
             right.close()
+
+
+# -- the space a snapshot needs ----------------------------------------------------------------
+
+
+class SmallDisk(OsFileSystem):
+    """The file-system seam as a disk of ``capacity`` bytes for the files of one directory.
+
+    What is used is the size of the directory's files, read from the directory
+    itself, so a snapshot child (a fork holding a copy of this object) and its
+    parent see the same disk. A write that does not fit writes what fits, then
+    fails with ENOSPC, as a real full disk does.
+    """
+
+    def __init__(self, directory, capacity: int) -> None:
+        self.path = str(directory)
+        self.capacity = capacity
+
+    def used(self) -> int:
+        with os.scandir(self.path) as entries:
+            return sum(entry.stat(follow_symlinks=False).st_size for entry in entries if entry.is_file())
+
+    def free_bytes(self, directory: str) -> int:  # for the Compactor, in place of statvfs
+        return max(0, self.capacity - self.used())
+
+    def write(self, fd: int, data: bytes) -> None:
+        room = self.free_bytes(self.path)
+        if len(data) > room:
+            if room:
+                super().write(fd, data[:room])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        raise AssertionError("no preallocation in these tests")
+
+
+def fill_with_long_worker_leases(driver: Driver, tasks: int = 200) -> None:
+    """Tasks leased by one reserve of a worker with a long name: the snapshot repeats the name
+    per task, the WAL holds it once (a reserve leases up to 1,000 tasks)."""
+    driver.turn(p.PutMany(id=0, requests=[p.PutItem(task_id=f"t{n:03}", payload={}) for n in range(tasks)]))
+    (reserve,) = driver.turn(p.Reserve(id=0, worker="w" * 1000, lease_seconds=3600, limit=tasks))
+    assert len(driver.answers[reserve].leases) == tasks
+
+
+def test_a_snapshot_that_cannot_fit_is_refused_before_the_fork_and_a_bystander_s_put_succeeds(tmp_path, drivers):
+    directory = tmp_path / "queue"
+    directory.mkdir()
+    disk = SmallDisk(directory, capacity=10**9)
+    driver = drivers(directory, filesystem=disk, free_bytes=disk.free_bytes)
+    fill_with_long_worker_leases(driver)
+    bound = driver.queue.snapshot_bytes_bound()
+    # Room for the WAL to grow, not for the snapshot (which takes about the bound).
+    disk.capacity = disk.used() + bound // 2
+    queue = driver.queue
+    (compact,) = driver.turn(p.Compact(id=0))
+    if driver.compactor.in_flight is not None:  # a child let fork fills the disk, then fails
+        driver.wait_child_exit()
+    # Bystanders write as before: nothing failed, nothing was reopened.
+    bystander = driver.put("bystander")
+    assert isinstance(driver.answers[bystander], p.PutOk), driver.answers[bystander]
+    assert driver.queue is queue and driver.reopens == 0 and driver.recorder.write_failures_total == 0
+    # The compaction was refused before the fork, and said why.
+    answer = driver.answers[compact]
+    assert answer.error == "WalQueueError" and "not enough free space" in answer.message
+    assert driver.compactor.in_flight is None and driver.recorder.compaction_failures_total == 1
+    assert not any(name.startswith("snapshot-") for name in os.listdir(directory))
+    status = driver.compactor.status()
+    assert status.consecutive_failures == 1 and status.retry_in_seconds == 1.0
+    # With room again, the next attempt after the back-off compacts.
+    disk.capacity = 10**9
+    driver.clock.advance(1.0)
+    (compact,) = driver.turn(p.Compact(id=0))
+    driver.finish()
+    assert driver.answers[compact] == p.Compacted(id=compact, seq=driver.queue.stats().last_seq)
 
 
 # -- the daemon's own lease reaping on a full disk -------------------------------------------

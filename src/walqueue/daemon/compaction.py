@@ -20,10 +20,16 @@ The shape is Redis's BGSAVE, in SPEC §5's order and phases:
    the Queue stays open: no reopen) and retries later, with a back-off.
 
 Before it forks, the parent checks that the file system has room for the
-new snapshot, estimated as the published snapshot plus the WAL since it
-(each WAL byte adds at most about one snapshot byte): on a nearly full disk a
-child's partial snapshot would otherwise take the space the WAL appends
-need, and turn a failed compaction into failed writes.
+new snapshot, bounded from above by ``Queue.snapshot_bytes_bound()`` (the
+published snapshot plus what each record since can have added, kept
+record by record in the state: O(1) here). The WAL alone is no bound: a
+reserve names its worker once for up to 1,000 tasks and the snapshot
+repeats it per task, and a put carries no identity (once 0.46 MiB of WAL
+became ~60 MiB of snapshot). On a nearly full disk a child's partial
+snapshot would take the space the WAL appends need, and turn a failed
+compaction into failed writes of bystanders and reopens; refused before the
+fork, it is a failed compaction like any other (logged, backed off), and
+nothing else fails.
 
 A killed daemon leaves at most an orphan snapshot (SPEC §5 ignores it, the
 next open deletes it). The child dies with its parent (PR_SET_PDEATHSIG,
@@ -481,7 +487,7 @@ class Compactor:
     # -- steps ----------------------------------------------------------------------------
 
     def _start(self, queue: Queue, reason: str, now: float) -> None:
-        needed = self.snapshot_bytes + queue.stats().wal_bytes  # what the new snapshot may take
+        needed = queue.snapshot_bytes_bound()  # what the new snapshot may take, at most
         try:
             free = self._free_bytes(self.directory)
         except OSError as exc:
@@ -489,7 +495,7 @@ class Compactor:
             return
         if free < needed:
             self._failed(f"not enough free space for the snapshot: {free} bytes free on the file system "
-                         f"of {self.directory}, about {needed} needed")
+                         f"of {self.directory}, up to {needed} needed; nothing was written")
             return
         try:
             compaction = queue.begin_compaction()
