@@ -21,6 +21,10 @@ test goes on serving. The claims, each with what it must catch:
   growing back-off, requests meanwhile answered at once with the reason;
 * the child closes the directory's LOCK and every socket it inherited, and
   stopping kills and reaps it;
+* a child that never exits is killed at its deadline (a floor plus its
+  snapshot's size at a minimum rate; the loop's timer points there), and
+  that is a failed compaction like any other: logged, backed off, the
+  waiting ``compact`` answered with an error, the next attempt fine;
 * a compaction whose snapshot cannot fit the free space (bounded by
   ``Queue.snapshot_bytes_bound``, which counts what the WAL does not carry,
   such as a reserve's worker repeated per task) is refused before the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import shutil
@@ -44,8 +49,10 @@ from walqueue import CorruptStore, Queue
 from walqueue import protocol as p
 from walqueue.daemon.commit import GroupCommit
 from walqueue.daemon.compaction import (
+    CHILD_MIN_BYTES_PER_SECOND,
     MAX_RETRY_SECONDS,
     Backoff,
+    child_deadline_seconds,
     compaction_due,
 )
 from walqueue.daemon.exits import DaemonExit
@@ -55,7 +62,7 @@ from walqueue.daemon.service import Service
 from walqueue.daemon.systemd import Notifier
 from walqueue.fs import OsFileSystem
 
-from .test_loop import Client, FakeClock
+from .test_loop import MAX_TURNS, Client, FakeClock, serving
 from .test_service import FakePeer
 
 CHILD_SECONDS = 30.0  # bound on any wait for a child
@@ -492,6 +499,75 @@ def test_the_child_holds_neither_the_lock_nor_a_socket_and_stopping_kills_and_re
         with contextlib.suppress(OSError):
             left.close()
             right.close()
+
+
+class HangsWhile:
+    """A child hook: while the file ``path`` exists, the child blocks for ever (as a stopped or
+    stuck one would) — until it is killed."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+        with open(self.path, "w"):
+            pass
+
+    def __call__(self) -> None:
+        if os.path.exists(self.path):
+            while True:
+                select.select([], [], [])
+
+    def stop(self) -> None:
+        os.unlink(self.path)
+
+
+def turn_until(loop, condition, what: str) -> None:
+    for _ in range(MAX_TURNS):
+        if condition():
+            return
+        loop.one_turn()
+    raise AssertionError(f"no {what} in {MAX_TURNS} turns")
+
+
+def test_a_child_that_never_exits_is_killed_at_its_deadline_and_the_compaction_backs_off(tmp_path, caplog):
+    hang = HangsWhile(tmp_path / "hang")
+    clock = FakeClock()
+    with serving(tmp_path, clock, child_hook=hang, child_deadline_floor_seconds=10.0) as (loop, _, connect):
+        client = connect()
+        client.send(p.Put(id=1, task_id="a", payload={"n": 1}))
+        client.answer(1)
+        client.send(p.Compact(id=2))
+        turn_until(loop, lambda: loop.compaction.in_flight is not None, "compaction in flight")
+        flight = loop.compaction.in_flight
+        # The deadline: the floor plus the snapshot's bound at the minimum rate; the loop's timer points there.
+        bound = loop.queue.snapshot_bytes_bound()
+        assert flight.deadline - flight.started == child_deadline_seconds(bound, 10.0)
+        assert child_deadline_seconds(bound, 10.0) == 10.0 + bound / CHILD_MIN_BYTES_PER_SECOND
+        assert loop.timer_seconds() == pytest.approx(flight.deadline - clock.monotonic)
+        clock.advance(flight.deadline - clock.monotonic - 0.5)
+        loop.one_turn()
+        assert loop.compaction.in_flight is flight and not client.has_answer(2)  # not before its deadline
+        clock.advance(0.5)
+        with caplog.at_level(logging.ERROR, logger="walqueued"):
+            loop.one_turn()
+        answer = client.answer(2)
+        assert answer.error == "WalQueueError" and "did not exit within 10 s, so it was killed" in answer.message
+        assert loop.compaction.in_flight is None
+        with pytest.raises(ChildProcessError):
+            os.waitpid(flight.child.pid, os.WNOHANG)  # killed and reaped
+        status = loop.compaction.status()
+        assert status.consecutive_failures == 1 and status.retry_in_seconds == 1.0
+        assert loop.recorder.compaction_failures_total == 1 and loop.recorder.write_failures_total == 0
+        assert any("compaction failed (1 in a row)" in record.getMessage() and "killed" in record.getMessage()
+                   for record in caplog.records), [record.getMessage() for record in caplog.records]
+        assert not any(name.startswith("snapshot-") for name in os.listdir(tmp_path / "queue"))
+        # After the back-off, a child that does exit compacts as usual.
+        hang.stop()
+        clock.advance(1.0)
+        client.send(p.Put(id=3, task_id="b", payload={}), p.Compact(id=4))
+        turn_until(loop, lambda: loop.compaction.in_flight is not None, "a second compaction")
+        readable, _, _ = select.select([loop.compaction.in_flight.child.fileno()], [], [], CHILD_SECONDS)
+        assert readable, "the second snapshot child did not exit"
+        assert client.answer(4) == p.Compacted(id=4, seq=2)
+        assert loop.compaction.status().consecutive_failures == 0
 
 
 # -- the space a snapshot needs ----------------------------------------------------------------

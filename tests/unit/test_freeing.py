@@ -170,6 +170,7 @@ def test_the_loop_sleeps_until_the_next_step_and_frees_it_then_but_not_beside_a_
         loop.compaction.in_flight = object()
         monkeypatch.setattr(loop.compaction, "settle", lambda: None)
         monkeypatch.setattr(loop.compaction, "maybe_start", lambda wrote, freeing: None)
+        monkeypatch.setattr(loop.compaction, "next_deadline", lambda: None)
         assert loop._timeout() is None or loop._timeout() > 1
         clock.monotonic += 1.0
         loop._wake_write.send(b"x")   # a turn, as a signal would make one

@@ -23,7 +23,7 @@ from walqueue import CorruptStore, QueueLocked
 from walqueue.fs import DIRECTORY_MODE, check_directory_safety
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
-from .compaction import DEFAULT_COMPACT_WAL_RATIO
+from .compaction import CHILD_DEADLINE_FLOOR_SECONDS, DEFAULT_COMPACT_WAL_RATIO
 from .exits import (
     EXIT_CORRUPT,
     EXIT_DIRECTORY_UNSAFE,
@@ -151,10 +151,14 @@ def cli() -> None:
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
 @click.option("--test-child-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE called in each snapshot child before it writes.")
+@click.option("--test-child-deadline-floor", "child_deadline_floor_seconds",
+              type=click.FloatRange(min=0, min_open=True), default=CHILD_DEADLINE_FLOOR_SECONDS,
+              hidden=True, help="TEST ONLY: the floor of a snapshot child's deadline, in seconds.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
           compact_wal_ratio: float, max_connections: int, hello_timeout_seconds: float, log_level: str,
           metrics_listen: str | None, metrics_allow_remote: bool, test_hook: str | None,
-          test_child_hook: str | None, preallocate_wal_bytes: int) -> None:
+          test_child_hook: str | None, preallocate_wal_bytes: int,
+          child_deadline_floor_seconds: float) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT.
 
     DIRECTORY is created (mode 0750) if missing; the daemon holds its lock, so
@@ -189,7 +193,8 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
                              compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
                              max_connections=max_connections, hook=hook, child_hook=child_hook,
                              hello_timeout_seconds=hello_timeout_seconds,
-                             preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address))
+                             preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
+                             child_deadline_floor_seconds=child_deadline_floor_seconds))
 
 
 def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
@@ -240,7 +245,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                     preallocate_wal_bytes: int = DEFAULT_PREALLOCATE_WAL_BYTES,
                     metrics_address: tuple[str, int] | None = None,
                     compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
-                    child_hook: Callable[[], None] | None = None) -> int:
+                    child_hook: Callable[[], None] | None = None,
+                    child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
     metrics_descriptors = 0 if metrics_address is None else METRICS_DESCRIPTORS
@@ -321,6 +327,7 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
         compact_wal_ratio=compact_wal_ratio,
         child_hook=child_hook,
         filesystem=filesystem,
+        child_deadline_floor_seconds=child_deadline_floor_seconds,
     )
     try:
         return loop.run()

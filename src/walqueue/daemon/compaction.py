@@ -31,6 +31,13 @@ compaction into failed writes of bystanders and reopens; refused before the
 fork, it is a failed compaction like any other (logged, backed off), and
 nothing else fails.
 
+A child that does not exit by its deadline (stopped, stuck in the kernel,
+or just far slower than any disk should be) is killed with SIGKILL, and its
+compaction fails like any other: CHILD_DEADLINE_FLOOR_SECONDS after the fork
+plus the bound above at CHILD_MIN_BYTES_PER_SECOND. Without it a SIGSTOPped
+child was waited for forever: a compaction in progress for ever, ``compact``
+unanswered, the WAL growing, nothing logged.
+
 A killed daemon leaves at most an orphan snapshot (SPEC §5 ignores it, the
 next open deletes it). The child dies with its parent (PR_SET_PDEATHSIG,
 then a check that the parent is still the one that forked it), and closes
@@ -90,6 +97,12 @@ CHILD_NICENESS = 5
 # (snapshot.write_snapshot says why; with 4 MiB, scripts/probe_snapshot_io.py saw 10-30 ms at worst).
 CHILD_SYNC_EVERY_BYTES = 4 << 20
 MAX_REPORT_BYTES = 4096
+# A snapshot child gets this long, plus its snapshot's size (the bound) at the
+# rate below, before it is killed: the floor covers the fork and a slow
+# disk's fsyncs; the rate is about a thirtieth of what the child writes on
+# the development VM beside 16 busy clients (~30 MB/s).
+CHILD_DEADLINE_FLOOR_SECONDS = 60.0
+CHILD_MIN_BYTES_PER_SECOND = 1 << 20
 # What a failed write raises (as in walqueue.daemon.commit): the Queue then closed itself.
 WRITE_FAILURES = (OSError, QueueClosed)
 
@@ -318,12 +331,18 @@ class Waiter:
     seq: int  # the last seq when the request was applied
 
 
+def child_deadline_seconds(snapshot_bytes: int, floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> float:
+    """How long a child writing a snapshot of about ``snapshot_bytes`` may take before it is killed."""
+    return floor_seconds + snapshot_bytes / CHILD_MIN_BYTES_PER_SECOND
+
+
 @dataclass(eq=False)
 class InFlight:
     compaction: Compaction
     child: SnapshotChild
     started: float  # monotonic, before the rotation
     reason: str
+    deadline: float  # monotonic: the child is killed if it has not exited by then
     pause_seconds: float = 0.0  # how long the loop stood still for the rotation and the fork
     written: float | None = None  # monotonic, when the child was found exited 0
     watched: bool = True  # its pidfd is in the loop's selector
@@ -364,7 +383,8 @@ class Compactor:
                  watch: Callable[[int], None] = lambda fd: None,
                  unwatch: Callable[[int], None] = lambda fd: None,
                  child_hook: Callable[[], None] | None = None,
-                 free_bytes: Callable[[str], int] = free_bytes) -> None:
+                 free_bytes: Callable[[str], int] = free_bytes,
+                 child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> None:
         self.service = service
         self.directory = directory
         self.floor_bytes = floor_bytes
@@ -380,6 +400,7 @@ class Compactor:
         self._unwatch = unwatch
         self._child_hook = child_hook
         self._free_bytes = free_bytes
+        self._child_deadline_floor_seconds = child_deadline_floor_seconds
         self._requested: list[Waiter] = []  # this turn's, until its batch is durable
         self._waiting: list[Waiter] = []
 
@@ -392,6 +413,13 @@ class Compactor:
             return os.stat(os.path.join(self.directory, snapshot_name(seq))).st_size
         except FileNotFoundError:
             return 0
+
+    def next_deadline(self) -> float | None:
+        """When the child in flight is to be killed if it has not exited (monotonic), for the loop's timer."""
+        flight = self.in_flight
+        if flight is None or flight.child.report is not None:
+            return None
+        return flight.deadline
 
     def status(self) -> Status:
         return Status(in_progress=self.in_flight is not None,
@@ -424,6 +452,13 @@ class Compactor:
         if flight is None:
             return
         report = flight.child.poll()
+        if report is None and now >= flight.deadline:
+            report = flight.child.kill()
+            if not report.ok:  # else it exited just now, with its snapshot written
+                self._unwatch_child(flight)
+                self._abandon(flight, f"the snapshot child pid {flight.child.pid} did not exit within "
+                                      f"{flight.deadline - flight.started:.0f} s, so it was killed")
+                return
         if report is None:
             return
         self._unwatch_child(flight)
@@ -513,7 +548,8 @@ class Compactor:
             self._failed(f"fork failed: {type(exc).__name__}: {exc}")
             return
         pause_seconds = self._clock.monotonic_seconds() - now
-        self.in_flight = InFlight(compaction, child, now, reason, pause_seconds)
+        deadline = now + child_deadline_seconds(needed, self._child_deadline_floor_seconds)
+        self.in_flight = InFlight(compaction, child, now, reason, deadline, pause_seconds)
         self._watch(child.fileno())
         self._recorder.compaction_started(pause_seconds)
         log.debug("compaction through seq %d started %s: child pid %d, the loop paused %.3f s",
