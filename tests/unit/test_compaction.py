@@ -101,6 +101,10 @@ class Gate:
         """Let the child go, and every later one (while the gate stays open: until `close`)."""
         os.write(self._fd, b"g" * 64)
 
+    def release_one(self) -> None:
+        """Let the child that entered go, and close: the next child waits at the gate again."""
+        os.write(self._fd, b"g")
+        self.close()
 
     def close(self) -> None:
         if self._fd is not None:

@@ -33,7 +33,7 @@ from .exits import (
     DaemonExit,
     open_failure_code,
 )
-from .freeing import FreeingInSteps
+from .freeing import MAX_FILES_BEING_FREED, FreeingInSteps
 from .log import log
 from .loop import DEFAULT_HELLO_TIMEOUT_SECONDS, DEFAULT_MAX_CONNECTIONS, Loop, bind_listener
 from .metrics_http import DESCRIPTORS as METRICS_DESCRIPTORS
@@ -49,10 +49,12 @@ DEFAULT_COMPACT_WAL_BYTES = 64 * 1024 * 1024
 # cuts the segment. Appending, the same tear is a torn tail, cut at open. The
 # 13-25% it buys per sync is not worth a manual step after a crash by default.
 DEFAULT_PREALLOCATE_WAL_BYTES = 0
-# Descriptors the daemon needs besides its connections (listener, selector,
-# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs, the
-# spare descriptors that refuse a connection on EMFILE, a compaction's files).
-RESERVED_DESCRIPTORS = 32
+# Descriptors the daemon needs besides its connections: 24 for its own
+# (listener, selector, wakeup pair, WAL segment, lock, directory fsyncs,
+# notify socket, logs, the spare descriptors that refuse a connection on
+# EMFILE, a compaction's pipe, pidfd and files), plus the deleted files held
+# open while their blocks are freed (at most MAX_FILES_BEING_FREED).
+RESERVED_DESCRIPTORS = 24 + MAX_FILES_BEING_FREED
 
 
 def _load_hook(spec: str, option: str = "--test-hook") -> Callable:

@@ -14,8 +14,8 @@ One loop turn = one ``select()`` call, on one thread:
    are deferred to a later turn instead;
 4. collect a snapshot child that exited and publish its snapshot, or kill
    one past its deadline (walqueue.daemon.compaction); free a step of a
-   deleted file's blocks if one is due and no child writes
-   (walqueue.daemon.freeing); end waits that timed out; hand the turn's
+   deleted file's blocks if one is due (walqueue.daemon.freeing); end waits
+   that timed out; hand the turn's
    answers to their connections only now, after the batch exited without
    error; send; set each touched connection's selector interest;
 5. ping the watchdog; begin a compaction and fork its child if one is due
@@ -333,8 +333,10 @@ class Loop:
         timer.part("applying and fsync", of_which=("fsync", self.recorder.fsync_seconds_total - fsynced_before))
         self.compaction.settle()
         timer.part("collecting a snapshot")
-        if self._may_free():
-            self.filesystem.free_step(clock.monotonic_seconds())
+        # Also beside a snapshot child: only one begun on request can be writing while
+        # files wait (an automatic compaction waits for the freeing), and back-to-back
+        # requests must not pile up deleted files (walqueue.daemon.freeing).
+        self.filesystem.free_step(clock.monotonic_seconds())
         timer.part("freeing a deleted file")
         if self.service.parked:
             self.service.expire_waits(clock.monotonic_seconds())
@@ -384,11 +386,6 @@ class Loop:
                 self.input_budget.release(conn)  # what it sent holds no room any more
                 self._fatal(conn, None, late_frame_message(conn))
 
-    def _may_free(self) -> bool:
-        """Deleted files are freed only while no snapshot child writes: one big I/O job at a time
-        (walqueue.daemon.freeing; the compactor likewise waits for the freeing)."""
-        return self.compaction.in_flight is None
-
     def _timeout(self) -> float | None:
         if ((self._deferring and any(conn.can_resume() for conn in self._deferring))
                 or self.service.outbox):
@@ -397,7 +394,7 @@ class Loop:
             return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
-        if self._may_free() and (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
+        if (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
             deadlines.append(freeing)  # a deleted file's next step of blocks to free
         if (child := self.compaction.next_deadline()) is not None:
             deadlines.append(child - monotonic_seconds)  # a snapshot child to kill if it still runs
