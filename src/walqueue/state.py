@@ -43,17 +43,9 @@ serving built them.
 
 How big a snapshot of the state would be, without writing one (walqueued
 checks the free space before it compacts): `snapshot_growth` adds up, record
-by record, an upper bound on how many bytes each one changed the snapshot's
-size by (negative when it shrank it); loading snapshot entries adds nothing.
-So a snapshot of the state now takes at most the size of one taken earlier
-plus the growth since then. A put's tasks take what their canonical JSON
-takes in the put's frame (its body length, given by the caller that has the
-frame) plus PUT_ENTRY_EXTRA_BYTES each, the fields and framing an entry has
-that the put does not carry (the identity above all); the other records
-change only numbers, status, worker and deadline, bounded from the values
-before and after without encoding anything. A reserve's worker, named once in
-its record, counts once per task it leases, as the snapshot repeats it.
-O(tasks named by the record), like the record itself.
+by record, what snapshot_size.growth bounds each one changed the snapshot's
+size by; loading snapshot entries adds nothing, so a snapshot of the state
+now takes at most the size of one taken earlier plus the growth since then.
 """
 
 from __future__ import annotations
@@ -70,8 +62,9 @@ from operator import le, lt
 from typing import Any
 
 from . import validation
-from .codec import FRAME_OVERHEAD_BYTES, canonical_json
+from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
+from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
 READY, LEASED, COMPLETED, DEAD = validation.STATUSES
@@ -98,21 +91,6 @@ _ENTRY_SHAPES = {
     COMPLETED: (_NONE, _NONE, type(None)),
     DEAD: (_NONE, _NONE, dict),
 }
-
-
-def _digits(number: int) -> int:
-    """The length of a non-negative integer in canonical JSON."""
-    return len(str(number))
-
-
-def _json_bytes(text: str) -> int:
-    return len(canonical_json(text))
-
-
-_NULL_BYTES = len(b"null")
-# A string's canonical JSON takes at least its characters and two quotes
-# (UTF-8 and escapes only add): a lower bound on what losing one frees.
-_QUOTES_BYTES = 2
 
 
 def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: int) -> str:
@@ -163,23 +141,6 @@ class Task:
                 "identity": self.pin_identity(), "key": self.key,
                 "max_attempts": self.max_attempts, "payload": self.payload,
                 "status": self.status, "task_id": self.task_id, "worker": self.worker}
-
-
-def _put_entry_extra_bytes() -> int:
-    """What a just-put task's snapshot entry (framed) takes beyond its task's JSON in the put record.
-
-    The same task_id, key, payload, available_at and max_attempts are in both,
-    encoded alike; the rest (attempts, deadline, generation, the 64-digit
-    identity, status, worker, the frame's length and digest) is a constant.
-    """
-    put = {"available_at": 0, "key": "", "max_attempts": 1, "payload": {}, "task_id": ""}
-    entry = Task("", "", "0" * 64, READY, 0, 1, 0, 0, None, None, {}).entry()
-    return FRAME_OVERHEAD_BYTES + len(canonical_json(entry)) - len(canonical_json(put))
-
-
-PUT_ENTRY_EXTRA_BYTES = _put_entry_extra_bytes()
-# Status names in canonical JSON, quotes included.
-_STATUS_BYTES = {status: len(canonical_json(status)) for status in validation.STATUSES}
 
 
 class State:
@@ -418,52 +379,12 @@ class State:
 
         `body_bytes` is the length of the record's canonical JSON (its
         frame's body), which a writer or reader of the frame knows; without
-        it a put's record is encoded again to measure it (see the header).
+        it a put's record is encoded again to measure it (snapshot_size).
         """
         op, record, targets = change
-        self.snapshot_growth += self._snapshot_growth_of(op, record, targets, body_bytes)
+        self.snapshot_growth += snapshot_growth_of(op, record, targets, body_bytes)
         getattr(self, "_commit_" + op)(record, targets)
         self.last_seq = record["seq"]
-
-    def _snapshot_growth_of(self, op: str, record: dict, targets: list, body_bytes: int | None) -> int:
-        """An upper bound on how much committing this checked record grows the snapshot's size.
-
-        Called before the change, so `targets` still hold their old values.
-        """
-        leased, ready = _STATUS_BYTES[LEASED], _STATUS_BYTES[READY]
-        if op == "put":
-            if body_bytes is None:
-                body_bytes = len(canonical_json(record))
-            return body_bytes + len(targets) * PUT_ENTRY_EXTRA_BYTES
-        if op == "reserve":
-            # attempts and generation may each gain a digit; null deadline and worker get values.
-            deadline = record["now"] + record["lease_seconds"]
-            per_task = (leased - ready + 2 + _digits(deadline) - _NULL_BYTES
-                        + _json_bytes(record["worker"]) - _NULL_BYTES)
-            return len(targets) * per_task
-        if op == "ack":
-            (task,) = targets
-            # The payload (at least "{}") becomes null; the deadline and worker too.
-            return (_STATUS_BYTES[COMPLETED] - leased + _NULL_BYTES - len(b"{}")
-                    + _NULL_BYTES - _digits(task.deadline)
-                    + _NULL_BYTES - len(task.worker) - _QUOTES_BYTES)
-        if op == "release" or op == "expire":
-            # Ready (or dead, shorter still) again: deadline and worker null, available_at moved.
-            growth = 0
-            for task in targets:
-                available_at = task.deadline if op == "expire" else record["now"] + record["delay"]
-                growth += (ready - leased + _digits(available_at) - _digits(task.available_at)
-                           + _NULL_BYTES - _digits(task.deadline)
-                           + _NULL_BYTES - len(task.worker) - _QUOTES_BYTES)
-            return growth
-        if op == "touch":
-            (task,) = targets
-            return _digits(record["now"] + record["lease_seconds"]) - _digits(task.deadline)
-        if op == "revive":
-            now = _digits(record["now"])
-            return sum(ready - _STATUS_BYTES[DEAD] + _digits(0) - _digits(task.attempts)
-                       + now - _digits(task.available_at) for task in targets)
-        raise AssertionError(f"no snapshot growth for op {op!r}")
 
     def _check_put(self, record):
         tasks = record["tasks"]

@@ -22,7 +22,7 @@ import pytest
 from walqueue import Queue, StaleLease
 from walqueue.fs import OsFileSystem
 from walqueue.snapshot import snapshot_name
-from walqueue.state import PUT_ENTRY_EXTRA_BYTES
+from walqueue.snapshot_size import PUT_ENTRY_EXTRA_BYTES
 
 
 def test_the_snapshot_bound_counts_what_the_wal_does_not_carry(tmp_path):
