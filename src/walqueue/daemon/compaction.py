@@ -281,13 +281,22 @@ class SnapshotChild:
     def kill(self) -> ChildReport:
         """SIGKILL the child if it still runs, reap it; its report (a failure if it was killed)."""
         if self.report is None:
+            self.send_kill()
+            _, status = os.waitpid(self.pid, 0)
+            self._collect(status)
+        return self.report
+
+    def send_kill(self) -> None:
+        """SIGKILL the child without waiting for it to die: `poll` reaps it once it has.
+
+        The loop must not block in waitpid: a child in uninterruptible sleep
+        (a hung disk) dies only when its system call returns.
+        """
+        if self.report is None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            _, status = os.waitpid(self.pid, 0)
-            self._collect(status)
-        return self.report
 
     def _collect(self, status: int) -> None:
         chunks = []
@@ -346,6 +355,7 @@ class InFlight:
     pause_seconds: float = 0.0  # how long the loop stood still for the rotation and the fork
     written: float | None = None  # monotonic, when the child was found exited 0
     watched: bool = True  # its pidfd is in the loop's selector
+    killed: bool = False  # at its deadline: failed already, abandoned once it is reaped
 
 
 @dataclass
@@ -417,7 +427,7 @@ class Compactor:
     def next_deadline(self) -> float | None:
         """When the child in flight is to be killed if it has not exited (monotonic), for the loop's timer."""
         flight = self.in_flight
-        if flight is None or flight.child.report is not None:
+        if flight is None or flight.killed or flight.child.report is not None:
             return None
         return flight.deadline
 
@@ -441,10 +451,11 @@ class Compactor:
         if queue is None:
             return
         now = self._clock.monotonic_seconds()
+        failed = self.in_flight is None or self.in_flight.killed
         for waiter in requested:
             if self.in_flight is None and waiter.seq <= queue.stats().snapshot_seq:
                 self._answer(waiter, queue.stats().snapshot_seq)  # nothing appended since the snapshot
-            elif self.in_flight is None and not self.backoff.ready(now):
+            elif failed and not self.backoff.ready(now):
                 self._answer_error(waiter, self._failing_message(now))
             else:
                 self._waiting.append(waiter)
@@ -452,16 +463,16 @@ class Compactor:
         if flight is None:
             return
         report = flight.child.poll()
-        if report is None and now >= flight.deadline:
-            report = flight.child.kill()
-            if not report.ok:  # else it exited just now, with its snapshot written
-                self._unwatch_child(flight)
-                self._abandon(flight, f"the snapshot child pid {flight.child.pid} did not exit within "
-                                      f"{flight.deadline - flight.started:.0f} s, so it was killed")
-                return
+        if report is None and not flight.killed and now >= flight.deadline:
+            self._kill_late(flight)
+            report = flight.child.poll()  # reaped at once if it is already gone
         if report is None:
             return
         self._unwatch_child(flight)
+        if flight.killed:  # whatever it reports now: its failure was counted and answered
+            self.in_flight = None
+            self._abandon_files(flight)
+            return
         if not report.ok:
             self._abandon(flight, report.error)
             return
@@ -577,6 +588,14 @@ class Compactor:
                  seconds, flight.pause_seconds, self.snapshot_bytes, flight.child.pid,
                  (flight.written or flight.started) - flight.started)
         self._answer_covered(compaction.seq)
+
+    def _kill_late(self, flight: InFlight) -> None:
+        """The child is past its deadline: SIGKILL it, and fail the attempt now (the loop reaps it
+        when its pidfd says it is gone, and only then removes its partial snapshot)."""
+        flight.child.send_kill()
+        flight.killed = True
+        self._failed(f"writing the snapshot failed: the snapshot child pid {flight.child.pid} did not "
+                     f"exit within {flight.deadline - flight.started:.0f} s, so it was killed")
 
     def _abandon(self, flight: InFlight, error: str) -> None:
         self.in_flight = None
