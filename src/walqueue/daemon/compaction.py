@@ -451,11 +451,12 @@ class Compactor:
         if queue is None:
             return
         now = self._clock.monotonic_seconds()
-        failed = self.in_flight is None or self.in_flight.killed
+        # A child killed at its deadline is no attempt that could answer a request any more.
+        no_live_attempt = self.in_flight is None or self.in_flight.killed
         for waiter in requested:
             if self.in_flight is None and waiter.seq <= queue.stats().snapshot_seq:
                 self._answer(waiter, queue.stats().snapshot_seq)  # nothing appended since the snapshot
-            elif failed and not self.backoff.ready(now):
+            elif no_live_attempt and not self.backoff.ready(now):
                 self._answer_error(waiter, self._failing_message(now))
             else:
                 self._waiting.append(waiter)
