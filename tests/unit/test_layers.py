@@ -43,7 +43,7 @@ def test_a_crossed_layer_breaks_its_contract(tmp_path):
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     with open(copy / "daemon" / "service.py", "a") as service:
         service.write("\nimport time  # planted\n")
-    with open(copy / "protocol.py", "a") as protocol:
+    with open(copy / "protocol" / "framing.py", "a") as protocol:
         protocol.write("\nimport walqueue.daemon.recorder  # planted\n")
     with open(copy / "queue.py", "a") as queue:
         queue.write("\nimport walqueue.unix_socket  # planted\n")

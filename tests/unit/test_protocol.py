@@ -22,6 +22,7 @@ from walqueue import (
     WalQueueError,
 )
 from walqueue import protocol as p
+from walqueue.protocol import bounds, framing
 from walqueue.values import BackupManifest
 
 
@@ -369,7 +370,7 @@ def test_the_id_of_an_undecodable_body_is_found_without_decoding_the_body(monkey
         + b"\xdd" + struct.pack(">I", 17_000_000) + b"\x90" * 17_000_000
     decode = msgspec.msgpack.decode
     monkeypatch.setattr(msgspec.msgpack, "decode", None)  # the peek must not decode anything
-    assert p._peek_id(body) == 5
+    assert p.peek_id(body) == 5
     monkeypatch.setattr(msgspec.msgpack, "decode", decode)
     (refused,) = read_requests(p.frame(body), 4 << 20)
     assert isinstance(refused, p.RequestRefused) and refused.args[1] == 5
@@ -415,8 +416,8 @@ def test_a_key_twice_in_a_request_or_a_payload_is_refused_naming_where(body, whe
 
 def test_bodies_this_package_encodes_skip_the_walk_and_others_are_walked(monkeypatch):
     walked = []
-    real = p.duplicate_key
-    monkeypatch.setattr(p, "duplicate_key", lambda body: walked.append(body) or real(body))
+    real = bounds.duplicate_key
+    monkeypatch.setattr(bounds, "duplicate_key", lambda body: walked.append(body) or real(body))
     put = p.Put(id=5, task_id="t", payload={"a": [1, {"b": 2.5}], "c": None})
     assert p.decode_request(p.encode(put)[4:]) == put and walked == []
     reordered = enc({"payload": {"a": 1}, "id": 6, "task_id": "t", "type": "put"})  # other encoders
@@ -446,8 +447,8 @@ def test_a_put_of_millions_of_small_ints_is_refused_for_its_json_without_a_step_
     from walqueue import validation
 
     body = ints_put(16_700_000, canonical=canonical)
-    assert len(body) < p.MAX_BODY_BYTES and (p._encoder.encode(p._request_decoder.decode(body)) == body) == canonical
-    monkeypatch.setattr(p, "duplicate_key", None)  # nothing walks it
+    assert len(body) < p.MAX_BODY_BYTES and (framing._encoder.encode(framing._request_decoder.decode(body)) == body) == canonical
+    monkeypatch.setattr(bounds, "duplicate_key", None)  # nothing walks it
     monkeypatch.setattr(validation, "plain_json", None)  # nothing validates it a value at a time
     with pytest.raises(p.RequestRefused) as refused:
         p.decode_request(body)
@@ -479,8 +480,8 @@ def test_msgspec_writes_json_values_as_long_as_the_library_does_but_for_floats()
     @settings(max_examples=300, derandomize=True, deadline=None)
     @given(st.dictionaries(st.text(max_size=5), values, max_size=4), st.floats(allow_nan=False, allow_infinity=False))
     def check(payload, number):
-        assert len(p._json_encoder.encode(payload)) == len(canonical_json(payload))
-        difference = len(p._json_encoder.encode(number)) - len(canonical_json({"f": number})) + len('{"f":}')
+        assert len(bounds._json_encoder.encode(payload)) == len(canonical_json(payload))
+        difference = len(bounds._json_encoder.encode(number)) - len(canonical_json({"f": number})) + len('{"f":}')
         assert abs(difference) <= p.MAX_FLOAT_JSON_CHARS - 3
 
     check()
@@ -492,7 +493,7 @@ def test_a_walked_body_with_too_many_objects_and_arrays_is_refused_before_the_wa
     lists = validation.MAX_PAYLOAD_CONTAINERS  # with the payload itself, one too many
     body = raw_map(("type", enc("put")), ("id", enc(8)), ("task_id", enc("t")),
                    ("payload", b"\x81" + enc("l") + b"\xdd" + struct.pack(">I", lists) + b"\x90" * lists))
-    monkeypatch.setattr(p, "duplicate_key", None)
+    monkeypatch.setattr(bounds, "duplicate_key", None)
     with pytest.raises(p.RequestRefused) as refused:
         p.decode_request(body)
     assert f"payload holds more than {lists} objects and arrays" in refused.value.args[0]

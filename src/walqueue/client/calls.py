@@ -52,7 +52,7 @@ class NoSocket(DaemonUnavailable):
 # next one (walqueued 0.1 speaks only version 1; the daemons before the
 # slow-turn figures, up to 4). The newest brings the daemon's walqueue
 # version, its clock, its compaction figures and its slow loop turns
-# (protocol.py).
+# (walqueue.protocol.messages).
 CLIENT_PROTOCOL_VERSIONS = (p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION,
                             p.PROTOCOL_VERSION)
 
