@@ -215,7 +215,7 @@ def test_a_connection_may_have_only_so_many_waits(harness):
         harness.turn(100, 0.0, (peer, p.Reserve(id=request_id, worker="w", wait=60)))
     ((_, answer),) = harness.turn(100, 0.0, (peer, p.Reserve(id=999, worker="w", wait=60)))
     assert answer.error == "InvalidRequest" and "too many waiting reserves" in answer.message
-    ((_, answer),) = harness.turn(100, 0.0, (peer, p.AckReserve(id=1000, task_id="t", worker="w",
+    ((_, answer),) = harness.turn(100, 0.0, (peer, p.AckAndReserve(id=1000, task_id="t", worker="w",
                                                                  generation=1, wait=60)))
     assert answer.error == "InvalidRequest"  # refused before the ack could be written
 

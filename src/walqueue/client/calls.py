@@ -260,7 +260,7 @@ def ack_call(lease: Any) -> Call:
 def ack_and_reserve_call(lease: Any, *, lease_seconds: Any, limit: Any, wait: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
     reserve = reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait).request
-    request = p.AckReserve(id=0, task_id=task_id, worker=worker, generation=generation,
+    request = p.AckAndReserve(id=0, task_id=task_id, worker=worker, generation=generation,
                            lease_seconds=reserve.lease_seconds, limit=reserve.limit, wait=reserve.wait)
     return Call(request, _leases, wait=reserve.wait)
 

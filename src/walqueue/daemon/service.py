@@ -17,7 +17,7 @@ What it decides:
   Queue writes anything — become that request's error answer; anything else
   propagates to the group commit (walqueue.daemon.commit), which tells a
   failed write from a bug.
-* Parking: a ``reserve`` (or the reserve half of ``ack_reserve``) with
+* Parking: a ``reserve`` (or the reserve half of ``ack_and_reserve``) with
   ``wait > 0`` that leased nothing waits in arrival order. Waits are served
   at the start of every turn and right after every request that can make a
   task due (put, put_many, release, revive, resume); the loop's timer wakes
@@ -107,7 +107,7 @@ class Answer:
 @dataclass(eq=False)
 class Parked:
     peer: Peer
-    request: protocol.Reserve | protocol.AckReserve
+    request: protocol.Reserve | protocol.AckAndReserve
     deadline_seconds: float  # the monotonic reading at which the wait ends
     turn: int  # the service turn that parked it
     done: bool = False
@@ -240,7 +240,7 @@ class Service:
             protocol.Put: self._put,
             protocol.PutMany: self._put_many,
             protocol.Reserve: self._reserve,
-            protocol.AckReserve: self._ack_and_reserve,
+            protocol.AckAndReserve: self._ack_and_reserve,
             protocol.Ack: self._ack,
             protocol.Release: self._release,
             protocol.Touch: self._touch,
@@ -385,7 +385,7 @@ class Service:
             self.backup_holder = None
             log.warning("backup pin released: %s closed before ending its backup", peer.name)
 
-    def _reserve_or_park(self, peer: Peer, request: protocol.Reserve | protocol.AckReserve) -> None:
+    def _reserve_or_park(self, peer: Peer, request: protocol.Reserve | protocol.AckAndReserve) -> None:
         """Lease due tasks to ``request``'s worker now, or park it if it may wait."""
         if peer.gone():
             # It sent this and closed (or died): a lease could only sit
@@ -404,7 +404,7 @@ class Service:
             log.debug("parked reserve %d of %s for %.3f s", request.id, peer.name, request.wait)
 
     @staticmethod
-    def _check_may_park(peer: Peer, request: protocol.Reserve | protocol.AckReserve) -> None:
+    def _check_may_park(peer: Peer, request: protocol.Reserve | protocol.AckAndReserve) -> None:
         if request.wait > 0 and peer.parked >= MAX_PARKED_PER_CONNECTION:
             raise InvalidRequest(
                 f"too many waiting reserves on this connection ({MAX_PARKED_PER_CONNECTION}); "
@@ -491,7 +491,7 @@ class Service:
         protocol.check_wait(request.wait)
         self._reserve_or_park(peer, request)
 
-    def _ack_and_reserve(self, peer: Peer, request: protocol.AckReserve) -> None:
+    def _ack_and_reserve(self, peer: Peer, request: protocol.AckAndReserve) -> None:
         # Everything that could reject the reserve half is checked before the
         # ack is written: a rejected request writes nothing.
         protocol.check_wait(request.wait)

@@ -41,7 +41,7 @@ __all__ = [
     "PROTOCOL_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
     "Raw", "Payload", "PutItem", "BackupFile", "DaemonStats", "WireLease", "WireTask", "WireStats",
     "WireDaemonStats", "WRITING_REQUESTS", "Request", "Response",
-    "Hello", "Put", "PutMany", "Reserve", "Ack", "AckReserve", "Release", "Touch", "Revive", "Get",
+    "Hello", "Put", "PutMany", "Reserve", "Ack", "AckAndReserve", "Release", "Touch", "Revive", "Get",
     "Tasks", "Stats", "Compact", "DaemonStatsReq", "Pause", "Resume", "BackupBegin", "BackupEnd",
     "ForceRelease",
     "HelloOk", "PutOk", "TaskIds", "Leases", "Done", "LeaseOk", "TaskOk", "TaskList", "StatsOk",
@@ -127,11 +127,14 @@ class Touch(_Message, tag="touch"):
     lease_seconds: int
 
 
-class AckReserve(_Message, tag="ack_reserve"):
-    """Ack a lease and, in the same batch and fsync, reserve for the same worker.
+class AckAndReserve(_Message, tag="ack_reserve"):
+    """``ack_and_reserve``: ack a lease and, in the same batch and fsync, reserve for the same worker.
 
     Answered like a ``Reserve`` (``Leases``); if the ack fails, nothing is
-    reserved and the answer is the ack's error.
+    reserved and the answer is the ack's error. The tag stays "ack_reserve",
+    the one it had on the wire from the start: a tag is part of the
+    protocol's compatibility (an older daemon knows only that one), a class
+    name is not.
     """
 
     id: int
@@ -212,12 +215,12 @@ class ForceRelease(_Message, tag="force_release"):
 
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
-    | AckReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
+    | AckAndReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
 )
 
 # Requests that may append to the WAL; the others only read state. (Resume
 # serves parked reserves; BackupBegin compacts a queue never compacted.)
-WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckReserve, Resume,
+WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckAndReserve, Resume,
                     BackupBegin, ForceRelease)
 
 
@@ -322,14 +325,15 @@ class PutOk(_Message, tag="put_ok"):
 
 
 class TaskIds(_Message, tag="task_ids"):
-    """Answer to ``PutMany`` and ``Revive``."""
+    """Answer to ``PutMany``, ``Revive`` and ``ForceRelease``."""
 
     id: int
     task_ids: list[str]
 
 
 class Leases(_Message, tag="leases"):
-    """Answer to ``Reserve``; ``more=True`` means another ``Leases`` with this id follows."""
+    """Answer to ``Reserve`` and ``AckAndReserve``; ``more=True`` means another ``Leases``
+    with this id follows."""
 
     id: int
     leases: list[WireLease]
