@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from walqueue import QueueStats, aio
+from walqueue import QueueStats
 from walqueue import protocol as p
-from walqueue.client import Client
+from walqueue.client import Client, aio
 from walqueue.client.calls import CLIENT_PROTOCOL_VERSIONS
 
 

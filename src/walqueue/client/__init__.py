@@ -5,7 +5,8 @@
     api.py       SPEC §8's methods, written once for both clients
     address.py   the socket path, sun_path, and what a failed connect means
     blocking.py  the sync shell: Connection and Client over blocking sockets
-    (walqueue.aio is the asyncio shell over the same core)
+    aio.py       the asyncio shell over the same core: AsyncConnection and Client
+                 (not imported here: ``walqueue.client.aio.Client``)
 
 This package exports the public names: ``Client``, ``Connection``,
 ``DaemonUnavailable`` (and ``NoSocket``, the kind raised at once for a path

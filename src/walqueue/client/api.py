@@ -4,7 +4,7 @@
 docstring; each one hands its call builder (``walqueue.client.calls``) and
 arguments to ``self._run``, which the shells define: the sync
 ``walqueue.client.Client._run`` sends the call and returns its value, the
-asyncio ``walqueue.aio.Client._run`` is a coroutine function, so there every
+asyncio ``walqueue.client.aio.Client._run`` is a coroutine function, so there every
 method returns an awaitable of the value documented here
 (``await client.put(...)``). The builder runs inside ``_run``, so a bad
 argument raises when the call is made (sync) or awaited (asyncio), like

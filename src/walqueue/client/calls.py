@@ -1,7 +1,7 @@
 """The client core without I/O: API arguments to requests, answers to the library's values.
 
 Both clients (``walqueue.client.Client`` over a blocking socket,
-``walqueue.aio.Client`` over asyncio) send exactly what this module builds
+``walqueue.client.aio.Client`` over asyncio) send exactly what this module builds
 and return exactly what it makes of the answers; they only own sockets.
 
 * ``*_call()`` functions check an API call's arguments (types only: ranges
