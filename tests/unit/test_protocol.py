@@ -568,3 +568,78 @@ def test_the_walk_finds_the_first_key_twice_whatever_the_encoding(data):
     request = ("map", [("type", "put"), ("id", 1), ("task_id", "t"), ("payload", payload)])
     body = naive_pack(request, Widths(data))
     assert p.duplicate_key(body) == naive_first_duplicate(request)
+
+
+# -- error codes (protocol version 6) ---------------------------------------------------------
+
+
+class Version5Error(msgspec.Struct, tag="error", tag_field="type", forbid_unknown_fields=True):
+    """The Error answer exactly as clients up to protocol version 5 decode it."""
+
+    id: int | None
+    error: str
+    message: str
+    task_id: str | None = None
+    status: str | None = None
+    generation: int | None = None
+    fatal: bool = False
+
+
+def test_an_error_carries_its_code_and_a_peer_before_version_6_gets_its_old_bytes():
+    error = p.error_to_wire(3, StaleLease("gone", task_id="t", status="completed", generation=4))
+    assert error.code == "stale_lease"
+    assert p.decode_response(p.encode(p.error_for_version(error, p.ERROR_CODE_VERSION))[4:]) == error
+    old = p.encode(p.error_for_version(error, p.TURN_REPORTING_VERSION))[4:]
+    assert old == msgspec.msgpack.encode(Version5Error(3, "StaleLease", "gone", "t", "completed", 4))
+    assert msgspec.msgpack.decode(old, type=Version5Error).status == "completed"  # what a 0.2 client reads
+
+
+@pytest.mark.parametrize("error, code", [
+    (InvalidRequest("bad"), "invalid_request"), (KeyConflict("taken"), "key_conflict"),
+    (QueueClosed("closed"), "queue_closed"), (CorruptStore("rot"), "corrupt_store"),
+    (QueueLocked("locked"), "queue_locked"), (WalQueueError("base"), "walqueue_error"),
+    (p.ProtocolError("frame length 0", None), "protocol_error"),
+    (p.RequestRefused("too big", 4), "request_refused"),
+])
+def test_each_error_crosses_the_wire_with_its_class_s_code(error, code):
+    rebuilt = p.error_from_wire(p.decode_response(p.encode(p.error_to_wire(3, error))[4:]))
+    assert rebuilt.code == code and isinstance(rebuilt, WalQueueError)
+
+
+@pytest.mark.parametrize("name, code, raised", [
+    ("InvalidRequest", "unsupported_version", p.UnsupportedVersion),
+    ("InvalidRequest", "unknown_request", p.UnknownRequest),
+    ("InvalidRequest", "unsendable_answer", InvalidRequest),
+    ("QueueClosed", "write_failed", QueueClosed),
+    ("QueueClosed", "listing_interrupted", QueueClosed),
+    ("WalQueueError", "compaction_failed", WalQueueError),
+    ("InvalidRequest", "a code from a newer daemon", InvalidRequest),   # the class its name says
+    ("KeyConflict", "unsupported_version", KeyConflict),   # a code the name contradicts: SPEC's name wins
+    ("SomethingNewer", "invalid_request", InvalidRequest),   # a name this client lacks: the code says
+])
+def test_the_client_chooses_the_exception_by_code_and_never_reads_the_message(name, code, raised):
+    for message in ("protocol version 9 is not supported", "", "ceci n'est pas un message"):
+        exc = p.error_from_wire(p.Error(id=1, error=name, message=message, code=code))
+        assert type(exc) is raised and exc.code == code and str(exc) == message
+
+
+def test_an_error_without_a_code_is_its_named_class_with_that_class_s_code():
+    exc = p.error_from_wire(p.Error(id=1, error="QueueClosed", message="write failed"))   # a 0.2 daemon's
+    assert type(exc) is QueueClosed and exc.code == "queue_closed"
+
+
+def test_every_wire_code_maps_to_a_class_the_codes_of_the_library_classes_included():
+    assert set(p.ERROR_CODES) <= set(p.CODE_CLASSES)
+    for cls in p.ERROR_CLASSES.values():
+        assert p.CODE_CLASSES[cls.code] is cls
+
+
+def test_a_request_of_a_type_the_daemon_does_not_know_is_told_from_a_malformed_one():
+    unknown = msgspec.msgpack.encode({"type": "cancel", "id": 7, "task_id": "t"})   # a newer client's
+    with pytest.raises(p.UnknownRequestType) as error:
+        p.decode_request(unknown)
+    assert error.value.args[1] == 7 and p.error_to_wire(7, error.value).code == "unknown_request"
+    malformed = msgspec.msgpack.encode({"type": "get", "id": 8, "task_id": 5})
+    with pytest.raises(p.ProtocolError) as error:
+        p.decode_request(malformed)
+    assert type(error.value) is p.ProtocolError and p.error_to_wire(8, error.value).code == "protocol_error"

@@ -133,7 +133,8 @@ class ClientApi:
         spent; dead at max_attempts), e.g. for leases granted while the
         wall clock was far ahead (docs/security.md). All or nothing: raises
         InvalidRequest, writing nothing, if a task is unknown or not leased.
-        Never retried; a daemon older than 0.2 refuses it (DaemonUnavailable).
+        Never retried; a daemon older than 0.2 does not know it: InvalidRequest (nothing
+        was written), and the daemon closes the connection.
         """
         return self._run(calls.force_release_call, task_ids)
 

@@ -588,7 +588,8 @@ class Compactor:
 
     def _answer_error(self, waiter: Waiter, message: str) -> None:
         self.service.answer(waiter.peer, waiter.request_id,
-                            [protocol.Error(id=waiter.request_id, error="WalQueueError", message=message)])
+                            [protocol.Error(id=waiter.request_id, error="WalQueueError", message=message,
+                                            code=protocol.COMPACTION_FAILED)])
 
     def _answer_all_waiting(self, message: str) -> None:
         waiting, self._waiting = self._waiting, []

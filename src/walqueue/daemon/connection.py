@@ -56,7 +56,7 @@ import walqueue
 from walqueue import protocol
 
 from .log import log, one_line
-from .service import ListingInterrupted, Refused
+from .service import ENCODING_ERRORS, ListingInterrupted, Refused, encode_answer, unsendable_answer
 
 SERVER_NAME = "walqueued/1"
 RECV_BYTES = 256 * 1024
@@ -78,16 +78,16 @@ RESERVED_BYTES_PER_SECOND = 32 * 1024 * 1024
 MAX_LISTINGS_STARTED_PER_TURN = 1
 LISTING_BYTES_PER_TURN = 2 * 1024 * 1024
 
-_ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
-
 
 class ConnectionFault(Exception):
-    """The peer broke the protocol: answer ``message`` fatally (for ``request_id``) and close."""
+    """The peer broke the protocol: answer ``message`` fatally (for ``request_id``, with
+    ``code``) and close."""
 
-    def __init__(self, request_id: int | None, message: str) -> None:
+    def __init__(self, request_id: int | None, message: str, code: str = protocol.PROTOCOL_ERROR) -> None:
         super().__init__(message)
         self.request_id = request_id
         self.message = message
+        self.code = code
 
 
 class ListingBudget:
@@ -227,13 +227,13 @@ class Connection:
                 request = protocol.decode_request(body)
             except protocol.RequestRefused as exc:
                 if exc.args[1] is None or not self.greeted:
-                    raise ConnectionFault(exc.args[1], str(exc.args[0])) from exc
+                    raise ConnectionFault(exc.args[1], str(exc.args[0]), exc.code) from exc
                 # Framing is intact: only this request is refused, in its turn.
                 requests.append((self, Refused(exc.args[1], str(exc.args[0]))))
                 continue
             except protocol.ProtocolError as exc:
                 request_id = exc.args[1] if len(exc.args) > 1 else None
-                raise ConnectionFault(request_id, str(exc.args[0])) from exc
+                raise ConnectionFault(request_id, str(exc.args[0]), exc.code) from exc
             if not self.greeted:
                 self._greet(request)
                 continue
@@ -245,9 +245,13 @@ class Connection:
         if not isinstance(request, protocol.Hello):
             raise ConnectionFault(request.id, f"expected hello first, got {type(request).__name__.lower()}")
         if request.version not in protocol.DAEMON_PROTOCOL_VERSIONS:
+            if request.version > protocol.DAEMON_PROTOCOL_VERSIONS[-1]:
+                # A newer client reads all that this daemon sends: the refusal carries its code.
+                self.protocol_version = protocol.DAEMON_PROTOCOL_VERSIONS[-1]
             spoken = ", ".join(map(str, protocol.DAEMON_PROTOCOL_VERSIONS))
             raise ConnectionFault(request.id, f"protocol version {request.version} is not supported; "
-                                              f"this daemon speaks versions {spoken}")
+                                              f"this daemon speaks versions {spoken}",
+                                  protocol.UNSUPPORTED_VERSION)
         self.greeted = True
         self.protocol_version = request.version
         self.reader.max_body_bytes = protocol.MAX_BODY_BYTES
@@ -259,10 +263,11 @@ class Connection:
         if request.client:
             self.name += f" client={request.client[:64]!r}"
 
-    def fail(self, request_id: int | None, message: str) -> None:
+    def fail(self, request_id: int | None, message: str, code: str = protocol.PROTOCOL_ERROR) -> None:
         """Queue the fatal answer to a protocol violation; nothing more is read or applied."""
         log.warning("protocol error from %s: %s", self.name, one_line(message))
-        self.fatal = protocol.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
+        self.fatal = protocol.Error(id=request_id, error="InvalidRequest", message=message, fatal=True,
+                                    code=code)
         self.closing = True
         # Requests deferred behind unread answers are dropped with the connection.
         self.deferred.clear()
@@ -339,20 +344,17 @@ class Connection:
                 if isinstance(message, bytes):
                     self.out += message
                 else:
-                    encoded = protocol.encode(message)
+                    encoded = encode_answer(self, [message])
                     self.out += encoded
                     if lazy:
                         budget.remaining_bytes -= len(encoded)
             except ListingInterrupted as exc:
                 self.backlog.popleft()
-                self.out += protocol.encode(protocol.Error(id=request_id, error="QueueClosed", message=str(exc)))
-            except _ENCODING_ERRORS as exc:
-                self.backlog.popleft()
-                error = protocol.Error(id=request_id, error="InvalidRequest",
-                                       message=f"the answer cannot be sent: {exc}")
-                self.out += protocol.encode(error)
-                log.error("answer to request %s from %s not encodable: %s", request_id, self.name,
-                          one_line(str(exc)))
+                self.out += encode_answer(self, [protocol.Error(
+                    id=request_id, error="QueueClosed", message=str(exc), code=protocol.LISTING_INTERRUPTED)])
+            except ENCODING_ERRORS as exc:
+                self.backlog.popleft()  # the error ends this answer
+                self.out += unsendable_answer(self, request_id, exc)
 
     def send(self, budget: ListingBudget) -> OSError | None:
         """Send what the socket takes; returns the error if sending failed (then close it)."""

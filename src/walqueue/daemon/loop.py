@@ -509,6 +509,7 @@ class Loop:
                 name += f" pid={credentials[0]} uid={credentials[1]}"
             if len(self.connections) >= self.max_connections:
                 log.warning("refused connection %s: %d connections open", name, len(self.connections))
+                # Before any hello: in version 1's bytes (no code), which every client reads.
                 error = protocol.Error(
                     id=None,
                     error="WalQueueError",
@@ -582,12 +583,13 @@ class Loop:
         try:
             conn.decode(requests, self.input_budget)
         except ConnectionFault as fault:
-            self._fatal(conn, fault.request_id, fault.message)
+            self._fatal(conn, fault.request_id, fault.message, fault.code)
         self.frame_deadlines.track(conn, monotonic_seconds)
 
-    def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
+    def _fatal(self, conn: Connection, request_id: int | None, message: str,
+               code: str = protocol.PROTOCOL_ERROR) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
-        conn.fail(request_id, message)
+        conn.fail(request_id, message, code)
         self._touched.add(conn)
         self._deferring.discard(conn)
         self.service.drop_waits(conn)  # the connection is closing: its waits end with it

@@ -66,6 +66,7 @@ from .log import log, one_line
 REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
 # What encoding an answer can raise for a value msgpack cannot carry.
 ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
+_Error = protocol.Error  # looked for in every answer (encode_answer): one global lookup
 MAX_PARKED_PER_CONNECTION = 64
 MAX_FORCE_RELEASE_TASKS = 10_000  # one release frame each, all in one turn
 
@@ -77,7 +78,7 @@ class Peer(Protocol):
     parked: int  # its waiting reserves: kept by the service
     closing: bool  # it is being closed: its reserves never wait
     answer_bytes: int  # bytes of encoded answers produced for it: counted by the service
-    protocol_version: int  # the wire version its hello announced
+    protocol_version: int  # the wire version its hello announced: what its answers may carry
 
     def gone(self) -> bool:
         """True once the peer has closed its end (a lease handed to it would sit unused)."""
@@ -212,6 +213,32 @@ def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> l
     return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
 
 
+def encode_answer(peer: Peer, messages: list) -> bytes:
+    """The frames of the answer ``messages``, as ``peer``'s protocol version may read them.
+
+    Every answer is encoded here (the service's answers, a connection's
+    listings and fatal errors), so an ``Error`` always loses the fields the
+    peer's version lacks. Raises ENCODING_ERRORS for what the wire cannot
+    carry: the caller answers `unsendable_answer` instead.
+    """
+    if len(messages) == 1:  # the common case
+        message = messages[0]
+        if type(message) is _Error:
+            message = protocol.error_for_version(message, peer.protocol_version)
+        return protocol.encode(message)
+    return b"".join([protocol.encode(protocol.error_for_version(message, peer.protocol_version)
+                                     if type(message) is _Error else message) for message in messages])
+
+
+def unsendable_answer(peer: Peer, request_id: int | None, exc: Exception) -> bytes:
+    """The answer that replaces one the wire cannot carry (a value msgpack cannot encode,
+    an item larger than a message): ``InvalidRequest`` with code ``unsendable_answer``, logged."""
+    log.error("answer to request %s from %s not encodable: %s", request_id, peer.name, one_line(str(exc)))
+    error = protocol.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}",
+                           code=protocol.UNSENDABLE_ANSWER)
+    return encode_answer(peer, [error])
+
+
 class Service:
     """One Queue served to many peers; see the module docstring.
 
@@ -295,7 +322,8 @@ class Service:
             affected[(id(entry.peer), entry.request.id)] = entry.peer
         del self.outbox[start:]
         for (_, request_id), peer in affected.items():
-            self._answer(peer, request_id, [protocol.Error(id=request_id, error="QueueClosed", message=message)])
+            self._answer(peer, request_id, [protocol.Error(id=request_id, error="QueueClosed", message=message,
+                                                           code=protocol.WRITE_FAILED)])
         self._turn_requests = []
         return len(affected)
 
@@ -455,22 +483,14 @@ class Service:
     def _answer(self, peer: Peer, request_id: int | None, messages: list) -> None:
         """Queue an answer, encoded now into one bytes value."""
         try:
-            if len(messages) == 1:
-                encoded = protocol.encode(messages[0])
-            else:
-                encoded = b"".join([protocol.encode(message) for message in messages])
+            encoded = encode_answer(peer, messages)
         except ENCODING_ERRORS as exc:
-            encoded = protocol.encode(self._unencodable(peer, request_id, exc))
+            encoded = unsendable_answer(peer, request_id, exc)
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
 
     def _answer_leases(self, peer: Peer, request_id: int, leases: list[protocol.Raw]) -> None:
         self._answer(peer, request_id, chunked(request_id, leases, protocol.Leases))
-
-    @staticmethod
-    def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> protocol.Error:
-        log.error("answer to request %s from %s not encodable: %s", request_id, peer.name, one_line(str(exc)))
-        return protocol.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
 
     # -- the requests --------------------------------------------------------------------
 
@@ -604,9 +624,10 @@ class Service:
         if self.parked:
             self.serve_parked()
 
-    @staticmethod
-    def _refused(peer: Peer, request: Refused) -> None:
-        raise InvalidRequest(request.message)
+    def _refused(self, peer: Peer, request: Refused) -> None:
+        log.debug("request %d from %s refused: %s", request.id, peer.name, one_line(request.message))
+        self._answer(peer, request.id, [protocol.Error(id=request.id, error="InvalidRequest", message=request.message,
+                                                       code=protocol.REQUEST_REFUSED)])
 
     def _listing(self, request_id: int, status: str | None) -> Iterator:
         """The ``tasks`` answer, produced lazily as the client reads it.

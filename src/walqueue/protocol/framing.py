@@ -34,11 +34,18 @@ import msgspec
 
 from walqueue import MAX_FRAME_BYTES
 from walqueue.protocol import bounds
-from walqueue.protocol.messages import Request, Response
+from walqueue.protocol.messages import (
+    PROTOCOL_ERROR,
+    REQUEST_REFUSED,
+    REQUEST_TAGS,
+    UNKNOWN_REQUEST,
+    Request,
+    Response,
+)
 
 __all__ = [
     "CHUNK_BUDGET_BYTES", "LENGTH_PREFIX_BYTES", "MAX_BODY_BYTES", "MAX_HELLO_BYTES",
-    "FrameReader", "ProtocolError", "RequestRefused",
+    "FrameReader", "ProtocolError", "RequestRefused", "UnknownRequestType",
     "decode_request", "decode_response", "encode", "encode_value", "frame",
 ]
 
@@ -59,9 +66,17 @@ class ProtocolError(Exception):
     """The peer broke the framing or message rules; the connection must be closed.
 
     ``args`` = (message, id or None). Never crosses the wire under this name:
-    the server answers it as a fatal ``InvalidRequest`` (the peer's code
-    misused the protocol).
+    the server answers it as a fatal ``InvalidRequest`` with this class's
+    ``code`` (the peer's code misused the protocol).
     """
+
+    code = PROTOCOL_ERROR
+
+
+class UnknownRequestType(ProtocolError):
+    """A request whose ``type`` this daemon does not know: a newer client's (still fatal)."""
+
+    code = UNKNOWN_REQUEST
 
 
 class RequestRefused(ProtocolError):
@@ -71,6 +86,8 @@ class RequestRefused(ProtocolError):
     With an id, only that request is answered ``InvalidRequest``; the
     connection stays. Without one it is fatal like any ProtocolError.
     """
+
+    code = REQUEST_REFUSED
 
 
 def _encode_other(value: Any) -> Any:
@@ -109,6 +126,7 @@ def encode_value(value: Any) -> bytes:
 def decode_request(body: bytes) -> Request:
     """Decode one request body. Raises ProtocolError with the message's id in ``args[1]``.
 
+    UnknownRequestType if its ``type`` is none this daemon knows;
     RequestRefused past a request bound: msgspec lets the last of two equal
     keys win, so a request or payload with a key twice is refused instead.
     The cheap signal: this package's clients send exactly what msgspec
@@ -122,7 +140,10 @@ def decode_request(body: bytes) -> Request:
     except (msgspec.DecodeError, RecursionError) as exc:
         # msgspec raises RecursionError for deeply nested input: still the
         # peer's fault, never the daemon's end.
-        raise ProtocolError(f"undecodable request: {exc}", bounds.peek_id(body)) from exc
+        fields = bounds.peek_fields(body)
+        kind = fields.get("type")
+        fault = UnknownRequestType if type(kind) is str and kind not in REQUEST_TAGS else ProtocolError
+        raise fault(f"undecodable request: {exc}", bounds.peek_id(body)) from exc
     if (refusal := bounds.costly_put_refusal(request, body, walked=False)) is not None:
         raise RequestRefused(refusal, request.id)
     walked = _encoder.encode(request) != body

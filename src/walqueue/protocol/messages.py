@@ -9,7 +9,7 @@ Compatibility rule: a new field gets a default, goes at the end of its
 Struct, and comes with a new protocol version; the daemon speaks every
 version in ``DAEMON_PROTOCOL_VERSIONS`` and answers each connection in the
 version its hello announced, leaving out the fields that version lacks
-(``omit_defaults``), so a version-1 client gets exactly
+(``omit_defaults``, or ``msgspec.UNSET``), so a version-1 client gets exactly
 version 1's bytes. The versions:
 
 1. everything but what follows;
@@ -18,10 +18,11 @@ version 1's bytes. The versions:
 4. the compaction figures of ``DaemonStats`` (``compact_wal_ratio`` to
    ``wal_bytes_written_total``);
 5. the slow loop turns of ``DaemonStats`` (``slow_turns_total``,
-   ``longest_turn_seconds``).
+   ``longest_turn_seconds``);
+6. ``Error.code``, the stable code of what went wrong (``ERROR_CODES``).
 
 A new request type needs no new version: a daemon that does not know it
-answers a fatal ``InvalidRequest`` (undecodable request).
+answers a fatal ``InvalidRequest`` (code ``unknown_request`` from version 6).
 
 This module does no I/O and keeps no state: it only declares.
 """
@@ -38,9 +39,11 @@ from walqueue import Lease, QueueStats, TaskView
 
 __all__ = [
     "CLOCK_REPORTING_VERSION", "COMPACTION_REPORTING_VERSION", "DAEMON_PROTOCOL_VERSIONS",
-    "PROTOCOL_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
+    "ERROR_CODE_VERSION", "PROTOCOL_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
+    "COMPACTION_FAILED", "ERROR_CODES", "LISTING_INTERRUPTED", "PROTOCOL_ERROR", "REQUEST_REFUSED",
+    "UNKNOWN_REQUEST", "UNSENDABLE_ANSWER", "UNSUPPORTED_VERSION", "WRITE_FAILED",
     "Raw", "Payload", "PutItem", "BackupFile", "DaemonStats", "WireLease", "WireTask", "WireStats",
-    "WireDaemonStats", "WRITING_REQUESTS", "Request", "Response",
+    "WireDaemonStats", "REQUEST_TAGS", "WRITING_REQUESTS", "Request", "Response",
     "Hello", "Put", "PutMany", "Reserve", "Ack", "AckAndReserve", "Release", "Touch", "Revive", "Get",
     "Tasks", "Stats", "Compact", "DaemonStatsReq", "Pause", "Resume", "BackupBegin", "BackupEnd",
     "ForceRelease",
@@ -49,11 +52,31 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1  # the first version: every daemon speaks it, and clients fall back to it last
-DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4, 5)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4, 5, 6)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
 COMPACTION_REPORTING_VERSION = 4  # the first to carry the compaction figures of DaemonStats
 TURN_REPORTING_VERSION = 5  # the first to carry the slow loop turns of DaemonStats
+ERROR_CODE_VERSION = 6  # the first to carry Error.code
+
+# -- error codes --------------------------------------------------------------
+#
+# The values of ``Error.code``: what a program tests, never the message text
+# (which may change with any release). Each library exception class has its
+# own (its ``code`` attribute, e.g. "invalid_request", "stale_lease"); these
+# say more about an error of the wire itself. walqueue.protocol.errors maps
+# every code to the exception class a client raises.
+
+PROTOCOL_ERROR = "protocol_error"  # fatal: bad framing, an undecodable or out-of-order message
+UNSUPPORTED_VERSION = "unsupported_version"  # fatal: the hello's version is not spoken here
+UNKNOWN_REQUEST = "unknown_request"  # fatal: a request type this daemon does not know (it is older)
+REQUEST_REFUSED = "request_refused"  # a request bound, before decoding or validating (protocol.bounds)
+UNSENDABLE_ANSWER = "unsendable_answer"  # the answer cannot be encoded (e.g. an item over a message)
+WRITE_FAILED = "write_failed"  # QueueClosed: the turn's write failed; the outcome is unknown
+LISTING_INTERRUPTED = "listing_interrupted"  # QueueClosed: the queue was reopened mid-listing
+COMPACTION_FAILED = "compaction_failed"  # WalQueueError: the compaction failed or backs off
+ERROR_CODES = (PROTOCOL_ERROR, UNSUPPORTED_VERSION, UNKNOWN_REQUEST, REQUEST_REFUSED, UNSENDABLE_ANSWER,
+               WRITE_FAILED, LISTING_INTERRUPTED, COMPACTION_FAILED)
 
 # An already encoded value placed inside a message (the items of a chunked list answer).
 Raw = msgspec.Raw
@@ -217,6 +240,8 @@ Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
     | AckAndReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
 )
+# The tags a daemon of this version knows: a body of another "type" is a newer client's request.
+REQUEST_TAGS = frozenset(kind.__struct_config__.tag for kind in Request.__args__)
 
 # Requests that may append to the WAL; the others only read state. (Resume
 # serves parked reserves; BackupBegin compacts a queue never compacted.)
@@ -402,7 +427,14 @@ class Manifest(_Message, tag="manifest"):
 
 
 class Error(_Message, tag="error"):
-    """A failed request. ``id`` is None when the error is not tied to a request."""
+    """A failed request. ``id`` is None when the error is not tied to a request.
+
+    ``error`` is the library exception's class name (SPEC §8); ``code``
+    (protocol version 6) the stable code of what went wrong: a library class's
+    own code or one of ``ERROR_CODES``. It is UNSET, and so not sent at all,
+    for a peer of an earlier version, which would refuse the unknown field
+    (walqueue.protocol.errors.error_for_version).
+    """
 
     id: int | None
     error: str
@@ -411,6 +443,7 @@ class Error(_Message, tag="error"):
     status: str | None = None
     generation: int | None = None
     fatal: bool = False
+    code: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class DaemonStatsOk(_Message, tag="daemon_stats_ok"):
