@@ -33,6 +33,15 @@ import msgspec
 from walqueue import InvalidRequest, Lease, Unavailable, WalQueueError
 from walqueue import protocol as p
 
+# What walqueue.client exports of this module: a new call builder is added here alone.
+__all__ = [
+    "Call", "DaemonUnavailable", "NoSocket", "ack_and_reserve_call", "ack_call", "backup_begin_call",
+    "backup_end_call", "compact_call", "complete", "daemon_stats_call", "encode_request",
+    "force_release_call", "get_call", "hello_answer", "hello_request", "pause_call", "put_call",
+    "put_many_call", "release_call", "reserve_call", "result", "resume_call", "revive_call", "stats_call",
+    "tasks_call", "touch_call",
+]
+
 
 class DaemonUnavailable(Unavailable):
     """The daemon could not be reached, or the connection broke before the answer.
