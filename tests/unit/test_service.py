@@ -19,7 +19,7 @@ from walqueue.daemon.service import (
     ListingInterrupted,
     Parked,
     ParkedReserves,
-    Service,
+    QueueService,
 )
 
 
@@ -42,7 +42,7 @@ class Harness:
     def __init__(self, directory: Path) -> None:
         self.compactions: list[str] = []
         queue = Queue(directory)
-        self.service = Service(queue, compact=self._compact, report=lambda now: None)
+        self.service = QueueService(queue, compact=self._compact, report=lambda now: None)
 
     def _compact(self, peer, request_id: int) -> None:
         """Compact in the turn and answer, as the compactor would once its child publishes."""

@@ -1,6 +1,6 @@
 """One client connection of walqueued: framing, hello, admission, output buffers, deferral.
 
-A `Connection` turns received bytes into requests (through
+A `PeerConnection` turns received bytes into requests (through
 ``protocol.FrameReader``, whose length bound is checked before any body is
 buffered), answers the hello itself, and holds what is owed to the client:
 ``out`` (encoded bytes, sent as the socket takes them) and ``backlog``
@@ -113,7 +113,7 @@ if hasattr(selectors, "EpollSelector"):
         Every registration for reading also watches EPOLLRDHUP, and `select`
         adds PEER_OPEN or PEER_SHUT to the mask of a socket watched for
         reading: the connection then knows without a syscall whether a lease
-        may be handed to it in this turn (`Connection.gone`).
+        may be handed to it in this turn (`PeerConnection.gone`).
         """
 
         _EVENT_READ = select.EPOLLIN | select.EPOLLRDHUP
@@ -159,7 +159,10 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
 
 
 @dataclass(eq=False)
-class Connection:
+class PeerConnection:
+    """One client's connection as the daemon holds it (the service's ``Peer``); see the module
+    docstring. Not ``walqueue.client.Connection``, the client's end."""
+
     sock: socket.socket
     name: str
     reader: protocol.FrameReader = field(
@@ -401,11 +404,11 @@ class InputBudget:
                  overdraft_bytes: int = OVERDRAFT_BYTES) -> None:
         self.max_bytes = max_bytes
         self.overdraft_bytes = overdraft_bytes
-        self.admitted_total = 0  # sum of Connection.admitted
-        self.reserved_total = 0  # sum of Connection.reserved
-        self.waiting: set[Connection] = set()  # connections with input_waiting
+        self.admitted_total = 0  # sum of PeerConnection.admitted
+        self.reserved_total = 0  # sum of PeerConnection.reserved
+        self.waiting: set[PeerConnection] = set()  # connections with input_waiting
 
-    def admit(self, connection: Connection) -> bool:
+    def admit(self, connection: PeerConnection) -> bool:
         """Count what the connection received of its large frame in progress; may it read more?
 
         Returns False while the received bytes of all large frames fill the
@@ -431,7 +434,7 @@ class InputBudget:
         self.waiting.discard(connection)
         return True
 
-    def grant(self, monotonic_seconds: float) -> list[Connection]:
+    def grant(self, monotonic_seconds: float) -> list[PeerConnection]:
         """The waiting connections that may read on now: all of them once the budget has room,
         else those with the fewest bytes left, while what they lack fits the free overdraft
         (each then reserved its room, and RESERVED_GRACE_SECONDS plus what it lacks at
@@ -454,12 +457,12 @@ class InputBudget:
             self.waiting.discard(connection)
         return ready
 
-    def _unreserve(self, connection: Connection) -> None:
+    def _unreserve(self, connection: PeerConnection) -> None:
         self.reserved_total -= connection.reserved
         connection.reserved, connection.reserved_frame = 0, -1
         connection.reserved_deadline_seconds = None
 
-    def release(self, connection: Connection) -> None:
+    def release(self, connection: PeerConnection) -> None:
         """Forget a closed connection's frame in progress."""
         self.admitted_total -= connection.admitted
         connection.admitted = 0
@@ -476,10 +479,10 @@ class FrameDeadlines:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Connection]] = []
+        self._heap: list[tuple[float, int, PeerConnection]] = []
         self._count = 0
 
-    def track(self, connection: Connection, monotonic_seconds: float) -> None:
+    def track(self, connection: PeerConnection, monotonic_seconds: float) -> None:
         """Start, keep or end the deadline of the connection's frame in progress.
 
         A frame gets its deadline once, when its length prefix is first seen;
@@ -500,12 +503,12 @@ class FrameDeadlines:
         if reserved is not None and connection.reserved_frame == reader.frames_done and reserved < deadline:
             self._push(connection, reserved)
 
-    def _push(self, connection: Connection, deadline: float) -> None:
+    def _push(self, connection: PeerConnection, deadline: float) -> None:
         connection.frame_deadline_seconds = deadline
         self._count += 1
         heapq.heappush(self._heap, (deadline, self._count, connection))
 
-    def _live_head(self) -> tuple[float, int, Connection] | None:
+    def _live_head(self) -> tuple[float, int, PeerConnection] | None:
         while self._heap:
             deadline, _, connection = self._heap[0]
             if connection.closed or connection.frame_deadline_seconds != deadline:
@@ -518,7 +521,7 @@ class FrameDeadlines:
         head = self._live_head()
         return None if head is None else head[0]
 
-    def expired(self, monotonic_seconds: float) -> list[Connection]:
+    def expired(self, monotonic_seconds: float) -> list[PeerConnection]:
         """The connections whose frame in progress is past its deadline (their deadlines end)."""
         late = []
         while (head := self._live_head()) is not None and head[0] <= monotonic_seconds:
@@ -528,7 +531,7 @@ class FrameDeadlines:
         return late
 
 
-def late_frame_message(connection: Connection) -> str:
+def late_frame_message(connection: PeerConnection) -> str:
     """The fatal error for a frame not received in time: what the daemon needs, in numbers."""
     length = connection.reader.pending_length() or 0
     message = (f"frame of {length} bytes not received in time: {connection.reader.buffered_bytes} bytes "

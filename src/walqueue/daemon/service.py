@@ -12,7 +12,7 @@ as h11 is tested without sockets.
 
 What it decides:
 
-* Dispatch: one handler per request type (`Service._handlers`, a table).
+* Dispatch: one handler per request type (`QueueService._handlers`, a table).
   InvalidRequest, KeyConflict and StaleLease — errors raised before the
   Queue writes anything — become that request's error answer; anything else
   propagates to the group commit (walqueue.daemon.commit), which tells a
@@ -72,7 +72,7 @@ MAX_FORCE_RELEASE_TASKS = 10_000  # one release frame each, all in one turn
 
 
 class Peer(Protocol):
-    """What the service knows of a client connection (walqueue.daemon.connection.Connection)."""
+    """What the service knows of a client connection (walqueue.daemon.connection.PeerConnection)."""
 
     name: str  # for log lines
     parked: int  # its waiting reserves: kept by the service
@@ -239,7 +239,7 @@ def unsendable_answer(peer: Peer, request_id: int | None, exc: Exception) -> byt
     return encode_answer(peer, [error])
 
 
-class Service:
+class QueueService:
     """One Queue served to many peers; see the module docstring.
 
     ``compact(peer, request_id)`` takes a ``compact`` request, which the
