@@ -643,3 +643,13 @@ def test_a_request_of_a_type_the_daemon_does_not_know_is_told_from_a_malformed_o
     with pytest.raises(p.ProtocolError) as error:
         p.decode_request(malformed)
     assert type(error.value) is p.ProtocolError and p.error_to_wire(8, error.value).code == "protocol_error"
+
+
+def test_every_request_and_its_answers_are_in_the_protocol_document():
+    from pathlib import Path
+
+    document = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    for kind in p.Request.__args__:
+        assert f"| `{kind.__struct_config__.tag}`" in document, kind.__name__
+    for kind in p.Response.__args__:
+        assert f"{kind.__struct_config__.tag}{{" in document or kind is p.Error, kind.__name__

@@ -20,6 +20,7 @@ from walqueue.daemon.service import (
     Parked,
     ParkedReserves,
     QueueService,
+    Refused,
 )
 
 
@@ -285,3 +286,11 @@ def test_many_finished_waits_do_not_pile_up():
     parked.expire(1e6)
     assert parked.head() is keeper and parked.live == 1
     assert len(parked._arrivals) < 100 and len(parked._deadlines) < 100
+
+
+def test_every_request_type_but_the_hello_has_a_handler(harness):
+    # A request the union decodes but no handler takes would stop the daemon (a KeyError is a
+    # bug, not the request's fault): adding a request type means adding its handler.
+    handled = set(harness.service._handlers) - {Refused}
+    assert handled == set(p.Request.__args__) - {p.Hello}
+    assert set(p.WRITING_REQUESTS) <= handled
