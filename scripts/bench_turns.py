@@ -81,7 +81,7 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
         worker: str
         generation: int
 
-    class AckReserve(Message, tag="ack_reserve"):
+    class AckAndReserve(Message, tag="ack_reserve"):
         id: int
         task_id: str
         worker: str
@@ -133,7 +133,7 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
         for index in range(clients):
             assert answers(index, 1)[0]["type"] == "hello_ok"
 
-        steps = ("put", "ack_reserve") if mode == "ack_and_reserve" else ("put", "reserve", "ack")
+        steps = ("put", "ack_and_reserve") if mode == "ack_and_reserve" else ("put", "reserve", "ack")
         held: list[dict | None] = [None] * clients
         serial = [0] * clients
         request_id = [0] * clients
@@ -150,7 +150,7 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
                     if step == "put":
                         serial[index] += 1
                         message = Put(id=rid, task_id=f"t{index}-{serial[index]}", payload=payload)
-                    elif step == "reserve" or (step == "ack_reserve" and held[index] is None):
+                    elif step == "reserve" or (step == "ack_and_reserve" and held[index] is None):
                         message = Reserve(id=rid, worker=worker, lease_seconds=3600)
                     elif step == "ack":
                         lease = held[index]
@@ -158,7 +158,7 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
                                       generation=lease["generation"])
                     else:
                         lease = held[index]
-                        message = AckReserve(id=rid, task_id=lease["task_id"], worker=worker,
+                        message = AckAndReserve(id=rid, task_id=lease["task_id"], worker=worker,
                                              generation=lease["generation"], lease_seconds=3600)
                     socks[index].sendall(frame(message))
                 measured = cycle >= warmup_cycles

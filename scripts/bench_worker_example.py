@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from tests.process.daemon import Daemon  # noqa: E402
-from walqueue.aio import Client, Worker  # noqa: E402
+from walqueue.client.aio import Client  # noqa: E402
+from walqueue.worker.aio import Worker  # noqa: E402
 
 
 async def example(socket_path: str, tasks: int, handler_seconds: float, concurrency: int) -> float:

@@ -48,7 +48,7 @@ GROUPS = (
     ("library: validation", lambda f, n: f.endswith("validation.py") or f.endswith("values.py")),
     ("library: state machine", lambda f, n: f.endswith("state.py")),
     ("library: queue, codec, wal", lambda f, n: f.endswith(("queue.py", "codec.py", "wal.py", "fs.py"))),
-    ("wire protocol (msgspec, framing)", lambda f, n: f.endswith("protocol.py") or "msgspec" in n),
+    ("wire protocol (msgspec, framing)", lambda f, n: os.path.join("walqueue", "protocol", "") in f or "msgspec" in n),
     ("daemon: service (sans-IO)", lambda f, n: f.endswith(os.path.join("daemon", "service.py"))),
     ("daemon: loop, connections, commit",
      lambda f, n: os.path.join("walqueue", "daemon", "") in f or "selectors" in f),

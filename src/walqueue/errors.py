@@ -6,6 +6,11 @@ caller asked for something the queue cannot do (nothing was written);
 `QueueLocked` and `QueueClosed` are about ownership of the directory.
 `InjectedCrash` is a `BaseException` so that `except Exception` in code under
 test cannot swallow a simulated death.
+
+Every class has a ``code``: a stable name for programs to test (the message
+text may change with any release). It is what crosses walqueued's wire in
+``Error.code``; a client's exception carries the wire's code, which may say
+more than its class's (e.g. ``write_failed`` on a ``QueueClosed``).
 """
 
 from __future__ import annotations
@@ -14,13 +19,19 @@ from __future__ import annotations
 class WalQueueError(Exception):
     """Base class of every error the library raises on purpose."""
 
+    code = "walqueue_error"
+
 
 class InvalidRequest(WalQueueError, ValueError):
     """An argument (or a record field) is malformed; nothing was written."""
 
+    code = "invalid_request"
+
 
 class KeyConflict(WalQueueError):
     """An idempotency key or task id is already taken by a different request."""
+
+    code = "key_conflict"
 
 
 class StaleLease(WalQueueError):
@@ -30,6 +41,8 @@ class StaleLease(WalQueueError):
     for an unknown task), so a caller can tell "already completed by this
     very lease" (status "completed", same generation) from "lost it".
     """
+
+    code = "stale_lease"
 
     def __init__(self, message: str, *, task_id: str, status: str | None,
                  generation: int | None) -> None:
@@ -55,6 +68,8 @@ class CorruptStore(WalQueueError):
     is unknown, so nobody has to parse the message.
     """
 
+    code = "corrupt_store"
+
     def __init__(self, message: str, *, file: str | None = None, offset: int | None = None,
                  seq: int | None = None) -> None:
         super().__init__(message)
@@ -73,9 +88,13 @@ def _rebuild_corrupt_store(message, file, offset, seq):
 class QueueLocked(WalQueueError):
     """Another owner holds the directory's lock."""
 
+    code = "queue_locked"
+
 
 class QueueClosed(WalQueueError):
     """The Queue was closed (by `close()`, or by a failed write or hook)."""
+
+    code = "queue_closed"
 
 
 class Unavailable(WalQueueError, ConnectionError):
@@ -85,6 +104,8 @@ class Unavailable(WalQueueError, ConnectionError):
     `walqueue.pg.DatabaseUnavailable` (SPEC §9), so a worker handles either
     through one class. A call that raises it may or may not have taken effect.
     """
+
+    code = "unavailable"
 
 
 class UnsafeDirectoryWarning(UserWarning):

@@ -1,4 +1,4 @@
-"""walqueue.worker.Worker and walqueue.aio.Worker run unchanged on a PostgreSQL client (SPEC §9).
+"""walqueue.worker.Worker and walqueue.worker.aio.Worker run unchanged on a PostgreSQL client (SPEC §9).
 
 What it proves: handed a walqueue.pg.Client (or AsyncClient), each Worker
 leases, runs the handler, acks through ack_and_reserve, releases a failing
@@ -35,7 +35,7 @@ def test_the_thread_worker_runs_on_a_postgres_client(make_client):
 
 
 def test_the_asyncio_worker_runs_on_a_postgres_async_client(postgres):
-    from walqueue.aio import Worker
+    from walqueue.worker.aio import Worker
 
     async def main():
         async with AsyncClient(postgres.dsn, queue=unique_name("aio-worker")) as client:

@@ -24,7 +24,7 @@ from unittest import mock
 from tests import broken
 from walqueue.daemon import compaction
 from walqueue.daemon.compaction import ChildReport, Compactor, InFlight, SnapshotChild
-from walqueue.daemon.service import Service
+from walqueue.daemon.service import QueueService
 from walqueue.errors import StaleLease
 from walqueue.queue import Queue
 
@@ -64,8 +64,8 @@ def _stats_with_a_bug(real: Callable) -> Callable:
 
 
 def _patch_service(method: str, wrap: Callable[[Callable], Callable]) -> contextlib.AbstractContextManager:
-    """Patch ``Service.method`` of walqueued's sans-IO service (before the daemon builds it)."""
-    return mock.patch.object(Service, method, wrap(getattr(Service, method)))
+    """Patch ``QueueService.method`` of walqueued's sans-IO service (before the daemon builds it)."""
+    return mock.patch.object(QueueService, method, wrap(getattr(QueueService, method)))
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from walqueue import InvalidRequest, StaleLease, aio
-from walqueue.client import Client
+from walqueue import InvalidRequest, StaleLease
+from walqueue.client import Client, aio
 
 
 def socket_of(daemon):

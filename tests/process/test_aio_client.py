@@ -1,4 +1,4 @@
-"""walqueue.aio against real walqueued processes: every method, the library's
+"""walqueue.client.aio against real walqueued processes: every method, the library's
 errors, reconnects, blocking reserves, pipelining and the async worker.
 
 Each test is a plain function running one coroutine under ``asyncio.run``,
@@ -13,7 +13,8 @@ import pytest
 
 from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease
 from walqueue import protocol as p
-from walqueue.aio import Client, DaemonUnavailable, Worker
+from walqueue.client.aio import Client, DaemonUnavailable
+from walqueue.worker.aio import Worker
 
 TEST_SECONDS = 15.0
 
@@ -270,11 +271,11 @@ def test_neither_client_shell_has_protocol_code_of_its_own():
     # walqueue.client.calls and walqueue.client.retry do that for both.
     import inspect
 
-    import walqueue.aio
+    import walqueue.client.aio
     import walqueue.client.blocking
 
     request_types = [cls.__name__ for cls in p.Request.__args__ if cls is not p.Hello]
-    for shell in (walqueue.aio, walqueue.client.blocking):
+    for shell in (walqueue.client.aio, walqueue.client.blocking):
         source = inspect.getsource(shell)
         assert not [name for name in request_types if f"{name}(" in source], shell.__name__
         assert "p.encode(" not in source and "msgspec" not in source and "RETRY_BACKOFF" not in source

@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from walqueue import InvalidRequest, Queue, TaskView, aio
-from walqueue.client import Client
+from walqueue import InvalidRequest, Queue, TaskView
+from walqueue.client import Client, aio
 from walqueue.codec import scan_frames
 from walqueue.ctl.errors import EXIT_USAGE
 from walqueue.fs import OsFileSystem

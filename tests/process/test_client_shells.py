@@ -9,8 +9,7 @@ import threading
 
 import pytest
 
-from walqueue import aio
-from walqueue.client import Client, NoSocket
+from walqueue.client import Client, NoSocket, aio
 
 
 def test_a_put_is_retried_across_a_clean_restart_that_removed_the_socket(make_daemon):

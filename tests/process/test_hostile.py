@@ -52,7 +52,7 @@ from walqueue.daemon.freeing import MAX_FILES_BEING_FREED
 from .daemon import REPO, child_env, read_message, wait_until
 
 MAX_CONNECTIONS = 20
-# The daemon's own per-connection bounds, from server.py and protocol.py.
+# The daemon's own per-connection bounds, from walqueue.daemon and walqueue.protocol.
 OUTPUT_HIGH_WATER_BYTES = 8 * 1024 * 1024
 MIB = 1024 * 1024
 # How far the daemon's RSS may rise above its baseline during all the abuse:

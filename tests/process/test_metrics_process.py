@@ -19,8 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import walqueue
-from walqueue import QueueClosed, aio
-from walqueue.client import Client
+from walqueue import QueueClosed
+from walqueue.client import Client, aio
 
 from .daemon import REPO, child_env, wait_until
 from .test_ctl_process import ctl

@@ -1,4 +1,4 @@
-"""walqueue.aio.Worker's tasks: the toucher, concurrency, the stop deadline (which cancels
+"""walqueue.worker.aio.Worker's tasks: the toucher, concurrency, the stop deadline (which cancels
 the handler); over the in-memory client, on a clock that moves only when the test says.
 The policy's decisions are in test_worker_policy.py, for both Workers."""
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from walqueue import aio
-from walqueue.aio import Worker
+from walqueue.client import aio
+from walqueue.worker.aio import Worker
 
 from .clocks import AsyncManualClock
 from .memory_client import AsyncMemoryClient, MemoryQueue

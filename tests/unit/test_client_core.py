@@ -7,8 +7,8 @@ import socket
 import pytest
 
 import walqueue.client.blocking as blocking
-from walqueue import InvalidRequest, KeyConflict, QueueClosed, StaleLease, aio
-from walqueue.client import Client, DaemonUnavailable, NoSocket
+from walqueue import InvalidRequest, KeyConflict, QueueClosed, StaleLease
+from walqueue.client import Client, DaemonUnavailable, NoSocket, aio
 from walqueue.client.address import connect_error, not_a_socket
 from walqueue.client.retry import RETRY_BACKOFF_SECONDS, Retry
 
@@ -113,3 +113,14 @@ def test_a_bad_argument_raises_when_the_asyncio_call_is_awaited():
     pending = client.put(7, {})  # nothing raised yet: the call is a coroutine
     with pytest.raises(InvalidRequest, match="task_id must be a str"):
         asyncio.run(pending)
+
+
+def test_walqueue_aio_still_names_the_asyncio_client_and_worker():
+    # docs/daemon.md showed `from walqueue.aio import Client, Worker` in 0.2; the classes
+    # now live with their kind (walqueue.client.aio, walqueue.worker.aio).
+    import walqueue.aio
+    import walqueue.worker.aio
+
+    assert walqueue.aio.Client is aio.Client and walqueue.aio.AsyncConnection is aio.AsyncConnection
+    assert walqueue.aio.Worker is walqueue.worker.aio.Worker
+    assert walqueue.aio.DaemonUnavailable is DaemonUnavailable

@@ -19,7 +19,7 @@ from walqueue.daemon import commit as commit_module
 from walqueue.daemon.clock import SystemClock
 from walqueue.daemon.commit import GroupCommit
 from walqueue.daemon.recorder import Recorder
-from walqueue.daemon.service import Service
+from walqueue.daemon.service import QueueService
 from walqueue.fs import OsFileSystem
 
 from .test_service import FakePeer
@@ -37,10 +37,10 @@ class FsyncFailsOnce(OsFileSystem):
         super().fsync(fd)
 
 
-def build(directory, filesystem=None) -> tuple[Service, GroupCommit, Recorder]:
+def build(directory, filesystem=None) -> tuple[QueueService, GroupCommit, Recorder]:
     queue = Queue(directory, filesystem=filesystem)
     recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0)
-    service = Service(queue, compact=lambda peer, request_id: commit.compaction.request(peer, request_id),
+    service = QueueService(queue, compact=lambda peer, request_id: commit.compaction.request(peer, request_id),
                       report=lambda now: None)
     commit = GroupCommit(service, directory=str(directory), open_queue=lambda: Queue(directory),
                          recorder=recorder, clock=SystemClock(), compact_wal_bytes=10**12)

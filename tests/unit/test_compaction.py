@@ -58,7 +58,7 @@ from walqueue.daemon.compaction import (
 from walqueue.daemon.exits import DaemonExit
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.recorder import Recorder
-from walqueue.daemon.service import Service
+from walqueue.daemon.service import QueueService
 from walqueue.daemon.systemd import Notifier
 from walqueue.fs import OsFileSystem
 
@@ -123,7 +123,7 @@ class Driver:
         self.filesystem = filesystem
         queue = Queue(directory, hook=hook, filesystem=filesystem)
         self.recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0, clock=self.clock.monotonic_seconds)
-        self.service = Service(queue, compact=lambda peer, request_id: self.compactor.request(peer, request_id),
+        self.service = QueueService(queue, compact=lambda peer, request_id: self.compactor.request(peer, request_id),
                                report=lambda now: None)
         self.reopens = 0
         self.commit = GroupCommit(self.service, directory=str(directory), open_queue=self._reopen,

@@ -14,16 +14,16 @@ from walqueue.daemon.connection import (
     OUTPUT_HIGH_WATER_BYTES,
     PEER_OPEN,
     PEER_SHUT,
-    Connection,
     ConnectionFault,
     InputBudget,
     ListingBudget,
+    PeerConnection,
     Selector,
 )
 
 
 def a_connection(length=None):
-    conn = Connection(sock=None, name="test")
+    conn = PeerConnection(sock=None, name="test")
     if length is not None:
         conn.reader.max_body_bytes = protocol.MAX_BODY_BYTES
         conn.reader.feed(struct.pack(">I", length) + b"x" * 10)
@@ -149,7 +149,7 @@ def test_the_selector_tells_a_peer_that_shut_its_end_from_one_that_did_not():
 def test_gone_trusts_what_this_turns_poll_saw_and_peeks_otherwise():
     ours, theirs = socket.socketpair()
     try:
-        conn = Connection(sock=ours, name="test")
+        conn = PeerConnection(sock=ours, name="test")
         theirs.close()
         conn.peer_open_at_poll = True  # the poll saw it open: no syscall, whatever happened since
         assert not conn.gone()
@@ -164,7 +164,7 @@ def test_gone_trusts_what_this_turns_poll_saw_and_peeks_otherwise():
 def test_gone_sees_a_closed_peer_without_consuming_its_bytes():
     ours, theirs = socket.socketpair()
     try:
-        conn = Connection(sock=ours, name="test")
+        conn = PeerConnection(sock=ours, name="test")
         theirs.sendall(b"abc")
         assert not conn.gone()
         assert ours.recv(3) == b"abc"  # nothing was consumed
@@ -172,3 +172,33 @@ def test_gone_sees_a_closed_peer_without_consuming_its_bytes():
         assert conn.gone()
     finally:
         ours.close()
+
+
+def decoded(frames: bytes) -> list:
+    reader = protocol.FrameReader()
+    reader.feed(frames)
+    messages = []
+    while (body := reader.next_body()) is not None:
+        messages.append(protocol.decode_response(body))
+    return messages
+
+
+def test_an_answer_the_wire_cannot_carry_is_one_error_from_the_service_and_from_a_listing(tmp_path):
+    from walqueue import Queue
+    from walqueue.daemon.service import QueueService
+
+    unencodable = protocol.PutOk(id=5, task_id=object())  # msgspec cannot encode it
+    peer = a_connection()
+    peer.protocol_version = protocol.ERROR_CODE_VERSION
+    service = QueueService(Queue(tmp_path / "q"), compact=lambda *_: None, report=lambda now: None)
+    service.answer(peer, 5, [unencodable])
+    (from_service,) = decoded(service.outbox[0].messages)
+    # A listing: its first chunk goes, the one that cannot be encoded ends it, the rest never goes.
+    peer.backlog.append((6, iter([protocol.TaskList(6, [], True), unencodable, protocol.TaskList(6, [])]), True))
+    peer.fill(ListingBudget())
+    first, from_listing = decoded(bytes(peer.out))
+    assert first == protocol.TaskList(6, [], True) and not peer.backlog
+    for error, request_id in ((from_service, 5), (from_listing, 6)):
+        assert (error.id, error.error, error.code) == (request_id, "InvalidRequest", "unsendable_answer")
+        assert error.message == from_service.message and error.message.startswith("the answer cannot be sent")
+    service.queue.close()

@@ -13,6 +13,7 @@ import logging
 import socket
 import time
 
+import msgspec
 import pytest
 
 from walqueue import Queue
@@ -280,3 +281,59 @@ def test_a_reserve_read_with_the_end_of_its_stream_leases_nothing_and_one_read_b
     assert leaver.answer(3) == p.Leases(id=3, leases=[])
     assert [lease.task_id for lease in stayer.answer(4).leases] == ["a"]
     assert loop.queue.get("b").status == "ready"
+
+
+def msgspec_map(*pairs) -> bytes:
+    """A msgpack map with exactly these (key, value) pairs, a key twice included."""
+    return bytes([0x80 | len(pairs)]) + b"".join(msgspec.msgpack.encode(key) + msgspec.msgpack.encode(value)
+                                                 for key, value in pairs)
+
+
+def raw_answers(loop: Loop, sock: socket.socket, count: int) -> list[bytes]:
+    """The next ``count`` answer bodies on ``sock``, running turns until they are in (bounded)."""
+    reader, bodies = p.FrameReader(), []
+    sock.setblocking(False)
+    for _ in range(MAX_TURNS):
+        loop.one_turn()
+        with contextlib.suppress(BlockingIOError):
+            while chunk := sock.recv(1 << 16):
+                reader.feed(chunk)
+        while (body := reader.next_body()) is not None:
+            bodies.append(body)
+        if len(bodies) >= count:
+            return bodies
+    raise AssertionError(f"{len(bodies)} of {count} answers in {MAX_TURNS} turns")
+
+
+def test_errors_carry_their_code_only_to_clients_that_announced_version_6(served, tmp_path):
+    loop, _, _ = served
+    stale = p.Ack(id=1, task_id="nobody", worker="w", generation=1)
+    twice = msgspec_map(("type", "get"), ("id", 2), ("task_id", "a"), ("task_id", "b"))
+    unknown = p.encode_value({"type": "cancel", "id": 3, "task_id": "t"})   # a newer client's request
+    for version in (p.TURN_REPORTING_VERSION, p.ERROR_CODE_VERSION):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(tmp_path / "s.sock"))
+        sock.sendall(p.encode(p.Hello(id=0, version=version)) + p.encode(stale) + p.frame(twice)
+                     + p.frame(unknown))
+        bodies = raw_answers(loop, sock, 4)[1:]
+        sock.close()
+        answers = [p.decode_response(body) for body in bodies]
+        assert [(a.id, a.error, a.fatal) for a in answers] == [
+            (1, "StaleLease", False), (2, "InvalidRequest", False), (3, "InvalidRequest", True)]
+        if version < p.ERROR_CODE_VERSION:
+            assert all(b"code" not in body for body in bodies)   # a version-5 decoder refuses unknown fields
+            assert {answer.code for answer in answers} == {msgspec.UNSET}
+        else:
+            assert [answer.code for answer in answers] == ["stale_lease", "request_refused", "unknown_request"]
+
+
+def test_a_hello_of_a_newer_version_is_refused_with_its_code_and_an_older_one_without(served, tmp_path):
+    loop, _, _ = served
+    for version, code in ((max(p.DAEMON_PROTOCOL_VERSIONS) + 1, "unsupported_version"), (0, msgspec.UNSET)):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(tmp_path / "s.sock"))
+        sock.sendall(p.encode(p.Hello(id=0, version=version)))
+        (body,) = raw_answers(loop, sock, 1)
+        sock.close()
+        refusal = p.decode_response(body)
+        assert refusal.fatal and refusal.error == "InvalidRequest" and refusal.code == code

@@ -22,6 +22,7 @@ from walqueue import (
     WalQueueError,
 )
 from walqueue import protocol as p
+from walqueue.protocol import bounds, framing
 from walqueue.values import BackupManifest
 
 
@@ -369,7 +370,7 @@ def test_the_id_of_an_undecodable_body_is_found_without_decoding_the_body(monkey
         + b"\xdd" + struct.pack(">I", 17_000_000) + b"\x90" * 17_000_000
     decode = msgspec.msgpack.decode
     monkeypatch.setattr(msgspec.msgpack, "decode", None)  # the peek must not decode anything
-    assert p._peek_id(body) == 5
+    assert p.peek_id(body) == 5
     monkeypatch.setattr(msgspec.msgpack, "decode", decode)
     (refused,) = read_requests(p.frame(body), 4 << 20)
     assert isinstance(refused, p.RequestRefused) and refused.args[1] == 5
@@ -415,8 +416,8 @@ def test_a_key_twice_in_a_request_or_a_payload_is_refused_naming_where(body, whe
 
 def test_bodies_this_package_encodes_skip_the_walk_and_others_are_walked(monkeypatch):
     walked = []
-    real = p.duplicate_key
-    monkeypatch.setattr(p, "duplicate_key", lambda body: walked.append(body) or real(body))
+    real = bounds.duplicate_key
+    monkeypatch.setattr(bounds, "duplicate_key", lambda body: walked.append(body) or real(body))
     put = p.Put(id=5, task_id="t", payload={"a": [1, {"b": 2.5}], "c": None})
     assert p.decode_request(p.encode(put)[4:]) == put and walked == []
     reordered = enc({"payload": {"a": 1}, "id": 6, "task_id": "t", "type": "put"})  # other encoders
@@ -446,8 +447,8 @@ def test_a_put_of_millions_of_small_ints_is_refused_for_its_json_without_a_step_
     from walqueue import validation
 
     body = ints_put(16_700_000, canonical=canonical)
-    assert len(body) < p.MAX_BODY_BYTES and (p._encoder.encode(p._request_decoder.decode(body)) == body) == canonical
-    monkeypatch.setattr(p, "duplicate_key", None)  # nothing walks it
+    assert len(body) < p.MAX_BODY_BYTES and (framing._encoder.encode(framing._request_decoder.decode(body)) == body) == canonical
+    monkeypatch.setattr(bounds, "duplicate_key", None)  # nothing walks it
     monkeypatch.setattr(validation, "plain_json", None)  # nothing validates it a value at a time
     with pytest.raises(p.RequestRefused) as refused:
         p.decode_request(body)
@@ -479,8 +480,8 @@ def test_msgspec_writes_json_values_as_long_as_the_library_does_but_for_floats()
     @settings(max_examples=300, derandomize=True, deadline=None)
     @given(st.dictionaries(st.text(max_size=5), values, max_size=4), st.floats(allow_nan=False, allow_infinity=False))
     def check(payload, number):
-        assert len(p._json_encoder.encode(payload)) == len(canonical_json(payload))
-        difference = len(p._json_encoder.encode(number)) - len(canonical_json({"f": number})) + len('{"f":}')
+        assert len(bounds._json_encoder.encode(payload)) == len(canonical_json(payload))
+        difference = len(bounds._json_encoder.encode(number)) - len(canonical_json({"f": number})) + len('{"f":}')
         assert abs(difference) <= p.MAX_FLOAT_JSON_CHARS - 3
 
     check()
@@ -492,7 +493,7 @@ def test_a_walked_body_with_too_many_objects_and_arrays_is_refused_before_the_wa
     lists = validation.MAX_PAYLOAD_CONTAINERS  # with the payload itself, one too many
     body = raw_map(("type", enc("put")), ("id", enc(8)), ("task_id", enc("t")),
                    ("payload", b"\x81" + enc("l") + b"\xdd" + struct.pack(">I", lists) + b"\x90" * lists))
-    monkeypatch.setattr(p, "duplicate_key", None)
+    monkeypatch.setattr(bounds, "duplicate_key", None)
     with pytest.raises(p.RequestRefused) as refused:
         p.decode_request(body)
     assert f"payload holds more than {lists} objects and arrays" in refused.value.args[0]
@@ -567,3 +568,88 @@ def test_the_walk_finds_the_first_key_twice_whatever_the_encoding(data):
     request = ("map", [("type", "put"), ("id", 1), ("task_id", "t"), ("payload", payload)])
     body = naive_pack(request, Widths(data))
     assert p.duplicate_key(body) == naive_first_duplicate(request)
+
+
+# -- error codes (protocol version 6) ---------------------------------------------------------
+
+
+class Version5Error(msgspec.Struct, tag="error", tag_field="type", forbid_unknown_fields=True):
+    """The Error answer exactly as clients up to protocol version 5 decode it."""
+
+    id: int | None
+    error: str
+    message: str
+    task_id: str | None = None
+    status: str | None = None
+    generation: int | None = None
+    fatal: bool = False
+
+
+def test_an_error_carries_its_code_and_a_peer_before_version_6_gets_its_old_bytes():
+    error = p.error_to_wire(3, StaleLease("gone", task_id="t", status="completed", generation=4))
+    assert error.code == "stale_lease"
+    assert p.decode_response(p.encode(p.error_for_version(error, p.ERROR_CODE_VERSION))[4:]) == error
+    old = p.encode(p.error_for_version(error, p.TURN_REPORTING_VERSION))[4:]
+    assert old == msgspec.msgpack.encode(Version5Error(3, "StaleLease", "gone", "t", "completed", 4))
+    assert msgspec.msgpack.decode(old, type=Version5Error).status == "completed"  # what a 0.2 client reads
+
+
+@pytest.mark.parametrize("error, code", [
+    (InvalidRequest("bad"), "invalid_request"), (KeyConflict("taken"), "key_conflict"),
+    (QueueClosed("closed"), "queue_closed"), (CorruptStore("rot"), "corrupt_store"),
+    (QueueLocked("locked"), "queue_locked"), (WalQueueError("base"), "walqueue_error"),
+    (p.ProtocolError("frame length 0", None), "protocol_error"),
+    (p.RequestRefused("too big", 4), "request_refused"),
+])
+def test_each_error_crosses_the_wire_with_its_class_s_code(error, code):
+    rebuilt = p.error_from_wire(p.decode_response(p.encode(p.error_to_wire(3, error))[4:]))
+    assert rebuilt.code == code and isinstance(rebuilt, WalQueueError)
+
+
+@pytest.mark.parametrize("name, code, raised", [
+    ("InvalidRequest", "unsupported_version", p.UnsupportedVersion),
+    ("InvalidRequest", "unknown_request", p.UnknownRequest),
+    ("InvalidRequest", "unsendable_answer", InvalidRequest),
+    ("QueueClosed", "write_failed", QueueClosed),
+    ("QueueClosed", "listing_interrupted", QueueClosed),
+    ("WalQueueError", "compaction_failed", WalQueueError),
+    ("InvalidRequest", "a code from a newer daemon", InvalidRequest),   # the class its name says
+    ("KeyConflict", "unsupported_version", KeyConflict),   # a code the name contradicts: SPEC's name wins
+    ("SomethingNewer", "invalid_request", InvalidRequest),   # a name this client lacks: the code says
+])
+def test_the_client_chooses_the_exception_by_code_and_never_reads_the_message(name, code, raised):
+    for message in ("protocol version 9 is not supported", "", "ceci n'est pas un message"):
+        exc = p.error_from_wire(p.Error(id=1, error=name, message=message, code=code))
+        assert type(exc) is raised and exc.code == code and str(exc) == message
+
+
+def test_an_error_without_a_code_is_its_named_class_with_that_class_s_code():
+    exc = p.error_from_wire(p.Error(id=1, error="QueueClosed", message="write failed"))   # a 0.2 daemon's
+    assert type(exc) is QueueClosed and exc.code == "queue_closed"
+
+
+def test_every_wire_code_maps_to_a_class_the_codes_of_the_library_classes_included():
+    assert set(p.ERROR_CODES) <= set(p.CODE_CLASSES)
+    for cls in p.ERROR_CLASSES.values():
+        assert p.CODE_CLASSES[cls.code] is cls
+
+
+def test_a_request_of_a_type_the_daemon_does_not_know_is_told_from_a_malformed_one():
+    unknown = msgspec.msgpack.encode({"type": "cancel", "id": 7, "task_id": "t"})   # a newer client's
+    with pytest.raises(p.UnknownRequestType) as error:
+        p.decode_request(unknown)
+    assert error.value.args[1] == 7 and p.error_to_wire(7, error.value).code == "unknown_request"
+    malformed = msgspec.msgpack.encode({"type": "get", "id": 8, "task_id": 5})
+    with pytest.raises(p.ProtocolError) as error:
+        p.decode_request(malformed)
+    assert type(error.value) is p.ProtocolError and p.error_to_wire(8, error.value).code == "protocol_error"
+
+
+def test_every_request_and_its_answers_are_in_the_protocol_document():
+    from pathlib import Path
+
+    document = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    for kind in p.Request.__args__:
+        assert f"| `{kind.__struct_config__.tag}`" in document, kind.__name__
+    for kind in p.Response.__args__:
+        assert f"{kind.__struct_config__.tag}{{" in document or kind is p.Error, kind.__name__

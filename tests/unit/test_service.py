@@ -19,7 +19,8 @@ from walqueue.daemon.service import (
     ListingInterrupted,
     Parked,
     ParkedReserves,
-    Service,
+    QueueService,
+    Refused,
 )
 
 
@@ -42,7 +43,7 @@ class Harness:
     def __init__(self, directory: Path) -> None:
         self.compactions: list[str] = []
         queue = Queue(directory)
-        self.service = Service(queue, compact=self._compact, report=lambda now: None)
+        self.service = QueueService(queue, compact=self._compact, report=lambda now: None)
 
     def _compact(self, peer, request_id: int) -> None:
         """Compact in the turn and answer, as the compactor would once its child publishes."""
@@ -215,7 +216,7 @@ def test_a_connection_may_have_only_so_many_waits(harness):
         harness.turn(100, 0.0, (peer, p.Reserve(id=request_id, worker="w", wait=60)))
     ((_, answer),) = harness.turn(100, 0.0, (peer, p.Reserve(id=999, worker="w", wait=60)))
     assert answer.error == "InvalidRequest" and "too many waiting reserves" in answer.message
-    ((_, answer),) = harness.turn(100, 0.0, (peer, p.AckReserve(id=1000, task_id="t", worker="w",
+    ((_, answer),) = harness.turn(100, 0.0, (peer, p.AckAndReserve(id=1000, task_id="t", worker="w",
                                                                  generation=1, wait=60)))
     assert answer.error == "InvalidRequest"  # refused before the ack could be written
 
@@ -285,3 +286,11 @@ def test_many_finished_waits_do_not_pile_up():
     parked.expire(1e6)
     assert parked.head() is keeper and parked.live == 1
     assert len(parked._arrivals) < 100 and len(parked._deadlines) < 100
+
+
+def test_every_request_type_but_the_hello_has_a_handler(harness):
+    # A request the union decodes but no handler takes would stop the daemon (a KeyError is a
+    # bug, not the request's fault): adding a request type means adding its handler.
+    handled = set(harness.service._handlers) - {Refused}
+    assert handled == set(p.Request.__args__) - {p.Hello}
+    assert set(p.WRITING_REQUESTS) <= handled

@@ -88,7 +88,7 @@ requests = st.one_of(
     st.builds(p.Reserve, id=integers, worker=texts, lease_seconds=integers, limit=integers,
               wait=st.sampled_from([0.0, 0.001, -1.0, 301.0, float("nan"), float("inf")])),
     st.builds(p.Ack, id=integers, task_id=texts, worker=texts, generation=integers),
-    st.builds(p.AckReserve, id=integers, task_id=texts, worker=texts, generation=integers,
+    st.builds(p.AckAndReserve, id=integers, task_id=texts, worker=texts, generation=integers,
               lease_seconds=integers, limit=integers,
               wait=st.sampled_from([0.0, 0.001, -1.0, 301.0, float("nan"), float("inf")])),
     st.builds(p.Release, id=integers, task_id=texts, worker=texts, generation=integers, delay=integers),

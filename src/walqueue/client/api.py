@@ -4,7 +4,7 @@
 docstring; each one hands its call builder (``walqueue.client.calls``) and
 arguments to ``self._run``, which the shells define: the sync
 ``walqueue.client.Client._run`` sends the call and returns its value, the
-asyncio ``walqueue.aio.Client._run`` is a coroutine function, so there every
+asyncio ``walqueue.client.aio.Client._run`` is a coroutine function, so there every
 method returns an awaitable of the value documented here
 (``await client.put(...)``). The builder runs inside ``_run``, so a bad
 argument raises when the call is made (sync) or awaited (asyncio), like
@@ -136,7 +136,8 @@ class ClientApi:
         spent; dead at max_attempts), e.g. for leases granted while the
         wall clock was far ahead (docs/security.md). All or nothing: raises
         InvalidRequest, writing nothing, if a task is unknown or not leased.
-        Never retried; a daemon older than 0.2 refuses it (DaemonUnavailable).
+        Never retried; a daemon older than 0.2 does not know it: InvalidRequest (nothing
+        was written), and the daemon closes the connection.
         """
         return self._run(calls.force_release_call, task_ids)
 

@@ -1,7 +1,7 @@
 """The client core without I/O: API arguments to requests, answers to the library's values.
 
 Both clients (``walqueue.client.Client`` over a blocking socket,
-``walqueue.aio.Client`` over asyncio) send exactly what this module builds
+``walqueue.client.aio.Client`` over asyncio) send exactly what this module builds
 and return exactly what it makes of the answers; they only own sockets.
 
 * ``*_call()`` functions check an API call's arguments (types only: ranges
@@ -16,6 +16,8 @@ and return exactly what it makes of the answers; they only own sockets.
   the library exception an ``Error`` answer carries.
 * ``DaemonUnavailable`` is what a call raises when the daemon cannot be
   reached (SPEC §8); ``NoSocket`` is the kind that retrying cannot cure.
+* The exception an ``Error`` answer stands for is chosen by its code
+  (``walqueue.protocol.errors``), never by its message text.
 
 Nothing here opens a socket, reads a clock or sleeps: ``put_call`` is given
 ``now`` to turn a ``delay`` into an absolute ``available_at`` once.
@@ -26,8 +28,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+import msgspec
+
 from walqueue import InvalidRequest, Lease, Unavailable, WalQueueError
 from walqueue import protocol as p
+
+# What walqueue.client exports of this module: a new call builder is added here alone.
+__all__ = [
+    "Call", "DaemonUnavailable", "NoSocket", "ack_and_reserve_call", "ack_call", "backup_begin_call",
+    "backup_end_call", "compact_call", "complete", "daemon_stats_call", "encode_request",
+    "force_release_call", "get_call", "hello_answer", "hello_request", "pause_call", "put_call",
+    "put_many_call", "release_call", "reserve_call", "result", "resume_call", "revive_call", "stats_call",
+    "tasks_call", "touch_call",
+]
 
 
 class DaemonUnavailable(Unavailable):
@@ -37,6 +50,8 @@ class DaemonUnavailable(Unavailable):
     connect, where nothing was sent).
     """
 
+    code = "daemon_unavailable"
+
 
 class NoSocket(DaemonUnavailable):
     """Nothing can listen at the socket path: it does not exist or is not a socket.
@@ -45,15 +60,17 @@ class NoSocket(DaemonUnavailable):
     daemon at that path (a mistyped path, or the wrong file); nothing was sent.
     """
 
+    code = "no_socket"
+
 
 # The protocol versions these clients announce, newest first. A daemon older
-# than the first refuses that hello ("protocol version N is not supported")
-# and closes the connection; the client then connects again announcing the
-# next one (walqueued 0.1 speaks only version 1; the daemons before the
-# slow-turn figures, up to 4). The newest brings the daemon's walqueue
-# version, its clock, its compaction figures and its slow loop turns
-# (protocol.py).
-CLIENT_PROTOCOL_VERSIONS = (p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION,
+# than the first refuses that hello (UnsupportedVersion) and closes the
+# connection; the client then connects again announcing the next one
+# (walqueued 0.1 speaks only version 1; the daemons before the slow-turn
+# figures, up to 4; those before error codes, up to 5). The newest brings the
+# daemon's walqueue version, its clock, its compaction figures, its slow loop
+# turns and the errors' codes (walqueue.protocol.messages).
+CLIENT_PROTOCOL_VERSIONS = (p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION,
                             p.PROTOCOL_VERSION)
 
 
@@ -66,13 +83,19 @@ def hello_request(name: str, version: int = CLIENT_PROTOCOL_VERSIONS[0]) -> p.He
 def version_refused(exc: BaseException) -> bool:
     """True if a failed connect was the daemon refusing the hello's protocol version."""
     cause = exc.__cause__ if isinstance(exc, DaemonUnavailable) else exc
-    return isinstance(cause, InvalidRequest) and "is not supported" in str(cause)
+    return isinstance(cause, p.UnsupportedVersion)
 
 
 def hello_answer(path: str, messages: list) -> p.HelloOk:
-    """The daemon's ``HelloOk``. Raises the error it answered, or DaemonUnavailable."""
+    """The daemon's ``HelloOk``. Raises the error it answered (UnsupportedVersion for a
+    version it does not speak), or DaemonUnavailable."""
     answer = messages[0]
     if isinstance(answer, p.Error):
+        if answer.code is msgspec.UNSET and answer.fatal and answer.error == "InvalidRequest":
+            # A daemon before error codes (version 6) sends none; the one hello of this
+            # package's clients it refuses as InvalidRequest is one of a version it does
+            # not speak (the hello is otherwise well-formed and first).
+            answer = msgspec.structs.replace(answer, code=p.UNSUPPORTED_VERSION)
         raise p.error_from_wire(answer)
     if not isinstance(answer, p.HelloOk):
         raise DaemonUnavailable(f"walqueued at {path} answered hello with {type(answer).__name__}")
@@ -260,7 +283,7 @@ def ack_call(lease: Any) -> Call:
 def ack_and_reserve_call(lease: Any, *, lease_seconds: Any, limit: Any, wait: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
     reserve = reserve_call(worker, lease_seconds=lease_seconds, limit=limit, wait=wait).request
-    request = p.AckReserve(id=0, task_id=task_id, worker=worker, generation=generation,
+    request = p.AckAndReserve(id=0, task_id=task_id, worker=worker, generation=generation,
                            lease_seconds=reserve.lease_seconds, limit=reserve.limit, wait=reserve.wait)
     return Call(request, _leases, wait=reserve.wait)
 

@@ -42,7 +42,7 @@ from .compaction import (
 from .exits import EXIT_CORRUPT, EXIT_FAILURE, DaemonExit
 from .log import log
 from .recorder import Recorder
-from .service import Service
+from .service import QueueService
 
 # WRITE_FAILURES (from .compaction): what a failed write raises; anything else is a bug.
 __all__ = ["WRITE_FAILURES", "GroupCommit"]
@@ -56,7 +56,7 @@ class GroupCommit:
     ``free_bytes`` and ``child_deadline_floor_seconds`` go to the `Compactor`.
     """
 
-    def __init__(self, service: Service, *, directory: str, open_queue: Callable[[], Queue],
+    def __init__(self, service: QueueService, *, directory: str, open_queue: Callable[[], Queue],
                  recorder: Recorder, clock: Clock, compact_wal_bytes: int,
                  compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
                  watch: Callable[[int], None] = lambda fd: None,

@@ -84,7 +84,7 @@ from walqueue.snapshot import snapshot_name
 from .clock import Clock
 from .log import log, one_line
 from .recorder import Recorder
-from .service import Peer, Service
+from .service import Peer, QueueService
 
 DEFAULT_COMPACT_WAL_RATIO = 1.0
 FIRST_RETRY_SECONDS = 1.0
@@ -388,7 +388,7 @@ class Compactor:
     attempt per request); so is every waiting request when an attempt fails.
     """
 
-    def __init__(self, service: Service, recorder: Recorder, clock: Clock, *, directory: str,
+    def __init__(self, service: QueueService, recorder: Recorder, clock: Clock, *, directory: str,
                  floor_bytes: int, ratio: float, reopen: Callable[[], None],
                  watch: Callable[[int], None] = lambda fd: None,
                  unwatch: Callable[[int], None] = lambda fd: None,
@@ -652,7 +652,8 @@ class Compactor:
 
     def _answer_error(self, waiter: Waiter, message: str) -> None:
         self.service.answer(waiter.peer, waiter.request_id,
-                            [protocol.Error(id=waiter.request_id, error="WalQueueError", message=message)])
+                            [protocol.Error(id=waiter.request_id, error="WalQueueError", message=message,
+                                            code=protocol.COMPACTION_FAILED)])
 
     def _answer_all_waiting(self, message: str) -> None:
         waiting, self._waiting = self._waiting, []

@@ -1,6 +1,6 @@
 """One client connection of walqueued: framing, hello, admission, output buffers, deferral.
 
-A `Connection` turns received bytes into requests (through
+A `PeerConnection` turns received bytes into requests (through
 ``protocol.FrameReader``, whose length bound is checked before any body is
 buffered), answers the hello itself, and holds what is owed to the client:
 ``out`` (encoded bytes, sent as the socket takes them) and ``backlog``
@@ -56,7 +56,7 @@ import walqueue
 from walqueue import protocol
 
 from .log import log, one_line
-from .service import ListingInterrupted, Refused
+from .service import ENCODING_ERRORS, ListingInterrupted, Refused, encode_answer, unsendable_answer
 
 SERVER_NAME = "walqueued/1"
 RECV_BYTES = 256 * 1024
@@ -78,16 +78,16 @@ RESERVED_BYTES_PER_SECOND = 32 * 1024 * 1024
 MAX_LISTINGS_STARTED_PER_TURN = 1
 LISTING_BYTES_PER_TURN = 2 * 1024 * 1024
 
-_ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
-
 
 class ConnectionFault(Exception):
-    """The peer broke the protocol: answer ``message`` fatally (for ``request_id``) and close."""
+    """The peer broke the protocol: answer ``message`` fatally (for ``request_id``, with
+    ``code``) and close."""
 
-    def __init__(self, request_id: int | None, message: str) -> None:
+    def __init__(self, request_id: int | None, message: str, code: str = protocol.PROTOCOL_ERROR) -> None:
         super().__init__(message)
         self.request_id = request_id
         self.message = message
+        self.code = code
 
 
 class ListingBudget:
@@ -113,7 +113,7 @@ if hasattr(selectors, "EpollSelector"):
         Every registration for reading also watches EPOLLRDHUP, and `select`
         adds PEER_OPEN or PEER_SHUT to the mask of a socket watched for
         reading: the connection then knows without a syscall whether a lease
-        may be handed to it in this turn (`Connection.gone`).
+        may be handed to it in this turn (`PeerConnection.gone`).
         """
 
         _EVENT_READ = select.EPOLLIN | select.EPOLLRDHUP
@@ -159,7 +159,10 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
 
 
 @dataclass(eq=False)
-class Connection:
+class PeerConnection:
+    """One client's connection as the daemon holds it (the service's ``Peer``); see the module
+    docstring. Not ``walqueue.client.Connection``, the client's end."""
+
     sock: socket.socket
     name: str
     reader: protocol.FrameReader = field(
@@ -227,13 +230,13 @@ class Connection:
                 request = protocol.decode_request(body)
             except protocol.RequestRefused as exc:
                 if exc.args[1] is None or not self.greeted:
-                    raise ConnectionFault(exc.args[1], str(exc.args[0])) from exc
+                    raise ConnectionFault(exc.args[1], str(exc.args[0]), exc.code) from exc
                 # Framing is intact: only this request is refused, in its turn.
                 requests.append((self, Refused(exc.args[1], str(exc.args[0]))))
                 continue
             except protocol.ProtocolError as exc:
                 request_id = exc.args[1] if len(exc.args) > 1 else None
-                raise ConnectionFault(request_id, str(exc.args[0])) from exc
+                raise ConnectionFault(request_id, str(exc.args[0]), exc.code) from exc
             if not self.greeted:
                 self._greet(request)
                 continue
@@ -245,9 +248,13 @@ class Connection:
         if not isinstance(request, protocol.Hello):
             raise ConnectionFault(request.id, f"expected hello first, got {type(request).__name__.lower()}")
         if request.version not in protocol.DAEMON_PROTOCOL_VERSIONS:
+            if request.version > protocol.DAEMON_PROTOCOL_VERSIONS[-1]:
+                # A newer client reads all that this daemon sends: the refusal carries its code.
+                self.protocol_version = protocol.DAEMON_PROTOCOL_VERSIONS[-1]
             spoken = ", ".join(map(str, protocol.DAEMON_PROTOCOL_VERSIONS))
             raise ConnectionFault(request.id, f"protocol version {request.version} is not supported; "
-                                              f"this daemon speaks versions {spoken}")
+                                              f"this daemon speaks versions {spoken}",
+                                  protocol.UNSUPPORTED_VERSION)
         self.greeted = True
         self.protocol_version = request.version
         self.reader.max_body_bytes = protocol.MAX_BODY_BYTES
@@ -259,10 +266,11 @@ class Connection:
         if request.client:
             self.name += f" client={request.client[:64]!r}"
 
-    def fail(self, request_id: int | None, message: str) -> None:
+    def fail(self, request_id: int | None, message: str, code: str = protocol.PROTOCOL_ERROR) -> None:
         """Queue the fatal answer to a protocol violation; nothing more is read or applied."""
         log.warning("protocol error from %s: %s", self.name, one_line(message))
-        self.fatal = protocol.Error(id=request_id, error="InvalidRequest", message=message, fatal=True)
+        self.fatal = protocol.Error(id=request_id, error="InvalidRequest", message=message, fatal=True,
+                                    code=code)
         self.closing = True
         # Requests deferred behind unread answers are dropped with the connection.
         self.deferred.clear()
@@ -339,20 +347,17 @@ class Connection:
                 if isinstance(message, bytes):
                     self.out += message
                 else:
-                    encoded = protocol.encode(message)
+                    encoded = encode_answer(self, [message])
                     self.out += encoded
                     if lazy:
                         budget.remaining_bytes -= len(encoded)
             except ListingInterrupted as exc:
                 self.backlog.popleft()
-                self.out += protocol.encode(protocol.Error(id=request_id, error="QueueClosed", message=str(exc)))
-            except _ENCODING_ERRORS as exc:
-                self.backlog.popleft()
-                error = protocol.Error(id=request_id, error="InvalidRequest",
-                                       message=f"the answer cannot be sent: {exc}")
-                self.out += protocol.encode(error)
-                log.error("answer to request %s from %s not encodable: %s", request_id, self.name,
-                          one_line(str(exc)))
+                self.out += encode_answer(self, [protocol.Error(
+                    id=request_id, error="QueueClosed", message=str(exc), code=protocol.LISTING_INTERRUPTED)])
+            except ENCODING_ERRORS as exc:
+                self.backlog.popleft()  # the error ends this answer
+                self.out += unsendable_answer(self, request_id, exc)
 
     def send(self, budget: ListingBudget) -> OSError | None:
         """Send what the socket takes; returns the error if sending failed (then close it)."""
@@ -399,11 +404,11 @@ class InputBudget:
                  overdraft_bytes: int = OVERDRAFT_BYTES) -> None:
         self.max_bytes = max_bytes
         self.overdraft_bytes = overdraft_bytes
-        self.admitted_total = 0  # sum of Connection.admitted
-        self.reserved_total = 0  # sum of Connection.reserved
-        self.waiting: set[Connection] = set()  # connections with input_waiting
+        self.admitted_total = 0  # sum of PeerConnection.admitted
+        self.reserved_total = 0  # sum of PeerConnection.reserved
+        self.waiting: set[PeerConnection] = set()  # connections with input_waiting
 
-    def admit(self, connection: Connection) -> bool:
+    def admit(self, connection: PeerConnection) -> bool:
         """Count what the connection received of its large frame in progress; may it read more?
 
         Returns False while the received bytes of all large frames fill the
@@ -429,7 +434,7 @@ class InputBudget:
         self.waiting.discard(connection)
         return True
 
-    def grant(self, monotonic_seconds: float) -> list[Connection]:
+    def grant(self, monotonic_seconds: float) -> list[PeerConnection]:
         """The waiting connections that may read on now: all of them once the budget has room,
         else those with the fewest bytes left, while what they lack fits the free overdraft
         (each then reserved its room, and RESERVED_GRACE_SECONDS plus what it lacks at
@@ -452,12 +457,12 @@ class InputBudget:
             self.waiting.discard(connection)
         return ready
 
-    def _unreserve(self, connection: Connection) -> None:
+    def _unreserve(self, connection: PeerConnection) -> None:
         self.reserved_total -= connection.reserved
         connection.reserved, connection.reserved_frame = 0, -1
         connection.reserved_deadline_seconds = None
 
-    def release(self, connection: Connection) -> None:
+    def release(self, connection: PeerConnection) -> None:
         """Forget a closed connection's frame in progress."""
         self.admitted_total -= connection.admitted
         connection.admitted = 0
@@ -474,10 +479,10 @@ class FrameDeadlines:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Connection]] = []
+        self._heap: list[tuple[float, int, PeerConnection]] = []
         self._count = 0
 
-    def track(self, connection: Connection, monotonic_seconds: float) -> None:
+    def track(self, connection: PeerConnection, monotonic_seconds: float) -> None:
         """Start, keep or end the deadline of the connection's frame in progress.
 
         A frame gets its deadline once, when its length prefix is first seen;
@@ -498,12 +503,12 @@ class FrameDeadlines:
         if reserved is not None and connection.reserved_frame == reader.frames_done and reserved < deadline:
             self._push(connection, reserved)
 
-    def _push(self, connection: Connection, deadline: float) -> None:
+    def _push(self, connection: PeerConnection, deadline: float) -> None:
         connection.frame_deadline_seconds = deadline
         self._count += 1
         heapq.heappush(self._heap, (deadline, self._count, connection))
 
-    def _live_head(self) -> tuple[float, int, Connection] | None:
+    def _live_head(self) -> tuple[float, int, PeerConnection] | None:
         while self._heap:
             deadline, _, connection = self._heap[0]
             if connection.closed or connection.frame_deadline_seconds != deadline:
@@ -516,7 +521,7 @@ class FrameDeadlines:
         head = self._live_head()
         return None if head is None else head[0]
 
-    def expired(self, monotonic_seconds: float) -> list[Connection]:
+    def expired(self, monotonic_seconds: float) -> list[PeerConnection]:
         """The connections whose frame in progress is past its deadline (their deadlines end)."""
         late = []
         while (head := self._live_head()) is not None and head[0] <= monotonic_seconds:
@@ -526,7 +531,7 @@ class FrameDeadlines:
         return late
 
 
-def late_frame_message(connection: Connection) -> str:
+def late_frame_message(connection: PeerConnection) -> str:
     """The fatal error for a frame not received in time: what the daemon needs, in numbers."""
     length = connection.reader.pending_length() or 0
     message = (f"frame of {length} bytes not received in time: {connection.reader.buffered_bytes} bytes "

@@ -80,11 +80,11 @@ from .connection import (
     MAX_RECV_BYTES,
     PEER_OPEN,
     PEER_SHUT,
-    Connection,
     ConnectionFault,
     FrameDeadlines,
     InputBudget,
     ListingBudget,
+    PeerConnection,
     Selector,
     late_frame_message,
     peer_credentials,
@@ -95,7 +95,7 @@ from .freeing import FreeingInSteps
 from .log import log
 from .metrics_http import MetricsEndpoint
 from .recorder import Recorder
-from .service import Service
+from .service import QueueService
 from .systemd import Notifier
 from .turn_timer import TurnTimer
 
@@ -120,14 +120,14 @@ _WAKEUP = object()
 _COMPACTION = object()  # a snapshot child's pidfd: readable once it exited
 
 
-def _in_rounds(requests: list[tuple[Connection, protocol.Request]]):
+def _in_rounds(requests: list[tuple[PeerConnection, protocol.Request]]):
     """The turn's requests one connection at a time, in rounds, each connection's in its order.
 
     With the turn's work bounded in time (TURN_WORK_SECONDS), first-come order
     let one connection's backlog, resumed first every turn, fill every turn
     while another connection's single request waited behind all of it.
     """
-    queues: dict[Connection, deque[protocol.Request]] = {}
+    queues: dict[PeerConnection, deque[protocol.Request]] = {}
     for conn, request in requests:
         queues.setdefault(conn, deque()).append(request)
     while queues:
@@ -240,7 +240,7 @@ class Loop:
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
-        self.service = Service(queue, report=self.report,
+        self.service = QueueService(queue, report=self.report,
                                compact=lambda peer, request_id: self.compaction.request(peer, request_id))
         self.selector = Selector()
         self.commit = GroupCommit(
@@ -255,7 +255,7 @@ class Loop:
         self.compaction = self.commit.compaction
         # The daemon's own reaping after a failed write: spaced out, not every second.
         self.reap_backoff = Backoff()
-        self.connections: dict[int, Connection] = {}
+        self.connections: dict[int, PeerConnection] = {}
         self.turn = 0
         self.turn_timer = TurnTimer(clock=self.clock.monotonic_seconds)  # the recorder's clock
         self.stopping = False
@@ -267,14 +267,14 @@ class Loop:
         self._accept_paused_until: float | None = None
         self._spare_descriptor = SpareDescriptor()  # spent to refuse a connection on EMFILE
         self._accept_failures = RateLimitedLog(f"accept failed, pausing accepts for {ACCEPT_PAUSE_SECONDS:g} s")
-        self._touched: set[Connection] = set()  # connections with news this turn
-        self._deferring: set[Connection] = set()  # connections with deferred requests
+        self._touched: set[PeerConnection] = set()  # connections with news this turn
+        self._deferring: set[PeerConnection] = set()  # connections with deferred requests
         # Connections a turn polled readable but did not read (TURN_WORK_SECONDS): read first next turn.
-        self._unread: dict[Connection, None] = {}
+        self._unread: dict[PeerConnection, None] = {}
         self._receive_buffer = bytearray(MAX_RECV_BYTES)  # one buffer all connections share
         self._receive_view = memoryview(self._receive_buffer)
         # (monotonic deadline, connection) in accept order, so deadlines are ascending.
-        self._awaiting_hello: deque[tuple[float, Connection]] = deque()
+        self._awaiting_hello: deque[tuple[float, PeerConnection]] = deque()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
@@ -346,7 +346,7 @@ class Loop:
         timer.polled(timeout)
         self.listing_budget.renew()
         self._listings_started = 0
-        requests: list[tuple[Connection, protocol.Request]] = []
+        requests: list[tuple[PeerConnection, protocol.Request]] = []
         metrics = self.metrics_endpoint
         if self._unread:
             # Those left unread last turn go first (epoll reports them in the same order every turn).
@@ -363,7 +363,7 @@ class Loop:
             elif key.data is _COMPACTION:
                 pass  # a snapshot child exited: collected right after the batch
             else:
-                conn: Connection = key.data
+                conn: PeerConnection = key.data
                 self._touched.add(conn)
                 if mask & (PEER_OPEN | PEER_SHUT):
                     conn.peer_open_at_poll = bool(mask & PEER_OPEN)
@@ -517,6 +517,7 @@ class Loop:
                 name += f" pid={credentials[0]} uid={credentials[1]}"
             if len(self.connections) >= self.max_connections:
                 log.warning("refused connection %s: %d connections open", name, len(self.connections))
+                # Before any hello: in version 1's bytes (no code), which every client reads.
                 error = protocol.Error(
                     id=None,
                     error="WalQueueError",
@@ -529,13 +530,13 @@ class Loop:
                     pass
                 sock.close()
                 continue
-            conn = Connection(sock=sock, name=name)
+            conn = PeerConnection(sock=sock, name=name)
             self.connections[sock.fileno()] = conn
             self._awaiting_hello.append((self.clock.monotonic_seconds() + self.hello_timeout_seconds, conn))
             self._settle(conn)
             log.info("connect %s", name)
 
-    def _close(self, conn: Connection, reason: str) -> None:
+    def _close(self, conn: PeerConnection, reason: str) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -551,7 +552,7 @@ class Loop:
         self.service.forget(conn)
         log.info("disconnect %s (%s)", conn.name, reason)
 
-    def _settle(self, conn: Connection) -> None:
+    def _settle(self, conn: PeerConnection) -> None:
         """Register exactly the events the connection needs now, or close it."""
         if conn.closed:
             return
@@ -570,12 +571,12 @@ class Loop:
             self.selector.modify(conn.sock, wanted, conn)
         conn.events = wanted
 
-    def _send(self, conn: Connection) -> None:
+    def _send(self, conn: PeerConnection) -> None:
         error = conn.send(self.listing_budget)
         if error is not None:
             self._close(conn, f"send failed: {error}")
 
-    def _receive(self, conn: Connection, requests: list, monotonic_seconds: float) -> None:
+    def _receive(self, conn: PeerConnection, requests: list, monotonic_seconds: float) -> None:
         try:
             if not conn.receive(self._receive_buffer, self._receive_view):
                 return
@@ -590,26 +591,27 @@ class Loop:
         try:
             conn.decode(requests, self.input_budget)
         except ConnectionFault as fault:
-            self._fatal(conn, fault.request_id, fault.message)
+            self._fatal(conn, fault.request_id, fault.message, fault.code)
         self.frame_deadlines.track(conn, monotonic_seconds)
 
-    def _fatal(self, conn: Connection, request_id: int | None, message: str) -> None:
+    def _fatal(self, conn: PeerConnection, request_id: int | None, message: str,
+               code: str = protocol.PROTOCOL_ERROR) -> None:
         """Answer a protocol violation (after the answers already due) and close."""
-        conn.fail(request_id, message)
+        conn.fail(request_id, message, code)
         self._touched.add(conn)
         self._deferring.discard(conn)
         self.service.drop_waits(conn)  # the connection is closing: its waits end with it
 
     # -- applying a turn ---------------------------------------------------------------
 
-    def _apply(self, requests: list[tuple[Connection, protocol.Request]]) -> bool:
+    def _apply(self, requests: list[tuple[PeerConnection, protocol.Request]]) -> bool:
         """Apply a turn's requests and due work in one batch; True if the batch may have written.
 
-        Requests of a saturated connection (Connection.saturated) are
+        Requests of a saturated connection (PeerConnection.saturated) are
         deferred, in order, to a later turn instead.
         """
         if self._deferring:
-            resumed: list[tuple[Connection, protocol.Request]] = []
+            resumed: list[tuple[PeerConnection, protocol.Request]] = []
             for conn in list(self._deferring):
                 if conn.closed:
                     self._deferring.discard(conn)
@@ -716,7 +718,7 @@ class Loop:
             for key, _ in self.selector.select(max(0.0, deadline - clock.monotonic_seconds())):
                 if key.data is _WAKEUP:
                     self._drain_wakeup()  # another signal: keep draining answers
-                elif isinstance(key.data, Connection):
+                elif isinstance(key.data, PeerConnection):
                     self._send(key.data)
                     self._settle(key.data)
         for conn in list(self.connections.values()):

@@ -12,12 +12,12 @@ as h11 is tested without sockets.
 
 What it decides:
 
-* Dispatch: one handler per request type (`Service._handlers`, a table).
+* Dispatch: one handler per request type (`QueueService._handlers`, a table).
   InvalidRequest, KeyConflict and StaleLease — errors raised before the
   Queue writes anything — become that request's error answer; anything else
   propagates to the group commit (walqueue.daemon.commit), which tells a
   failed write from a bug.
-* Parking: a ``reserve`` (or the reserve half of ``ack_reserve``) with
+* Parking: a ``reserve`` (or the reserve half of ``ack_and_reserve``) with
   ``wait > 0`` that leased nothing waits in arrival order. Waits are served
   at the start of every turn and right after every request that can make a
   task due (put, put_many, release, revive, resume); the loop's timer wakes
@@ -66,18 +66,19 @@ from .log import log, one_line
 REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
 # What encoding an answer can raise for a value msgpack cannot carry.
 ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
+_Error = protocol.Error  # looked for in every answer (encode_answer): one global lookup
 MAX_PARKED_PER_CONNECTION = 64
 MAX_FORCE_RELEASE_TASKS = 10_000  # one release frame each, all in one turn
 
 
 class Peer(Protocol):
-    """What the service knows of a client connection (walqueue.daemon.connection.Connection)."""
+    """What the service knows of a client connection (walqueue.daemon.connection.PeerConnection)."""
 
     name: str  # for log lines
     parked: int  # its waiting reserves: kept by the service
     closing: bool  # it is being closed: its reserves never wait
     answer_bytes: int  # bytes of encoded answers produced for it: counted by the service
-    protocol_version: int  # the wire version its hello announced
+    protocol_version: int  # the wire version its hello announced: what its answers may carry
 
     def gone(self) -> bool:
         """True once the peer has closed its end (a lease handed to it would sit unused)."""
@@ -107,7 +108,7 @@ class Answer:
 @dataclass(eq=False)
 class Parked:
     peer: Peer
-    request: protocol.Reserve | protocol.AckReserve
+    request: protocol.Reserve | protocol.AckAndReserve
     deadline_seconds: float  # the monotonic reading at which the wait ends
     turn: int  # the service turn that parked it
     done: bool = False
@@ -212,7 +213,33 @@ def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> l
     return [message_type(request_id, chunk, index < last) for index, chunk in enumerate(chunks)]
 
 
-class Service:
+def encode_answer(peer: Peer, messages: list) -> bytes:
+    """The frames of the answer ``messages``, as ``peer``'s protocol version may read them.
+
+    Every answer is encoded here (the service's answers, a connection's
+    listings and fatal errors), so an ``Error`` always loses the fields the
+    peer's version lacks. Raises ENCODING_ERRORS for what the wire cannot
+    carry: the caller answers `unsendable_answer` instead.
+    """
+    if len(messages) == 1:  # the common case
+        message = messages[0]
+        if type(message) is _Error:
+            message = protocol.error_for_version(message, peer.protocol_version)
+        return protocol.encode(message)
+    return b"".join([protocol.encode(protocol.error_for_version(message, peer.protocol_version)
+                                     if type(message) is _Error else message) for message in messages])
+
+
+def unsendable_answer(peer: Peer, request_id: int | None, exc: Exception) -> bytes:
+    """The answer that replaces one the wire cannot carry (a value msgpack cannot encode,
+    an item larger than a message): ``InvalidRequest`` with code ``unsendable_answer``, logged."""
+    log.error("answer to request %s from %s not encodable: %s", request_id, peer.name, one_line(str(exc)))
+    error = protocol.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}",
+                           code=protocol.UNSENDABLE_ANSWER)
+    return encode_answer(peer, [error])
+
+
+class QueueService:
     """One Queue served to many peers; see the module docstring.
 
     ``compact(peer, request_id)`` takes a ``compact`` request, which the
@@ -240,7 +267,7 @@ class Service:
             protocol.Put: self._put,
             protocol.PutMany: self._put_many,
             protocol.Reserve: self._reserve,
-            protocol.AckReserve: self._ack_and_reserve,
+            protocol.AckAndReserve: self._ack_and_reserve,
             protocol.Ack: self._ack,
             protocol.Release: self._release,
             protocol.Touch: self._touch,
@@ -295,7 +322,8 @@ class Service:
             affected[(id(entry.peer), entry.request.id)] = entry.peer
         del self.outbox[start:]
         for (_, request_id), peer in affected.items():
-            self._answer(peer, request_id, [protocol.Error(id=request_id, error="QueueClosed", message=message)])
+            self._answer(peer, request_id, [protocol.Error(id=request_id, error="QueueClosed", message=message,
+                                                           code=protocol.WRITE_FAILED)])
         self._turn_requests = []
         return len(affected)
 
@@ -385,7 +413,7 @@ class Service:
             self.backup_holder = None
             log.warning("backup pin released: %s closed before ending its backup", peer.name)
 
-    def _reserve_or_park(self, peer: Peer, request: protocol.Reserve | protocol.AckReserve) -> None:
+    def _reserve_or_park(self, peer: Peer, request: protocol.Reserve | protocol.AckAndReserve) -> None:
         """Lease due tasks to ``request``'s worker now, or park it if it may wait."""
         if peer.gone():
             # It sent this and closed (or died): a lease could only sit
@@ -404,7 +432,7 @@ class Service:
             log.debug("parked reserve %d of %s for %.3f s", request.id, peer.name, request.wait)
 
     @staticmethod
-    def _check_may_park(peer: Peer, request: protocol.Reserve | protocol.AckReserve) -> None:
+    def _check_may_park(peer: Peer, request: protocol.Reserve | protocol.AckAndReserve) -> None:
         if request.wait > 0 and peer.parked >= MAX_PARKED_PER_CONNECTION:
             raise InvalidRequest(
                 f"too many waiting reserves on this connection ({MAX_PARKED_PER_CONNECTION}); "
@@ -455,22 +483,14 @@ class Service:
     def _answer(self, peer: Peer, request_id: int | None, messages: list) -> None:
         """Queue an answer, encoded now into one bytes value."""
         try:
-            if len(messages) == 1:
-                encoded = protocol.encode(messages[0])
-            else:
-                encoded = b"".join([protocol.encode(message) for message in messages])
+            encoded = encode_answer(peer, messages)
         except ENCODING_ERRORS as exc:
-            encoded = protocol.encode(self._unencodable(peer, request_id, exc))
+            encoded = unsendable_answer(peer, request_id, exc)
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
 
     def _answer_leases(self, peer: Peer, request_id: int, leases: list[protocol.Raw]) -> None:
         self._answer(peer, request_id, chunked(request_id, leases, protocol.Leases))
-
-    @staticmethod
-    def _unencodable(peer: Peer, request_id: int | None, exc: Exception) -> protocol.Error:
-        log.error("answer to request %s from %s not encodable: %s", request_id, peer.name, one_line(str(exc)))
-        return protocol.Error(id=request_id, error="InvalidRequest", message=f"the answer cannot be sent: {exc}")
 
     # -- the requests --------------------------------------------------------------------
 
@@ -491,7 +511,7 @@ class Service:
         protocol.check_wait(request.wait)
         self._reserve_or_park(peer, request)
 
-    def _ack_and_reserve(self, peer: Peer, request: protocol.AckReserve) -> None:
+    def _ack_and_reserve(self, peer: Peer, request: protocol.AckAndReserve) -> None:
         # Everything that could reject the reserve half is checked before the
         # ack is written: a rejected request writes nothing.
         protocol.check_wait(request.wait)
@@ -604,9 +624,10 @@ class Service:
         if self.parked:
             self.serve_parked()
 
-    @staticmethod
-    def _refused(peer: Peer, request: Refused) -> None:
-        raise InvalidRequest(request.message)
+    def _refused(self, peer: Peer, request: Refused) -> None:
+        log.debug("request %d from %s refused: %s", request.id, peer.name, one_line(request.message))
+        self._answer(peer, request.id, [protocol.Error(id=request.id, error="InvalidRequest", message=request.message,
+                                                       code=protocol.REQUEST_REFUSED)])
 
     def _listing(self, request_id: int, status: str | None) -> Iterator:
         """The ``tasks`` answer, produced lazily as the client reads it.

@@ -2,7 +2,7 @@
 
     policy.py  the Worker's decisions, once for both Workers, and what a backend must provide
     clock.py   the real clocks the Workers wait on (tests pass their own)
-    aio.py     the asyncio Worker (also ``walqueue.aio.Worker``)
+    aio.py     the asyncio Worker (also ``walqueue.aio.Worker``), over an asyncio client
     cli.py     ``walqueue-worker``: a Worker process for a handler named on the command line
 
 ``Worker`` here runs the policy on threads: ``concurrency`` slot threads

@@ -24,9 +24,9 @@ class Worker(Policy):
     """Runs ``await handler(lease)`` for each reserved task, ``concurrency`` at a time.
 
     The arguments and options are ``walqueue.worker.policy.Policy``'s;
-    ``client`` is an asyncio client (``walqueue.aio.Client``,
+    ``client`` is an asyncio client (``walqueue.client.aio.Client``,
     ``walqueue.pg.AsyncClient``, or anything with the policy's methods as
-    coroutines), and a path means a ``walqueue.aio.Client``. Call ``stop()``
+    coroutines), and a path means a ``walqueue.client.aio.Client``. Call ``stop()``
     from the event loop (e.g. ``loop.add_signal_handler(signal.SIGTERM,
     worker.stop)``). Cancelling ``run()`` cancels the handlers in hand and
     leaves their leases to expire.
@@ -39,7 +39,7 @@ class Worker(Policy):
     """
 
     def _client_for_path(self, path: str | os.PathLike, worker: str) -> Any:
-        from walqueue.aio import Client
+        from walqueue.client.aio import Client  # only when given a path, as the thread Worker
 
         return Client(path, name=worker)
 

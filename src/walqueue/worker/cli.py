@@ -3,7 +3,7 @@
 Imports ``module:function`` (from the current directory first, then
 ``sys.path``), opens a client for TARGET (a walqueued socket or queue
 directory, or a ``postgresql://`` DSN), checks the service answers, and runs
-``walqueue.worker.Worker`` (threads), or ``walqueue.aio.Worker`` when the
+``walqueue.worker.Worker`` (threads), or ``walqueue.worker.aio.Worker`` when the
 handler is an ``async def``, until SIGTERM/SIGINT or ``--max-tasks``. All
 decisions are the Worker's (``walqueue.worker.policy``); this module only
 parses options, loads the handler, handles signals and maps outcomes to
@@ -119,7 +119,7 @@ def open_client(target: str, *, name: str, queue: str | None, asynchronous: bool
     if queue is not None:
         raise click.UsageError("--queue names a queue in PostgreSQL; a walqueued socket serves one queue")
     if asynchronous:
-        from walqueue.aio import Client
+        from walqueue.client.aio import Client
 
         return Client(target, name=name)
     return walqueue.connect(target, name=name)
@@ -226,7 +226,7 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
 
 def run_async(client: Any, name: str, handler: Callable, options: dict, *, target: str,
               max_tasks: int | None) -> int:
-    from walqueue.aio import Worker
+    from walqueue.worker.aio import Worker
 
     async def serve() -> int:
         try:
