@@ -1,11 +1,11 @@
 """``walqueue.client``: the client of walqueued (SPEC §8), one core under two thin shells.
 
     calls.py     without I/O: API arguments to requests, answers to values and exceptions
-    retry.py     without I/O: which calls are retried, for how long, the back-off
     api.py       SPEC §8's methods, written once for both clients
     address.py   the socket path, sun_path, and what a failed connect means
     blocking.py  the sync shell: Connection and Client over blocking sockets
-    (walqueue.aio is the asyncio shell over the same core)
+    (walqueue.aio is the asyncio shell over the same core; walqueue.retry, shared
+    with walqueue.pg, says which calls are retried, for how long, the back-off)
 
 This package exports the public names: ``Client``, ``Connection``,
 ``DaemonUnavailable`` (and ``NoSocket``, the kind raised at once for a path
@@ -44,7 +44,7 @@ from walqueue.client.calls import (
     tasks_call,
     touch_call,
 )
-from walqueue.client.retry import DEFAULT_RETRY_SECONDS
+from walqueue.retry import DEFAULT_RETRY_SECONDS
 
 __all__ = [
     "DEFAULT_RETRY_SECONDS", "DEFAULT_TIMEOUT_SECONDS", "SOCKET_NAME", "Call", "Client", "Connection",
