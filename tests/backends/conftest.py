@@ -1,16 +1,20 @@
-"""One fixture, two backends: the semantic tests run against walqueued and PostgreSQL.
+"""One fixture, three backends: the client-level semantic tests run against walqueued,
+PostgreSQL and the in-memory backend of tests/unit/memory_client.py.
 
 `backend` is parametrized; `backend.client()` opens another client of the
-same queue (a walqueue.client.Client on the test's own daemon, or a
-walqueue.pg.Client on a fresh queue of the session's cluster), and
-`backend.name` says which. Every client and the daemon are closed or stopped
-after the test.
+same queue (a walqueue.client.Client on the test's own daemon process, a
+walqueue.pg.Client on a fresh queue of the session's cluster, or a
+MemoryClient of one MemoryQueue on the real clock), and `backend.name` says
+which. Every client and the daemon are closed or stopped after the test.
+These tests use each backend's own clock in real time (delays, waits); the
+conformance suite on the faces of tests/backends/faces.py sets the clocks.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -35,8 +39,21 @@ class Backend:
             client.close()
 
 
-@pytest.fixture(params=["walqueued", "postgres"])
+class RealClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@pytest.fixture(params=["walqueued", "postgres", "memory"])
 def backend(request):
+    if request.param == "memory":
+        from tests.unit.memory_client import MemoryClient, MemoryQueue
+
+        queue = MemoryQueue(RealClock())
+        backend = Backend("memory", lambda: MemoryClient(queue))
+        yield backend
+        backend.close()
+        return
     if request.param == "walqueued":
         from walqueue.client import Client as DaemonClient
 

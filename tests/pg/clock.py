@@ -4,8 +4,9 @@ Production walqueue.pg has no way to move a queue's clock (SPEC §9: clients
 cannot set `now`): the SQL that does (tests/pg/clock.sql) lives here and is
 installed only by `install_test_clock`, in a schema of the test's own. A
 `SettableClock` sets it from its own connection (committed, so every call
-after it reads that time); a `ClockedClient` is a walqueue.pg.Client whose
-estimate of the server's clock is that time, for `put(delay=)` and waits.
+after it reads that time); a `ClockedClient` (`ClockedAsyncClient`) is a
+walqueue.pg.Client (AsyncClient) whose estimate of the server's clock is that
+time, for `put(delay=)` and waits.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from walqueue.pg import Client
+from walqueue.pg import AsyncClient, Client
 from walqueue.pg.queries import compose
 
 CLOCK_SQL = Path(__file__).with_name("clock.sql")
@@ -42,14 +43,28 @@ class SettableClock:
         self.connection.close()
 
 
-class ClockedClient(Client):
-    """A walqueue.pg.Client whose server_time() is `clock`'s time while one is set."""
+class _Clocked:
+    """server_time() is `clock`'s time while one is set (put(delay=) and waits read it)."""
 
-    def __init__(self, dsn: str, *, clock: SettableClock, **options) -> None:
-        self.clock = clock
-        super().__init__(dsn, **options)
+    clock: SettableClock
 
     def server_time(self) -> float:
         if self.clock.now is not None:
             return float(self.clock.now)
         return super().server_time()
+
+
+class ClockedClient(_Clocked, Client):
+    """A walqueue.pg.Client that follows `clock`."""
+
+    def __init__(self, dsn: str, *, clock: SettableClock, **options) -> None:
+        self.clock = clock
+        super().__init__(dsn, **options)
+
+
+class ClockedAsyncClient(_Clocked, AsyncClient):
+    """A walqueue.pg.AsyncClient that follows `clock`."""
+
+    def __init__(self, dsn: str, *, clock: SettableClock, **options) -> None:
+        self.clock = clock
+        super().__init__(dsn, **options)

@@ -102,6 +102,9 @@ def test_a_worker_role_with_the_documented_grants_runs_every_call(postgres):
         client.revive(["t"])
         (lease,) = client.reserve("w")
         assert client.ack_and_reserve(lease) == []
+        client.put("f", {})
+        client.reserve("w")
+        assert client.force_release(["f"]) == ["f"]
         assert client.stats().completed == 1 and client.get("t").status == "completed"
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         with psycopg.connect(dsn, autocommit=True) as connection:

@@ -54,6 +54,18 @@ def test_the_daemon_commands_work_the_same_on_postgresql(run):
     assert run("ack", "report-7", "--worker", "worker-1", "--generation", "1")[0] == 5
 
 
+def test_the_stats_table_shows_the_counts_without_the_wal_zeros_and_json_keeps_them(run):
+    """Issue 23: last_seq, snapshot_seq and wal_bytes, always 0 here, were shown as figures."""
+    run("migrate")
+    run("put", "a", "{}")
+    code, out, _ = run("stats")
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()] == ["ready", "leased", "completed", "dead"]
+    assert out.splitlines()[0].split() == ["ready", "1"]
+    code, out, _ = run("--json", "stats")
+    assert code == 0 and {"last_seq": 0, "snapshot_seq": 0, "wal_bytes": 0}.items() <= json.loads(out).items()
+
+
 def test_dead_and_revive(run):
     run("migrate")
     run("put", "once", "{}", "--max-attempts", "1")

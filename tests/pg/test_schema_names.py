@@ -105,6 +105,8 @@ def test_a_hostile_schema_name_works_in_full(postgres, name):
         assert [lease.task_id for lease in leases] == ["t2"]
         stats = consumer.stats()
         assert (stats.ready, stats.leased, stats.completed) == (0, 1, 1)
+        assert producer.force_release(["t2"]) == ["t2"]  # its statement names the schema too
+        assert consumer.get("t2").status == "ready"
         # The listener's other statements, which carry the schema beside parameters.
         with psycopg.connect(postgres.dsn, autocommit=True) as connection:
             assert connection.execute(service.statements.reap, (queue,)).fetchone() == (0,)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.postgres import unique_name
 from walqueue import PutRequest
 from walqueue.pg import AsyncClient
 
@@ -37,7 +38,7 @@ def test_the_asyncio_worker_runs_on_a_postgres_async_client(postgres):
     from walqueue.aio import Worker
 
     async def main():
-        async with AsyncClient(postgres.dsn, queue="aio-worker") as client:
+        async with AsyncClient(postgres.dsn, queue=unique_name("aio-worker")) as client:
             await client.put_many([PutRequest(f"t{n}", {}) for n in range(3)])
             seen = []
 

@@ -1,12 +1,16 @@
 """A seeded worker process for the backup tests: ``python -m tests.process.backup_load SOCKET WORKER SEED COUNT``.
 
-Makes ``COUNT`` random requests (puts, reserves with short and long leases,
-acks, releases with delays, touches), one at a time, so the WAL gets every
-kind of record, expiries included. Prints {"requests": COUNT} at the end.
+Makes random requests (puts, reserves with short and long leases, acks,
+releases with delays, touches), one at a time, so the WAL gets every kind of
+record, expiries included, until its stdin is closed (or after ``COUNT``, a
+bound for a test that forgot it): the test, not the speed of this process
+against the others, decides how long the load lasts. Prints {"requests": N}
+at the end.
 """
 
 import json
 import random
+import select
 import sys
 
 from walqueue import StaleLease
@@ -16,8 +20,12 @@ from walqueue.client import Client
 def main(path: str, worker: str, seed: str, count: str) -> None:
     rng = random.Random(f"{seed}/{worker}")
     held = []
+    made = 0
     with Client(path, retry_seconds=0, name=worker) as client:
         for index in range(int(count)):
+            if select.select([sys.stdin], [], [], 0)[0]:
+                break  # stdin readable: at its end, the test says stop
+            made += 1
             choice = rng.random()
             if not held and choice >= 0.7:
                 choice = rng.random() * 0.7  # nothing held to finish: put or reserve
@@ -38,7 +46,7 @@ def main(path: str, worker: str, seed: str, count: str) -> None:
                         held.append(client.touch(lease, lease_seconds=60))
                 except StaleLease:
                     pass  # its 1 s lease expired: another worker may hold it now
-    print(json.dumps({"requests": int(count)}), flush=True)
+    print(json.dumps({"requests": made}), flush=True)
 
 
 if __name__ == "__main__":

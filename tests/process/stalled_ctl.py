@@ -9,6 +9,7 @@ import sys
 import threading
 
 from walqueue import ctl
+from walqueue.ctl import admin
 
 
 def stalled_copy(manifest, dest):
@@ -17,6 +18,6 @@ def stalled_copy(manifest, dest):
 
 
 if __name__ == "__main__":
-    ctl.copy_manifest = stalled_copy
+    admin.copy_manifest = stalled_copy
     sys.argv[0] = "walqueue-ctl"
     ctl.main()

@@ -54,13 +54,16 @@ def test_the_reserve_half_waits_and_is_woken_by_a_put(daemon):
     with Client(socket_of(daemon)) as worker, Client(socket_of(daemon)) as producer:
         producer.put("a", {})
         (lease,) = worker.reserve("w", lease_seconds=60)
-        timer = threading.Timer(0.3, producer.put, args=("b", {}))
-        timer.start()
-        try:
-            (nxt,) = worker.ack_and_reserve(lease, wait=10)
-        finally:
-            timer.join()
-        assert nxt.task_id == "b"
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.extend(worker.ack_and_reserve(lease, wait=10)), daemon=True)
+        waiter.start()
+        # The put once the reserve half waits (the daemon's log: no event to await), not after a
+        # 0.3 s pause, which a busy machine could outlast: the put would then come first and the
+        # reserve half take "b" at once, waking from nothing.
+        daemon.wait_for_log("parked reserve")
+        producer.put("b", {})
+        waiter.join(20)
+        assert [nxt.task_id for nxt in got] == ["b"]
         assert producer.get("a").status == "completed"
 
 

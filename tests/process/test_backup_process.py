@@ -23,7 +23,7 @@ import pytest
 from walqueue import InvalidRequest, Queue, TaskView, aio
 from walqueue.client import Client
 from walqueue.codec import scan_frames
-from walqueue.ctl import EXIT_USAGE
+from walqueue.ctl.errors import EXIT_USAGE
 from walqueue.fs import OsFileSystem
 from walqueue.snapshot import load_snapshot, read_current
 from walqueue.wal import list_segments
@@ -33,8 +33,10 @@ from .test_ctl_process import ctl, json_lines
 
 SEED = int(os.environ.get("WALQUEUE_TEST_SEED", "20261129"))
 WORKERS = 3
-# Enough that the load outlasts the compaction on request, which no longer stalls it.
-REQUESTS_PER_WORKER = 1500
+# A bound only: the load runs until the test closes its stdin, well after the backup.
+REQUESTS_PER_WORKER = 1_000_000
+# Records the load writes before the compaction, between it and the backup, and after the backup.
+RECORDS_BETWEEN = 150
 # Never compact on its own: the source directory must keep every record
 # after the snapshot, so the expected state can be rebuilt from it.
 NO_AUTOMATIC_COMPACTION = ("--compact-wal-bytes", str(2**40))
@@ -64,26 +66,32 @@ def test_a_backup_under_concurrent_load_opens_with_exactly_the_state_at_its_seq(
     s = ("--socket", daemon.socket_path)
     load = [subprocess.Popen([sys.executable, "-m", "tests.process.backup_load", daemon.socket_path,
                               f"w{number}", str(SEED), str(REQUESTS_PER_WORKER)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=child_env(), cwd=REPO)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=child_env(), cwd=REPO)
             for number in range(WORKERS)]
     try:
-        def written(records: int) -> bool:
+        def written(after_seq: int, records: int) -> bool:
             for process in load:
                 if process.poll() is not None:
                     raise AssertionError(f"a load process ended early: {process.communicate()}")
             stats = client.stats()
-            return stats.last_seq - stats.snapshot_seq >= records
+            # Over a hundred tasks, too: the expected state below must be worth comparing.
+            tasks = stats.ready + stats.leased + stats.completed + stats.dead
+            return stats.last_seq - after_seq >= records and tasks > 100
 
         with Client(daemon.socket_path) as client:
-            wait_until(lambda: written(150), 60, "the load to write")
-            assert json_lines(ctl(*s, "compact"))[0]["seq"] > 0  # so the copy holds WAL records too
-            wait_until(lambda: written(150), 60, "records after the snapshot")
+            wait_until(lambda: written(0, RECORDS_BETWEEN), 60, "the load to write")
+            compacted = json_lines(ctl(*s, "compact"))[0]["seq"]
+            assert compacted > 0  # so the copy holds WAL records too
+            wait_until(lambda: written(compacted, RECORDS_BETWEEN), 60, "records after the snapshot")
             backup = ctl(*s, "backup", workdir / "copy", "--json")
             assert backup.returncode == 0, backup.stderr
             (result,) = json_lines(backup)
+            # The load goes on after the backup because the test waits for it to, not because
+            # the load processes happened to get less of the CPU than walqueue-ctl.
+            wait_until(lambda: written(result["seq"], RECORDS_BETWEEN), 60, "records after the backup")
         for process in load:
-            out, err = process.communicate(timeout=120)
+            out, err = process.communicate(timeout=120)  # closes its stdin: stop
             assert process.returncode == 0, err
     finally:
         for process in load:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from walqueue.ctl import (
+from walqueue.ctl.errors import (
     EXIT_CORRUPT,
     EXIT_KEY_CONFLICT,
     EXIT_NOT_FOUND,
@@ -219,6 +219,13 @@ def test_tasks_next_and_json_errors_through_a_real_daemon(daemon, workdir):
     assert error["error"] == "DaemonUnavailable" and "regular file, not a socket" in error["message"]
     version = ctl("--version")
     assert version.returncode == 0 and version.stdout.startswith("walqueue-ctl ")
+
+
+def test_a_payload_piped_into_put_is_stored_not_dropped(daemon):
+    """Issue 23: `echo '{"to":1}' | walqueue-ctl put ID` stored {} and exited 0."""
+    s = ("--socket", daemon.socket_path)
+    assert json_lines(ctl(*s, "put", "piped", input='{"to": 1}\n')) == [{"task_id": "piped"}]
+    assert json_lines(ctl(*s, "get", "piped"))[0]["payload"] == {"to": 1}
 
 
 def test_force_release_ends_a_lease_by_task_id_after_asking(daemon):

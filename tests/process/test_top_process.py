@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from walqueue import top
+from walqueue.ctl import top
 
 from .daemon import REPO, child_env
 from .test_ctl_process import ctl

@@ -17,7 +17,6 @@ from click.testing import CliRunner
 
 from walqueue import CorruptStore, Queue, QueueLocked
 from walqueue import backup as backup_module
-from walqueue import ctl as ctl_module
 from walqueue.backup import (
     BackupError,
     BackupIncomplete,
@@ -26,7 +25,9 @@ from walqueue.backup import (
     backup_directory,
     copy_manifest,
 )
-from walqueue.ctl import EXIT_DEST_NOT_EMPTY, EXIT_OK, cli
+from walqueue.ctl import backends, cli
+from walqueue.ctl import errors as ctl_errors
+from walqueue.ctl.errors import EXIT_DEST_NOT_EMPTY, EXIT_OK
 from walqueue.values import BackupManifest
 from walqueue.verify import verify_directory
 
@@ -227,7 +228,7 @@ def test_a_destination_inside_the_queue_directory_is_refused(tmp_path):
 
 def test_ctl_backup_into_the_queue_directory_exits_2_and_releases_the_pin(fake, tmp_path):
     result = CliRunner().invoke(cli, ["backup", str(tmp_path / "source" / "copy")])
-    assert result.exit_code == ctl_module.EXIT_USAGE and "outside" in result.stderr
+    assert result.exit_code == ctl_errors.EXIT_USAGE and "outside" in result.stderr
     assert fake.calls == ["backup_begin", "backup_end"]
 
 
@@ -322,7 +323,7 @@ class FakeDaemon:
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     daemon = FakeDaemon(busy_queue(tmp_path / "source"))
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", daemon.client)
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", daemon.client)
     monkeypatch.delenv("WALQUEUE_SOCKET", raising=False)
     yield daemon
     daemon.queue.close()
@@ -353,7 +354,7 @@ def test_ctl_backup_into_a_non_empty_directory_exits_9_before_asking_the_daemon(
 def test_ctl_backup_releases_the_pin_when_the_copy_fails(fake, tmp_path):
     with mock.patch.object(backup_module, "_copy_file", side_effect=OSError(28, "No space left")):
         result = CliRunner().invoke(cli, ["backup", str(tmp_path / "copy")])
-    assert result.exit_code == ctl_module.EXIT_BACKUP_INCOMPLETE
+    assert result.exit_code == ctl_errors.EXIT_BACKUP_INCOMPLETE
     assert "incomplete" in result.stderr and "delete it" in result.stderr
     assert fake.calls == ["backup_begin", "backup_end"]
 
@@ -368,7 +369,7 @@ def test_ctl_backup_that_cannot_read_the_queue_says_whom_to_run_as(fake, tmp_pat
 
     with mock.patch.object(backup_module.os, "open", denied):
         result = CliRunner().invoke(cli, ["backup", str(tmp_path / "copy")])
-    assert result.exit_code == ctl_module.EXIT_UNREADABLE
+    assert result.exit_code == ctl_errors.EXIT_UNREADABLE
     assert "Permission denied" in result.stderr and "member of its group" in result.stderr
     assert not (tmp_path / "copy").exists()  # nothing written
     assert fake.calls == ["backup_begin", "backup_end"]

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 
 import walqueue
 from walqueue import Queue
-from walqueue import ctl as ctl_module
 from walqueue.client import Client, DaemonUnavailable
-from walqueue.ctl import (
+from walqueue.ctl import backends, cli, errors, output
+from walqueue.ctl.errors import (
     EXIT_CORRUPT,
     EXIT_FAILURE,
     EXIT_KEY_CONFLICT,
@@ -27,12 +27,11 @@ from walqueue.ctl import (
     EXIT_UNAVAILABLE,
     EXIT_UNREADABLE,
     EXIT_USAGE,
-    cli,
 )
 from walqueue.daemon.recorder import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
-              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, ctl_module.EXIT_NO_QUEUE}
+              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, errors.EXIT_NO_QUEUE}
 
 
 class FakeClient:
@@ -102,7 +101,7 @@ def clock():
 def run(monkeypatch, queue, clock):
     """run(*args, input=None) -> click Result, against the fake daemon."""
     FakeClient.instances.clear()
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY",
+    monkeypatch.setattr(backends, "CLIENT_FACTORY",
                         lambda path, **options: FakeClient(queue, clock, path, **options))
     monkeypatch.delenv("WALQUEUE_SOCKET", raising=False)
     runner = CliRunner()
@@ -134,6 +133,34 @@ def test_put_defaults_to_an_empty_payload_and_reads_dash_from_stdin(run, queue):
     assert run("put", "a").exit_code == 0
     assert run("put", "b", "-", input='{"from": "stdin"}\n').exit_code == 0
     assert queue.get("a").payload == {} and queue.get("b").payload == {"from": "stdin"}
+
+
+def test_put_without_a_payload_reads_a_piped_stdin_instead_of_dropping_it(run, queue):
+    """Issue 23: `echo '{"to":1}' | walqueue-ctl put ID` stored {} and exited 0."""
+    assert lines(run("put", "piped", input='{"to": 1}\n')) == [{"task_id": "piped"}]
+    assert queue.get("piped").payload == {"to": 1}
+    assert run("put", "empty", input="").exit_code == 0  # nothing piped: nothing to drop
+    assert queue.get("empty").payload == {}
+    bad = run("put", "bad", input="to=1\n")
+    assert bad.exit_code == EXIT_USAGE and "the payload on stdin is not valid JSON" in bad.stderr
+    assert queue.get("bad") is None
+    # An argument wins: stdin is not read at all.
+    assert run("put", "arg", '{"n": 2}', input='{"n": 3}').exit_code == 0
+    assert queue.get("arg").payload == {"n": 2}
+
+
+def test_put_without_a_payload_on_a_terminal_reads_nothing():
+    from walqueue.ctl.tasks import payload_text
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+        def read(self):
+            raise AssertionError("a terminal's stdin must not be read")
+
+    assert payload_text(None, Terminal()) == ("{}", "the payload")
+    assert payload_text(None, None) == ("{}", "the payload")  # no stdin at all (fd 0 closed)
 
 
 def test_put_delay_and_available_at(run, queue, clock):
@@ -267,6 +294,31 @@ def test_stats_prints_a_table_or_json(run):
     assert stats["directory"] == "/var/q" and "queue" not in stats
 
 
+def test_json_before_the_command_is_the_command_s_json(run):
+    """Issue 23: `walqueue-ctl --json stats` was "no such option", though help says any command."""
+    run("put", "a")
+    (stats,) = lines(run("--json", "stats"))
+    assert stats["ready"] == 1
+    assert [task["task_id"] for task in lines(run("--json", "tasks"))] == ["a"]
+    missing = run("--json", "get", "nope")
+    assert json.loads(missing.stderr)["code"] == EXIT_NOT_FOUND
+    unknown = run("--json", "nosuchcommand")
+    assert json.loads(unknown.stderr)["error"] == "UsageError"
+
+
+def test_the_stats_table_leaves_out_the_wal_figures_of_a_backend_without_a_wal(run, monkeypatch):
+    """On PostgreSQL last_seq, snapshot_seq and wal_bytes are always 0: not shown as figures."""
+    from walqueue import backend
+
+    monkeypatch.setattr(Client, "capabilities", frozenset({backend.FORCE_RELEASE}))
+    run("put", "a")
+    table = run("stats").stdout
+    assert re.search(r"^ready\s+1$", table, re.M)
+    assert not re.search(r"^(last_seq|snapshot_seq|wal_bytes)\b", table, re.M)
+    (stats,) = lines(run("stats", "--json"))
+    assert {"last_seq", "snapshot_seq", "wal_bytes"} <= set(stats)
+
+
 def test_metrics_prints_the_prometheus_text(run):
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -295,6 +347,16 @@ def test_dead_lists_dead_tasks_as_a_table_or_json_lines_and_revive_brings_them_b
     revived = run("revive", "d1", "d2", "d1")
     assert lines(revived) == [{"task_ids": ["d1", "d2"]}]
     assert queue.get("d1").status == "ready"
+
+
+def test_revive_of_an_unknown_task_exits_7_like_get_and_revives_nothing(run, queue):
+    """Issue 23: `get nosuch` exited 7 but `revive nosuch` 2: one code for "no such task"."""
+    make_dead(run, "d1")
+    result = run("revive", "d1", "nosuch")
+    assert result.exit_code == EXIT_NOT_FOUND and "no task 'nosuch'" in result.stderr
+    assert queue.get("d1").status == "dead"
+    error = json.loads(run("revive", "nosuch", "--json").stderr)
+    assert (error["code"], error["error"]) == (EXIT_NOT_FOUND, "NotFound")
 
 
 def test_revive_of_a_task_that_is_not_dead_exits_2_and_revives_nothing(run, queue):
@@ -332,7 +394,7 @@ def test_an_unreachable_daemon_exits_3_and_says_how_to_fix_it(run, monkeypatch):
     def unreachable(path, **options):
         raise DaemonUnavailable(f"cannot connect to walqueued at {path}: [Errno 2] No such file")
 
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", unreachable)
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", unreachable)
     result = run("--socket", "/nowhere.sock", "stats")
     assert result.exit_code == EXIT_UNAVAILABLE
     assert "/nowhere.sock" in result.stderr and "walqueued serve" in result.stderr
@@ -360,12 +422,13 @@ def help_codes(text: str) -> list[int]:
 
 def test_the_group_help_lists_every_exit_code_once(run):
     text = run("--help").stdout
-    assert help_codes(text) == list(ctl_module.EXIT_MEANINGS) == list(range(12))
+    assert help_codes(text) == list(errors.EXIT_MEANINGS) == list(range(12))
     assert "_WALQUEUE_CTL_COMPLETE=bash_source" in text
 
 
 @pytest.mark.parametrize("command, own", [
     ("put", {0, 1, 2, 3, 6}), ("get", {0, 1, 2, 3, 7}), ("ack", {0, 1, 2, 3, 5}),
+    ("revive", {0, 1, 2, 3, 7}), ("force-release", {0, 1, 2, 3, 7}),
     ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 11}),
 ])
 def test_each_command_help_lists_its_own_exit_codes(run, command, own):
@@ -439,7 +502,7 @@ def test_next_shows_the_reserve_order_without_leasing(run, queue, clock):
 
 
 def test_the_next_table_says_when_a_task_is_due(run, clock, monkeypatch):
-    monkeypatch.setattr(ctl_module.time, "time", lambda: 1000.0)
+    monkeypatch.setattr(output.time, "time", lambda: 1000.0)
     run("put", "now", "--available-at", "999")
     run("put", "soon", "--available-at", "1042")
     rows = [row.split() for row in run("next").stdout.splitlines()[1:]]
@@ -508,7 +571,7 @@ def test_a_bad_stdin_line_is_named_once(run):
 
 
 def test_a_socket_path_that_is_a_regular_file_says_it_is_not_a_socket(run, monkeypatch, tmp_path):
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", Client)  # the real client
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", Client)  # the real client
     regular = tmp_path / "not-a-socket"
     regular.write_text("")
     result = run("--socket", str(regular), "stats")
@@ -640,5 +703,5 @@ def test_verify_needs_no_daemon(run, monkeypatch, tmp_path):
     def no_client(path, **options):
         raise AssertionError("verify must not contact the daemon")
 
-    monkeypatch.setattr(ctl_module, "CLIENT_FACTORY", no_client)
+    monkeypatch.setattr(backends, "CLIENT_FACTORY", no_client)
     assert run("verify", str(healthy_directory(tmp_path))).exit_code == 0

@@ -1,4 +1,4 @@
-"""walqueue.top: the view is a pure function of two DaemonStats samples.
+"""walqueue.ctl.top: the view is a pure function of two DaemonStats samples.
 
 The live loop against a real daemon, in a pseudo-terminal, is in
 tests/process/test_top_process.py.
@@ -9,7 +9,8 @@ import io
 
 import pytest
 
-from walqueue import QueueStats, top
+from walqueue import QueueStats
+from walqueue.ctl import top
 from walqueue.metrics import DaemonStats
 
 

@@ -796,7 +796,7 @@ def test_walqueue_ctl_verify_draws_a_progress_bar_on_a_terminal(directory, monke
     import io
     import sys
 
-    from walqueue import ctl
+    from walqueue.ctl import offline
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -805,9 +805,9 @@ def test_walqueue_ctl_verify_draws_a_progress_bar_on_a_terminal(directory, monke
     build_history(directory, compact=True)
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    with ctl._progress_bar_on_a_terminal("verifying") as progress:
+    with offline._progress_bar_on_a_terminal("verifying") as progress:
         assert verify_directory(directory, progress=progress).healthy
     assert "verifying" in terminal.getvalue() and "100%" in terminal.getvalue()
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    with ctl._progress_bar_on_a_terminal("verifying") as progress:
+    with offline._progress_bar_on_a_terminal("verifying") as progress:
         assert progress is None

@@ -3,6 +3,7 @@ stop deadline; over the in-memory client, on a clock that moves only when the te
 The policy's decisions are in test_worker_policy.py, for both Workers."""
 
 import signal
+import sys
 import threading
 import time
 
@@ -232,16 +233,21 @@ def test_a_signal_the_kernel_gave_a_handlers_thread_still_stops_run():
     # SIGTERM that walqueue-worker never acted on (tests/process/test_worker_process.py once).
     queue = MemoryQueue(ManualClock())
     queue.put("a")
-    sent_at, handled_at, stopped = [], [], threading.Event()
+    handled_in_time, stopped = [], threading.Event()
 
     def handler(lease):
-        time.sleep(0.3)   # run() is in its join by now
-        sent_at.append(time.monotonic())
+        # Sent once the main thread waits in run()'s join (a pause could end before it got there,
+        # and the signal would then find it running, and prove nothing).
+        deadline = time.monotonic() + REAL_SECONDS / 4
+        while not main_thread_joins_in_run():
+            assert time.monotonic() < deadline, "the main thread never reached run()'s join"
+            time.sleep(0.01)
         signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
-        stopped.wait(REAL_SECONDS / 4)
+        # Whether the main thread ran the Python handler while this one still waited: an order,
+        # not a time (an untimed join returns only once this handler has returned).
+        handled_in_time.append(stopped.wait(REAL_SECONDS / 4))
 
     def on_signal(signal_number, frame):
-        handled_at.append(time.monotonic())
         worker.stop()
         stopped.set()
 
@@ -254,4 +260,12 @@ def test_a_signal_the_kernel_gave_a_handlers_thread_still_stops_run():
     finally:
         rescue.cancel()
         signal.signal(signal.SIGUSR1, previous)
-    assert handled_at and handled_at[0] - sent_at[0] < 1.0, (sent_at, handled_at)
+    assert handled_in_time == [True]
+
+
+def main_thread_joins_in_run() -> bool:
+    """True while the main thread is in a Thread.join that Worker.run called."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and frame.f_back is not None and frame.f_back.f_code is not Worker.run.__code__:
+        frame = frame.f_back
+    return frame is not None and frame.f_code is threading.Thread.join.__code__

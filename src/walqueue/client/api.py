@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from walqueue import Lease, QueueStats, TaskView
+from walqueue.backend import CAPABILITIES
 from walqueue.client import calls
 from walqueue.client.address import socket_path
 from walqueue.client.calls import NoSocket
@@ -39,9 +40,11 @@ class ClientApi:
     ``socket_or_directory``: the daemon's socket, or a queue directory meaning
     its ``walqueued.sock``. ``timeout`` bounds each call (plus ``wait`` for a
     reserve); ``retry_seconds`` bounds how long the calls ``walqueue.retry``
-    retries (the reads and ``put``/``put_many``) keep retrying; ``name`` labels the connections in
-    the daemon's log.
+    retries (the reads and ``put``/``put_many``) keep retrying; ``name``
+    labels the connections in the daemon's log.
     """
+
+    capabilities = CAPABILITIES  # walqueued does every call beyond the common contract
 
     def __init__(
         self,

@@ -129,6 +129,8 @@ class ClientApi:
     shows the DSN's password (SPEC §8b).
     """
 
+    capabilities = calls.CAPABILITIES  # beyond the common contract (walqueue.backend)
+
     def __init__(self, dsn: str, *, queue: str = "default", schema: str = schema.DEFAULT_SCHEMA,
                  migrate: bool = True, pool_size: int = DEFAULT_POOL_SIZE,
                  connect_seconds: float = DEFAULT_CONNECT_SECONDS,
@@ -379,6 +381,15 @@ class ClientApi:
     def revive(self, task_ids: Iterable[str]) -> list[str]:
         """Make dead tasks ready again. Raises InvalidRequest, changing nothing, if one is not dead."""
         return self._run(self._one, calls.revive_call, task_ids)
+
+    def force_release(self, task_ids: Iterable[str]) -> list[str]:
+        """End the tasks' current leases now, whoever holds them; each counts as an attempt.
+
+        Returns the ids, duplicates dropped. Raises InvalidRequest, changing
+        nothing, if one is not leased. Never retried: a second one would find
+        the tasks no longer leased.
+        """
+        return self._run(self._one, calls.force_release_call, task_ids)
 
     def get(self, task_id: str) -> TaskView | None:
         """The task, or None if no task has that id."""

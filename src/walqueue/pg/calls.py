@@ -33,6 +33,7 @@ import psycopg
 from psycopg.types.numeric import Int4, Int8
 
 from walqueue import validation
+from walqueue.backend import ACK_AND_RESERVE, FORCE_RELEASE
 from walqueue.codec import MAX_FRAME_BYTES, canonical_json
 from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
@@ -42,6 +43,8 @@ from walqueue.queue import _put_request, _put_request_of
 from walqueue.state import State, identity_of
 from walqueue.values import Lease, QueueStats, TaskView
 
+# What Client and AsyncClient do beyond the common contract (walqueue.backend).
+CAPABILITIES = frozenset({ACK_AND_RESERVE, FORCE_RELEASE})
 MAX_WAIT_SECONDS = 300
 KEY_CONFLICT, STALE_LEASE, INVALID_REQUEST = "WQ001", "WQ002", "WQ003"
 # Serialization failure and deadlock: the transaction was rolled back whole.
@@ -362,6 +365,31 @@ def revive_call(statements: Queries, queue: str, task_ids: Any) -> Call:
 
     return Call(statements.revive, (queue, [encode_name(task_id) for task_id in unique]),
                 lambda rows: unique, error, "revive")
+
+
+def force_release_call(statements: Queries, queue: str, task_ids: Any) -> Call:
+    """End the listed tasks' current leases, whoever holds them (an operator's call).
+
+    All or nothing: InvalidRequest, changing nothing, if one is unknown, not
+    leased, or leased past its deadline. Not retried: after a lost answer a
+    retry would find the tasks no longer leased.
+    """
+    if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
+        raise InvalidRequest("task_ids must be a list of task ids")
+    unique = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
+                                for index, task_id in enumerate(task_ids)))
+    if not unique:
+        return Call(None, (), lambda rows: [], name="force_release")
+
+    def convert(rows: list[tuple]) -> list[str]:
+        ((index, status, _),) = rows
+        if index is not None:
+            raise InvalidRequest(f"task {unique[index]!r} is {status or 'unknown'}, not leased: "
+                                 f"there is no lease to release")
+        return unique
+
+    return Call(statements.force_release, (queue, [encode_name(task_id) for task_id in unique]),
+                convert, name="force_release")
 
 
 def _view(row: tuple) -> TaskView:

@@ -1,0 +1,153 @@
+"""walqueue-ctl's task commands: put a task, look at tasks (get, tasks, next, dead),
+and bring dead ones back (revive)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import click
+
+from walqueue.ctl.backends import Ctl
+from walqueue.ctl.errors import DAEMON_CODES, EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, CtlError, not_found
+from walqueue.ctl.group import JSON_ALREADY, command, json_option, pass_ctl
+from walqueue.ctl.output import emit, parse_json_object, print_tasks
+
+DEFAULT_NEXT_LIMIT = 10
+STATUSES = ("ready", "leased", "completed", "dead")
+
+
+def payload_text(payload: str | None, stdin: TextIO | None) -> tuple[str, str]:
+    """The payload's JSON text, and how to name it in an error.
+
+    '-' reads stdin. Without PAYLOAD_JSON, a stdin that is not a terminal is
+    read too (`echo '{"to": 1}' | walqueue-ctl put ID`), so a piped payload is
+    never dropped for {}; a terminal, an empty stdin or none at all is {}.
+    """
+    if payload is not None and payload != "-":
+        return payload, "the payload"
+    if payload is None and (stdin is None or stdin.isatty()):
+        return "{}", "the payload"
+    text = stdin.read() if stdin is not None else ""
+    if payload is None and not text.strip():
+        return "{}", "the payload"  # nothing was piped: nothing to drop
+    return text, "the payload on stdin"
+
+
+@command(*DAEMON_CODES, EXIT_KEY_CONFLICT, short_help='Put a task (idempotent by key).')
+@click.argument("task_id")
+@click.argument("payload", required=False, default=None, metavar="[PAYLOAD_JSON|-]")
+@click.option("--key", default=None,
+              help="Idempotency key [default: the task id]. A key already used by a different "
+                   "request is a key conflict (exit 6).")
+@click.option("--delay", type=click.IntRange(min=0), default=None,
+              help="Due this many seconds from now (computed once, so a retry keeps its identity).")
+@click.option("--available-at", type=click.IntRange(min=0), default=None,
+              help="Due at this Unix time (seconds). Not with --delay.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Leases after which a task that keeps failing (released or expired) is dead.")
+@json_option(JSON_ALREADY)
+@pass_ctl
+def put(ctl: Ctl, task_id: str, payload: str | None, key: str | None, delay: int | None,
+        available_at: int | None, max_attempts: int, as_json: bool) -> None:
+    """Put a task; PAYLOAD_JSON is a JSON object ('-' reads it from stdin; default {}).
+
+    Without PAYLOAD_JSON, a payload piped on stdin is read (`echo '{"to": 1}'
+    | walqueue-ctl put ID`); a terminal or an empty stdin gives {}.
+    Prints {"task_id": ...}. Putting the identical request again is a no-op
+    that prints the same id. Tasks are leased in (available_at, task_id)
+    order, so ids that should run in arrival order must sort that way
+    (zero-padded numbers, or time-ordered ids).
+    """
+    if delay is not None and available_at is not None:
+        raise click.UsageError("give --delay or --available-at, not both")
+    value = parse_json_object(*payload_text(payload, sys.stdin))
+    task = ctl.client.put(task_id, value, key=key, available_at=available_at or 0,
+                          delay=delay, max_attempts=max_attempts)
+    emit({"task_id": task})
+
+
+@command(*DAEMON_CODES, EXIT_NOT_FOUND)
+@click.argument("task_id")
+@json_option(JSON_ALREADY)
+@pass_ctl
+def get(ctl: Ctl, task_id: str, as_json: bool) -> None:
+    """Print one task as JSON (exit 7 if there is no such task)."""
+    task = ctl.client.get(task_id)
+    if task is None:
+        raise not_found(task_id, " (completed and dead tasks stay listed, so it was never put)")
+    emit(task)
+
+
+LIMIT_OPTION = click.option("--limit", type=click.IntRange(min=1), default=None,
+                            help="Show at most this many tasks [default: all].")
+LISTING_JSON = "Print each task as a JSON line (TaskView's fields); errors as JSON on stderr."
+
+
+@command(*DAEMON_CODES, short_help="List tasks (all, or those of one --status).")
+@click.option("--status", type=click.Choice(STATUSES), default=None,
+              help="Only tasks with this status [default: every status].")
+@LIMIT_OPTION
+@json_option(LISTING_JSON)
+@pass_ctl
+def tasks(ctl: Ctl, status: str | None, limit: int | None, as_json: bool) -> None:
+    """List tasks in task_id order, as a table or (--json) one task per line.
+
+    Completed tasks stay listed for ever (as tombstones without payload), so
+    on a long-lived queue use --status or --limit.
+    """
+    listing = ctl.client.tasks(status)
+    print_tasks(listing[:limit], len(listing),
+                ("TASK_ID", "STATUS", "ATTEMPTS", "AVAILABLE_AT", "WORKER", "DEADLINE", "PAYLOAD"),
+                as_json, f"no {status} tasks" if status else "no tasks")
+
+
+@command(*DAEMON_CODES, name="next", short_help="The next tasks reserve would lease, unleased.")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_NEXT_LIMIT, show_default=True,
+              help="Show at most this many tasks.")
+@json_option(LISTING_JSON)
+@pass_ctl
+def next_tasks(ctl: Ctl, limit: int, as_json: bool) -> None:
+    """The ready tasks in the order reserve leases them, without leasing any.
+
+    That order is (available_at, task_id), not arrival order: `job-10` comes
+    before `job-9`. Tasks not yet due are listed after the due ones, with
+    when they become due (DUE, by this machine's clock). This reads the
+    whole ready listing (`tasks --status ready`) and sorts it here, so it
+    costs as much as that listing.
+    """
+    ready = sorted(ctl.client.tasks("ready"), key=lambda task: (task.available_at, task.task_id))
+    print_tasks(ready[:limit], len(ready),
+                ("TASK_ID", "DUE", "AVAILABLE_AT", "ATTEMPTS", "PAYLOAD"), as_json, "no ready tasks")
+
+
+@command(*DAEMON_CODES)
+@LIMIT_OPTION
+@json_option(LISTING_JSON)
+@pass_ctl
+def dead(ctl: Ctl, limit: int | None, as_json: bool) -> None:
+    """List dead tasks (out of attempts); bring them back with `revive`."""
+    listing = ctl.client.tasks("dead")
+    print_tasks(listing[:limit], len(listing),
+                ("TASK_ID", "KEY", "ATTEMPTS", "GENERATION", "AVAILABLE_AT", "PAYLOAD"),
+                as_json, "no dead tasks")
+
+
+@command(*DAEMON_CODES, EXIT_NOT_FOUND)
+@click.argument("task_ids", nargs=-1, required=True, metavar="TASK_ID...")
+@json_option(JSON_ALREADY)
+@pass_ctl
+def revive(ctl: Ctl, task_ids: tuple[str, ...], as_json: bool) -> None:
+    """Make dead tasks ready again (attempts reset). Prints {"task_ids": [...]}.
+
+    All or nothing: if one listed task is not dead, none is revived (exit 2;
+    exit 7 if the queue does not hold one of them).
+    """
+    try:
+        revived = ctl.client.revive(list(task_ids))
+    except CtlError as exc:
+        unknown = ctl.unknown_task(task_ids, ": nothing was revived") if exc.name == "InvalidRequest" else None
+        if unknown is None:
+            raise
+        raise unknown from exc
+    emit({"task_ids": revived})
