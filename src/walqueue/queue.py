@@ -26,11 +26,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import validation
-from .codec import encode_frame
+from .codec import FRAME_OVERHEAD_BYTES, encode_frame
 from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
 from .fs import Directory, OsFileSystem, open_lock
 from .recovery import plan_recovery
-from .snapshot import CURRENT, CURRENT_TMP, current_frame, snapshot_name, write_snapshot
+from .snapshot import (
+    CURRENT,
+    CURRENT_TMP,
+    FRAMING_BYTES_BOUND,
+    current_frame,
+    snapshot_name,
+    write_snapshot,
+)
 from .state import LEASED, MAX_EXPIRE_IDS, Task
 from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
 from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment
@@ -106,6 +113,10 @@ class Queue:
         self._snapshot_seq = plan.snapshot_seq
         self._snapshot_file = plan.snapshot_file
         self._previous_snapshot_file = plan.snapshot_file
+        # The published snapshot's size, and the state's snapshot_growth at its seq:
+        # 0, as the replay since it started from the snapshot loaded (snapshot_bytes_bound).
+        self._snapshot_bytes = 0 if plan.snapshot_file is None else fs.size(directory, plan.snapshot_file)
+        self._snapshot_growth = 0
         if plan.active is not None:
             self._active = ActiveSegment(fs, directory, plan.active.first_seq, plan.active.size,
                                          self._preallocate_bytes)
@@ -374,6 +385,7 @@ class Queue:
         try:
             for step in self._compaction_steps():
                 step(seq)
+            self._published(seq, self._state.snapshot_growth)
         except BaseException:
             self._die()
             raise
@@ -435,7 +447,7 @@ class Queue:
             self._die()
             raise
         self._compaction = Compaction(seq, tuple(self._sealed), self._sealed_bytes,
-                                      snapshot_name(seq))
+                                      snapshot_name(seq), self._state.snapshot_growth)
         return self._compaction
 
     def write_compaction_snapshot(self, compaction: Compaction, *, sync_every_bytes: int = 0) -> None:
@@ -480,6 +492,7 @@ class Queue:
             self._call_hook("snapshot.after_write")
             self._publish(compaction.seq)
             self._delete_covered(compaction.seq)
+            self._published(compaction.seq, compaction.snapshot_growth)
         except BaseException:
             self._die()
             raise
@@ -500,6 +513,24 @@ class Queue:
             self._fs.unlink(self._dir, compaction.snapshot_file)
         except FileNotFoundError:
             pass
+
+    def snapshot_bytes_bound(self) -> int:
+        """An upper bound on the bytes a snapshot of the state as it is now would take. O(1).
+
+        The published snapshot's size plus what the records applied since can
+        have added to it (State.snapshot_growth), so it counts what the WAL does
+        not carry: each task's identity and counters, a reserve's worker once per
+        task it leased. Not part of SPEC's API: walqueued checks the free space
+        against it before it compacts.
+        """
+        self._check_open()
+        return (self._snapshot_bytes + self._state.snapshot_growth - self._snapshot_growth
+                + FRAMING_BYTES_BOUND)
+
+    def _published(self, seq: int, snapshot_growth: int) -> None:
+        """Remember the size of the snapshot just published and the state's growth at its seq."""
+        self._snapshot_bytes = self._fs.size(self._dir, snapshot_name(seq))
+        self._snapshot_growth = snapshot_growth
 
     @property
     def compaction_in_progress(self) -> Compaction | None:
@@ -626,7 +657,7 @@ class Queue:
         except BaseException:
             self._die()
             raise
-        self._state.commit(change)
+        self._state.commit(change, len(frame) - FRAME_OVERHEAD_BYTES)
 
     def _sync(self) -> None:
         if not self._active.unsynced:
@@ -667,6 +698,7 @@ class Compaction:
     covered_segments: tuple[str, ...]   # sealed segments the snapshot makes redundant
     covered_bytes: int                  # their size: the WAL bytes this compaction drops
     snapshot_file: str
+    snapshot_growth: int = 0            # State.snapshot_growth at seq (Queue.snapshot_bytes_bound)
 
 
 class _Batch:

@@ -160,7 +160,7 @@ def _plan(fs: OsFileSystem, directory: Directory, problems: Problems | None, pro
         reader = SegmentReader(fs, directory, first_seq, filename, newest=index == len(live) - 1,
                                problems=problems, progress=advance)
         try:
-            for offset, record in reader.records():
+            for offset, record, body_bytes in reader.records():
                 seq = record["seq"]
                 if seq <= covered_through:
                     # Covered by the snapshot: not applied, but still a record.
@@ -175,7 +175,7 @@ def _plan(fs: OsFileSystem, directory: Directory, problems: Problems | None, pro
                         last_applied, state = state.last_seq, None
                     continue
                 try:
-                    state.apply(record)
+                    state.apply(record, body_bytes)
                 except WalQueueError as error:
                     report_or_raise(problems, CorruptStore(
                         f"{filename}: frame at offset {offset} (seq {seq}): invalid "

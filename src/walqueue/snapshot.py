@@ -46,6 +46,18 @@ _WRITE_CHUNK_BYTES = 1 << 20
 _LENGTH = struct.Struct(">I")
 
 
+def _framing_bytes_bound() -> int:
+    """The header and end frames at their largest (19-digit seq and count)."""
+    largest = 2**63
+    return (len(encode_frame({"format": FORMAT, "kind": "walqueue.snapshot", "seq": largest,
+                              "task_count": largest}))
+            + len(encode_frame({"kind": "end", "task_count": largest})))
+
+
+# What a snapshot takes besides its entries, at most (Queue.snapshot_bytes_bound).
+FRAMING_BYTES_BOUND = _framing_bytes_bound()
+
+
 def snapshot_name(seq: int) -> str:
     return f"snapshot-{seq:020d}.snap"
 

@@ -46,6 +46,12 @@ Two figures for monitoring (the daemon's metrics), kept without a clock:
     39.8 s loop turn).
 Both are set by the records themselves, so recovery rebuilds them exactly as
 serving built them.
+
+How big a snapshot of the state would be, without writing one (walqueued
+checks the free space before it compacts): `snapshot_growth` adds up, record
+by record, what snapshot_size.growth bounds each one changed the snapshot's
+size by; loading snapshot entries adds nothing, so a snapshot of the state
+now takes at most the size of one taken earlier plus the growth since then.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from typing import Any
 from . import validation
 from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
+from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
 READY, LEASED, COMPLETED, DEAD = validation.STATUSES
@@ -159,6 +166,9 @@ class State:
         self._past_half: set[str] = set()
         self._half_cursor = -1  # 2 * the `now` of the last count of leases past half
         self._last_loaded = ""  # the task id of the last snapshot entry loaded
+        # An upper bound on what the records committed so far added to the
+        # snapshot's size (see the header); a snapshot loaded adds nothing.
+        self.snapshot_growth = 0
 
     # -- queries --------------------------------------------------------
 
@@ -385,9 +395,9 @@ class State:
 
     # -- transitions ----------------------------------------------------
 
-    def apply(self, record: Any) -> None:
-        """Check a record against the state and apply it."""
-        self.commit(self.check(record))
+    def apply(self, record: Any, body_bytes: int | None = None) -> None:
+        """Check a record against the state and apply it (`body_bytes`: as for `commit`)."""
+        self.commit(self.check(record), body_bytes)
 
     def check(self, record: Any) -> tuple:
         """Validate a record against the state; return the change to commit.
@@ -409,8 +419,15 @@ class State:
             raise InvalidRequest(f"seq {seq} does not follow seq {self.last_seq}")
         return getattr(self, "_check_" + op)(record)
 
-    def commit(self, change: tuple) -> None:
+    def commit(self, change: tuple, body_bytes: int | None = None) -> None:
+        """Apply a change `check` returned.
+
+        `body_bytes` is the length of the record's canonical JSON (its
+        frame's body), which a writer or reader of the frame knows; without
+        it a put's record is encoded again to measure it (snapshot_size).
+        """
         op, record, targets = change
+        self.snapshot_growth += snapshot_growth_of(op, record, targets, body_bytes)
         getattr(self, "_commit_" + op)(record, targets)
         self.last_seq = record["seq"]
 

@@ -22,7 +22,14 @@ from __future__ import annotations
 
 import re
 
-from .codec import Problems, Tail, report_or_raise, scan_frames, torn_write_length
+from .codec import (
+    FRAME_OVERHEAD_BYTES,
+    Problems,
+    Tail,
+    report_or_raise,
+    scan_frames,
+    torn_write_length,
+)
 from .errors import CorruptStore
 from .fs import Directory, OsFileSystem, release_pages
 
@@ -75,9 +82,9 @@ def list_segments(names, problems: Problems | None = None) -> list[tuple[int, st
 class SegmentReader:
     """Streams the records of one segment, checking rules 1-3 above.
 
-    Iterate `records()` for (offset, record) pairs; afterwards `tail` says
-    what followed the last complete frame, `last_seq` is the seq of the
-    last frame (first_seq - 1 for an empty segment) and `file_size` the
+    Iterate `records()` for (offset, record, length of the frame's body)
+    triples; afterwards `tail` says what followed the last complete frame,
+    `last_seq` is the seq of the last frame (first_seq - 1 for an empty segment) and `file_size` the
     file's length. Raises CorruptStore.
     With `problems` (see codec.Problems) it reports instead and goes on: a
     frame that is not a record is skipped, and a record whose seq breaks the
@@ -132,7 +139,7 @@ class SegmentReader:
                             seq=seq))
                     self.last_seq = seq - 1
                 self.last_seq += 1
-                yield frame.offset, record
+                yield frame.offset, record, frame.end - frame.offset - FRAME_OVERHEAD_BYTES
             tail = self.tail
             if tail.kind == "damaged":
                 if self.newest:

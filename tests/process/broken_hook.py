@@ -15,6 +15,7 @@ working one.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -115,7 +116,7 @@ def _forking_after_the_next_turn():
             return real_maybe_start(self, wrote, **options)
         queue, compaction_in_steps, reason, now = begun.pop(self)
         child = SnapshotChild(queue, compaction_in_steps, self.directory, self._child_hook)
-        self.in_flight = InFlight(compaction_in_steps, child, now, reason)
+        self.in_flight = InFlight(compaction_in_steps, child, now, reason, deadline=math.inf)
         self._watch(child.fileno())
 
     def write_compaction_snapshot(self, compaction_in_steps, **options):

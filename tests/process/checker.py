@@ -124,7 +124,7 @@ def read_wal(directory: str | Path) -> list[dict]:
     for first_seq, filename in segments:
         reader = SegmentReader(_BytesReads(), str(directory), first_seq, filename, newest=True)
         try:
-            records.extend(record for _, record in reader.records())
+            records.extend(record for _, record, _ in reader.records())
         except (OSError, CorruptStore):
             continue
     return records

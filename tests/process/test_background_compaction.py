@@ -11,6 +11,9 @@ so each test acts while a snapshot is being written:
   error, leaves no snapshot behind and exits 0;
 * SIGKILL of the daemon takes the child along within a moment, and the next
   daemon finds the directory unlocked and every answered write;
+* a child SIGSTOPped while it writes is killed at its deadline (its floor
+  shortened for the test), the waiting ``compact`` is answered with the
+  error, the log and the report say it, and the next attempt compacts;
 * on a real, nearly full file system (a tmpfs mounted for the test; root
   only) a compaction that cannot be written backs off — a few spaced
   attempts, no reopen, every put answered — says why in the log and the
@@ -36,7 +39,7 @@ from walqueue.fs import OsFileSystem
 from walqueue.snapshot import read_current
 
 from .crash_harness import process_exits
-from .daemon import read_message, wait_until
+from .daemon import _process_state, read_message, wait_until
 
 CHILD_HOOK = ("--test-child-hook", "tests.process.hooks:child_hook")
 CHILD_EXIT_SECONDS = 5.0
@@ -179,6 +182,37 @@ def test_a_killed_daemon_takes_its_child_along_and_the_next_one_finds_the_direct
     restarted = make_daemon()  # exits 3 if an orphan still held the LOCK
     with Client(restarted.socket_path) as client:
         assert [task.task_id for task in client.tasks()] == ["a", "b"]
+
+
+def test_a_stopped_snapshot_child_is_killed_at_its_deadline_and_the_compaction_backs_off(make_daemon, gate):
+    daemon = make_daemon(*CHILD_HOOK, "--test-child-deadline-floor", "3", env=gate.env)
+    with Client(daemon.socket_path) as client:
+        client.put("a", {})
+    connection = RawConnection(daemon.socket_path)
+    try:
+        connection.send(p.Compact(id=1))
+        child = gate.wait_child()
+        os.kill(child, signal.SIGSTOP)
+        wait_until(lambda: _process_state(child) == "T", 10, f"snapshot child {child} to stop")
+        gate.open()  # a stopped child cannot go on all the same
+        answer = connection.receive()  # once its deadline, 3 s after the fork, has passed
+        assert answer.error == "WalQueueError", answer
+        assert f"the snapshot child pid {child} did not exit within 3 s, so it was killed" in answer.message
+        assert process_exits(child, CHILD_EXIT_SECONDS)
+        report = wait_until(lambda: (lambda report: not report.compaction_in_progress and report)(
+            connection.report()), 10, "the killed child to be reaped")
+        assert report.compaction_failures_total == 1 and report.write_failures_total == 0
+        assert "killed" in report.last_compaction_error
+        assert "compaction failed (1 in a row)" in daemon.log()
+        assert snapshots(daemon.directory) == []
+        # After the back-off the next child (through the open gate) compacts.
+        with Client(daemon.socket_path) as client:
+            client.put("b", {})
+            wait_until(lambda: connection.report().compaction_retry_in_seconds == 0.0, 10, "the back-off to end")
+            assert client.compact() == 2
+    finally:
+        connection.close()
+    assert daemon.terminate() == 0
 
 
 # -- a nearly full disk ----------------------------------------------------------------------

@@ -11,6 +11,11 @@ daemon's RSS (from /proc/PID/status) stays bounded and other clients are
 answered promptly; afterwards the daemon stops cleanly and the directory,
 opened offline with ``walqueue.Queue``, holds every answered put and ack.
 
+A client that requests compactions back to back cannot make the daemon
+hold deleted files (their descriptors, their hidden blocks) beyond
+``MAX_FILES_BEING_FREED``, counted in /proc/PID/fd, and they are all freed
+once it stops.
+
 Access: the socket's mode decides who may connect (a forked child that drops
 to ``nobody``), and the directory and its files carry no world access, even
 under umask 000.
@@ -39,9 +44,10 @@ from pathlib import Path
 
 import pytest
 
-from walqueue import InvalidRequest, Queue
+from walqueue import InvalidRequest, PutRequest, Queue
 from walqueue import protocol as p
 from walqueue.client import Client, DaemonUnavailable
+from walqueue.daemon.freeing import MAX_FILES_BEING_FREED
 
 from .daemon import REPO, child_env, read_message, wait_until
 
@@ -920,3 +926,30 @@ def test_a_root_daemon_refuses_a_directory_another_user_owns_and_never_follows_i
     assert daemon.proc.wait(30) == 6, daemon.log()
     assert "owned by uid 12345" in daemon.log() and f"chown root {directory}" in daemon.log()
     assert victim.read_bytes() == b"precious"
+
+
+def deleted_files_held(pid: int) -> int:
+    """How many deleted files process ``pid`` holds open (as /proc/PID/fd shows them)."""
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            held += os.readlink(f"/proc/{pid}/fd/{fd}").endswith(" (deleted)")
+        except FileNotFoundError:  # closed meanwhile
+            continue
+    return held
+
+
+def test_back_to_back_compact_requests_cannot_pile_up_deleted_files(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket_path) as client:
+        # A snapshot of ~2 MiB: each compaction deletes the last one, too big to free at once.
+        client.put_many([PutRequest(f"t{n:05}", {"blob": "x" * 500}) for n in range(3000)])
+        held = []
+        for n in range(30):
+            client.put(f"r{n:02}", {})
+            assert client.compact() == client.stats().last_seq
+            held.append(deleted_files_held(daemon.pid))
+        assert max(held) <= MAX_FILES_BEING_FREED, held
+        wait_until(lambda: deleted_files_held(daemon.pid) == 0, 60, "every deleted file freed")
+        assert client.stats().completed == 0 and client.get("r29") is not None
+    assert daemon.terminate() == 0

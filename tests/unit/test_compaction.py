@@ -20,13 +20,23 @@ test goes on serving. The claims, each with what it must catch:
   reopen, nothing lost, no partial file, the next attempt only after a
   growing back-off, requests meanwhile answered at once with the reason;
 * the child closes the directory's LOCK and every socket it inherited, and
-  stopping kills and reaps it.
+  stopping kills and reaps it;
+* a child that never exits is killed at its deadline (a floor plus its
+  snapshot's size at a minimum rate; the loop's timer points there), and
+  that is a failed compaction like any other: logged, backed off, the
+  waiting ``compact`` answered with an error, the next attempt fine;
+* a compaction whose snapshot cannot fit the free space (bounded by
+  ``Queue.snapshot_bytes_bound``, which counts what the WAL does not carry,
+  such as a reserve's worker repeated per task) is refused before the
+  fork: no child, no partial file, no reopen, and a bystander's put on a
+  nearly full disk (a simulated one, through the file-system seam) succeeds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import shutil
@@ -38,14 +48,21 @@ from tests.process import broken_hook
 from walqueue import CorruptStore, Queue
 from walqueue import protocol as p
 from walqueue.daemon.commit import GroupCommit
-from walqueue.daemon.compaction import MAX_RETRY_SECONDS, Backoff, compaction_due
+from walqueue.daemon.compaction import (
+    CHILD_MIN_BYTES_PER_SECOND,
+    MAX_RETRY_SECONDS,
+    Backoff,
+    child_deadline_seconds,
+    compaction_due,
+)
 from walqueue.daemon.exits import DaemonExit
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.recorder import Recorder
 from walqueue.daemon.service import Service
 from walqueue.daemon.systemd import Notifier
+from walqueue.fs import OsFileSystem
 
-from .test_loop import Client, FakeClock
+from .test_loop import MAX_TURNS, Client, FakeClock, serving
 from .test_service import FakePeer
 
 CHILD_SECONDS = 30.0  # bound on any wait for a child
@@ -84,6 +101,11 @@ class Gate:
         """Let the child go, and every later one (while the gate stays open: until `close`)."""
         os.write(self._fd, b"g" * 64)
 
+    def release_one(self) -> None:
+        """Let the child that entered go, and close: the next child waits at the gate again."""
+        os.write(self._fd, b"g")
+        self.close()
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -93,18 +115,20 @@ class Gate:
 class Driver:
     """The loop's turn without sockets: one batch of requests, then settle, then maybe start."""
 
-    def __init__(self, directory, *, floor_bytes=10**12, ratio=0.0, child_hook=None, hook=None) -> None:
+    def __init__(self, directory, *, floor_bytes=10**12, ratio=0.0, child_hook=None, hook=None,
+                 filesystem=None, **compactor_options) -> None:
         self.directory = directory
         self.clock = FakeClock()
         self.queue_hook = hook
-        queue = Queue(directory, hook=hook)
+        self.filesystem = filesystem
+        queue = Queue(directory, hook=hook, filesystem=filesystem)
         self.recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0, clock=self.clock.monotonic_seconds)
         self.service = Service(queue, compact=lambda peer, request_id: self.compactor.request(peer, request_id),
                                report=lambda now: None)
         self.reopens = 0
         self.commit = GroupCommit(self.service, directory=str(directory), open_queue=self._reopen,
                                   recorder=self.recorder, clock=self.clock, compact_wal_bytes=floor_bytes,
-                                  compact_wal_ratio=ratio, child_hook=child_hook)
+                                  compact_wal_ratio=ratio, child_hook=child_hook, **compactor_options)
         self.compactor = self.commit.compaction
         self.peer = FakePeer("client")
         self.request_id = 0
@@ -113,7 +137,7 @@ class Driver:
 
     def _reopen(self) -> Queue:
         self.reopens += 1
-        return Queue(self.directory, hook=self.queue_hook)
+        return Queue(self.directory, hook=self.queue_hook, filesystem=self.filesystem)
 
     @property
     def queue(self) -> Queue:
@@ -479,6 +503,156 @@ def test_the_child_holds_neither_the_lock_nor_a_socket_and_stopping_kills_and_re
         with contextlib.suppress(OSError):
             left.close()
             right.close()
+
+
+class HangsWhile:
+    """A child hook: while the file ``path`` exists, the child blocks for ever (as a stopped or
+    stuck one would) — until it is killed."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+        with open(self.path, "w"):
+            pass
+
+    def __call__(self) -> None:
+        if os.path.exists(self.path):
+            while True:
+                select.select([], [], [])
+
+    def stop(self) -> None:
+        os.unlink(self.path)
+
+
+def turn_until(loop, condition, what: str) -> None:
+    for _ in range(MAX_TURNS):
+        if condition():
+            return
+        loop.one_turn()
+    raise AssertionError(f"no {what} in {MAX_TURNS} turns")
+
+
+def test_a_child_that_never_exits_is_killed_at_its_deadline_and_the_compaction_backs_off(tmp_path, caplog):
+    hang = HangsWhile(tmp_path / "hang")
+    clock = FakeClock()
+    with serving(tmp_path, clock, child_hook=hang, child_deadline_floor_seconds=10.0) as (loop, _, connect):
+        client = connect()
+        client.send(p.Put(id=1, task_id="a", payload={"n": 1}))
+        client.answer(1)
+        client.send(p.Compact(id=2))
+        turn_until(loop, lambda: loop.compaction.in_flight is not None, "compaction in flight")
+        flight = loop.compaction.in_flight
+        # The deadline: the floor plus the snapshot's bound at the minimum rate; the loop's timer points there.
+        bound = loop.queue.snapshot_bytes_bound()
+        assert flight.deadline - flight.started == child_deadline_seconds(bound, 10.0)
+        assert child_deadline_seconds(bound, 10.0) == 10.0 + bound / CHILD_MIN_BYTES_PER_SECOND
+        assert loop.timer_seconds() == pytest.approx(flight.deadline - clock.monotonic)
+        clock.advance(flight.deadline - clock.monotonic - 0.5)
+        loop.one_turn()
+        assert loop.compaction.in_flight is flight and not client.has_answer(2)  # not before its deadline
+        clock.advance(0.5)
+        with caplog.at_level(logging.ERROR, logger="walqueued"):
+            loop.one_turn()
+        answer = client.answer(2)
+        assert answer.error == "WalQueueError" and "did not exit within 10 s, so it was killed" in answer.message
+        if loop.compaction.in_flight is not None:
+            # Not reaped yet in the turn that killed it (the loop never blocks in waitpid): the
+            # past deadline is no timer any more, the pidfd wakes the loop once the child is gone.
+            assert loop.timer_seconds() != 0.0
+            assert select.select([flight.child.fileno()], [], [], CHILD_SECONDS)[0], "the killed child lives on"
+            loop.one_turn()
+        assert loop.compaction.in_flight is None
+        with pytest.raises(ChildProcessError):
+            os.waitpid(flight.child.pid, os.WNOHANG)  # killed and reaped
+        status = loop.compaction.status()
+        assert status.consecutive_failures == 1 and status.retry_in_seconds == 1.0
+        assert loop.recorder.compaction_failures_total == 1 and loop.recorder.write_failures_total == 0
+        assert any("compaction failed (1 in a row)" in record.getMessage() and "killed" in record.getMessage()
+                   for record in caplog.records), [record.getMessage() for record in caplog.records]
+        assert not any(name.startswith("snapshot-") for name in os.listdir(tmp_path / "queue"))
+        # After the back-off, a child that does exit compacts as usual.
+        hang.stop()
+        clock.advance(1.0)
+        client.send(p.Put(id=3, task_id="b", payload={}), p.Compact(id=4))
+        turn_until(loop, lambda: loop.compaction.in_flight is not None, "a second compaction")
+        readable, _, _ = select.select([loop.compaction.in_flight.child.fileno()], [], [], CHILD_SECONDS)
+        assert readable, "the second snapshot child did not exit"
+        assert client.answer(4) == p.Compacted(id=4, seq=2)
+        assert loop.compaction.status().consecutive_failures == 0
+
+
+# -- the space a snapshot needs ----------------------------------------------------------------
+
+
+class SmallDisk(OsFileSystem):
+    """The file-system seam as a disk of ``capacity`` bytes for the files of one directory.
+
+    What is used is the size of the directory's files, read from the directory
+    itself, so a snapshot child (a fork holding a copy of this object) and its
+    parent see the same disk. A write that does not fit writes what fits, then
+    fails with ENOSPC, as a real full disk does.
+    """
+
+    def __init__(self, directory, capacity: int) -> None:
+        self.path = str(directory)
+        self.capacity = capacity
+
+    def used(self) -> int:
+        with os.scandir(self.path) as entries:
+            return sum(entry.stat(follow_symlinks=False).st_size for entry in entries if entry.is_file())
+
+    def free_bytes(self, directory: str) -> int:  # for the Compactor, in place of statvfs
+        return max(0, self.capacity - self.used())
+
+    def write(self, fd: int, data: bytes) -> None:
+        room = self.free_bytes(self.path)
+        if len(data) > room:
+            if room:
+                super().write(fd, data[:room])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> None:
+        raise AssertionError("no preallocation in these tests")
+
+
+def fill_with_long_worker_leases(driver: Driver, tasks: int = 200) -> None:
+    """Tasks leased by one reserve of a worker with a long name: the snapshot repeats the name
+    per task, the WAL holds it once (a reserve leases up to 1,000 tasks)."""
+    driver.turn(p.PutMany(id=0, requests=[p.PutItem(task_id=f"t{n:03}", payload={}) for n in range(tasks)]))
+    (reserve,) = driver.turn(p.Reserve(id=0, worker="w" * 1000, lease_seconds=3600, limit=tasks))
+    assert len(driver.answers[reserve].leases) == tasks
+
+
+def test_a_snapshot_that_cannot_fit_is_refused_before_the_fork_and_a_bystander_s_put_succeeds(tmp_path, drivers):
+    directory = tmp_path / "queue"
+    directory.mkdir()
+    disk = SmallDisk(directory, capacity=10**9)
+    driver = drivers(directory, filesystem=disk, free_bytes=disk.free_bytes)
+    fill_with_long_worker_leases(driver)
+    bound = driver.queue.snapshot_bytes_bound()
+    # Room for the WAL to grow, not for the snapshot (which takes about the bound).
+    disk.capacity = disk.used() + bound // 2
+    queue = driver.queue
+    (compact,) = driver.turn(p.Compact(id=0))
+    if driver.compactor.in_flight is not None:  # a child let fork fills the disk, then fails
+        driver.wait_child_exit()
+    # Bystanders write as before: nothing failed, nothing was reopened.
+    bystander = driver.put("bystander")
+    assert isinstance(driver.answers[bystander], p.PutOk), driver.answers[bystander]
+    assert driver.queue is queue and driver.reopens == 0 and driver.recorder.write_failures_total == 0
+    # The compaction was refused before the fork, and said why.
+    answer = driver.answers[compact]
+    assert answer.error == "WalQueueError" and "not enough free space" in answer.message
+    assert driver.compactor.in_flight is None and driver.recorder.compaction_failures_total == 1
+    assert not any(name.startswith("snapshot-") for name in os.listdir(directory))
+    status = driver.compactor.status()
+    assert status.consecutive_failures == 1 and status.retry_in_seconds == 1.0
+    # With room again, the next attempt after the back-off compacts.
+    disk.capacity = 10**9
+    driver.clock.advance(1.0)
+    (compact,) = driver.turn(p.Compact(id=0))
+    driver.finish()
+    assert driver.answers[compact] == p.Compacted(id=compact, seq=driver.queue.stats().last_seq)
 
 
 # -- the daemon's own lease reaping on a full disk -------------------------------------------

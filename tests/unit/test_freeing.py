@@ -4,25 +4,34 @@ blocks over later turns, so that a compaction's deletions never stall the WAL's 
 The claims: after `unlink` the name is gone (what SPEC §5's deletion and the
 directory fsync are about) while the blocks are freed only by `free_step`,
 one step at a time and no faster than the pace, which grows with the files
-waiting; small files, missing files and links are unlinked as before; a
-Queue compacting on it leaves exactly the files compact() leaves; and the
-loop sleeps until the next step is due, and frees it then, unless a snapshot
-child is writing (walqueue.daemon.compaction waits for the freeing likewise).
+waiting; at most MAX_FILES_BEING_FREED files wait, a further one freeing the
+oldest at once; small files, missing files and links are unlinked as
+before; a Queue compacting on it leaves exactly the files compact() leaves;
+the loop sleeps until the next step is due, and frees it then; and it goes
+on freeing beside a requested compaction's child, so back-to-back `compact`
+requests free what each deletes instead of piling deleted files up
+(walqueue.daemon.compaction keeps an automatic compaction from starting
+while files wait).
 """
 
 from __future__ import annotations
 
 import os
+import select
 
 import pytest
 
 from walqueue import Queue
-from walqueue.daemon.freeing import FreeingInSteps
+from walqueue import protocol as p
+from walqueue.daemon.cli import RESERVED_DESCRIPTORS
+from walqueue.daemon.freeing import MAX_FILES_BEING_FREED, FreeingInSteps
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.systemd import Notifier
 from walqueue.fs import open_directory
 
 from .frames import read_dir
+from .test_compaction import CHILD_SECONDS, Gate, turn_until
+from .test_loop import FakeClock, serving
 
 STEP = 64 << 10
 
@@ -87,6 +96,22 @@ def test_small_missing_and_linked_files_are_unlinked_as_before(tmp_path, directo
     assert not fs.freeing
 
 
+def test_at_most_max_files_wait_and_one_more_frees_the_oldest_at_once(tmp_path, directory):
+    fs = FreeingInSteps(step_bytes=STEP)
+    held = []
+    for n in range(MAX_FILES_BEING_FREED + 3):
+        big_file(tmp_path / f"f{n}", (n + 2) * STEP)
+        fs.unlink(directory, f"f{n}")
+        held.append(fs.files)
+    assert held == [*range(1, MAX_FILES_BEING_FREED + 1), *[MAX_FILES_BEING_FREED] * 3]
+    assert fs.freed_at_once == 3
+    # The oldest went: what is held is the newest files, whole.
+    assert fs.pending_bytes() == sum((n + 2) * STEP for n in range(3, MAX_FILES_BEING_FREED + 3))
+    # The descriptors they hold are within what the daemon reserves besides its connections.
+    assert MAX_FILES_BEING_FREED <= RESERVED_DESCRIPTORS // 2
+    fs.close_all()
+
+
 def test_close_all_frees_what_is_left(tmp_path, directory):
     fs = FreeingInSteps(step_bytes=STEP)
     for name in ("a", "b"):
@@ -138,7 +163,7 @@ class SteppingClock:
         return 1_700_000_000.0
 
 
-def test_the_loop_sleeps_until_the_next_step_and_frees_it_then_but_not_beside_a_snapshot_child(tmp_path, monkeypatch):
+def test_the_loop_sleeps_until_the_next_step_and_frees_it_then(tmp_path):
     fs = FreeingInSteps(step_bytes=STEP, bytes_per_second=STEP * 100)   # a step per 10 ms
     queue = Queue(tmp_path / "queue", filesystem=fs)
     path = str(tmp_path / "s.sock")
@@ -165,24 +190,44 @@ def test_the_loop_sleeps_until_the_next_step_and_frees_it_then_but_not_beside_a_
             assert fs.pending_bytes() == held[-1]
             clock.monotonic += 0.01
         assert held == [2 * STEP, STEP, 0]
-        big_file(tmp_path / "queue" / "orphan", 2 * STEP)
-        directory = open_directory(str(tmp_path / "queue"))
-        fs.unlink(directory, "orphan")
-        os.close(directory.fd)
-        # A snapshot child writing (a stand-in the compactor's own turn work leaves alone): no freeing.
-        loop.compaction.in_flight = object()
-        monkeypatch.setattr(loop.compaction, "settle", lambda: None)
-        monkeypatch.setattr(loop.compaction, "maybe_start", lambda wrote, freeing: None)
-        assert loop._timeout() is None or loop._timeout() > 1
-        clock.monotonic += 1.0
-        loop._wake_write.send(b"x")   # a turn, as a signal would make one
-        loop.one_turn()
-        assert fs.pending_bytes() == 2 * STEP
-        loop.compaction.in_flight = None
-        loop.one_turn()
-        assert fs.pending_bytes() == STEP
     finally:
-        loop.compaction.in_flight = None
-        loop.queue.close()
         loop.close_without_serving()
+        loop.queue.close()
         listener.close()
+
+
+TURNS_BESIDE_A_CHILD = 16
+
+
+def test_back_to_back_requested_compactions_free_the_deleted_files_as_they_go(tmp_path):
+    """Each compact request is answered and the next one sent at once, as a client compacting in
+    a loop does; the freeing goes on (a step a second) while each child writes."""
+    fs = FreeingInSteps(step_bytes=STEP, bytes_per_second=STEP)
+    gate = Gate(tmp_path)
+    clock = FakeClock()
+    with serving(tmp_path, clock, filesystem=fs, child_hook=gate.hook) as (loop, _, connect):
+        loop.queue.put_many([{"task_id": f"t{n:04}", "payload": {"blob": "x" * 1000}} for n in range(600)])
+        client = connect()
+        held, freed_beside_children = [], 0
+        try:
+            for round_number in range(12):
+                request_id = 10 + 2 * round_number
+                client.send(p.Put(id=request_id, task_id=f"r{round_number}", payload={}),
+                            p.Compact(id=request_id + 1))
+                turn_until(loop, lambda: loop.compaction.in_flight is not None, "a compaction in flight")
+                gate.wait_entered()
+                before = fs.pending_bytes()
+                for _ in range(TURNS_BESIDE_A_CHILD):
+                    clock.advance(1.0)
+                    loop.one_turn()
+                freed_beside_children += before - fs.pending_bytes()
+                gate.release_one()
+                child = loop.compaction.in_flight.child
+                assert select.select([child.fileno()], [], [], CHILD_SECONDS)[0], "the child did not exit"
+                assert isinstance(client.answer(request_id + 1), p.Compacted)
+                held.append(fs.files)
+        finally:
+            gate.close()
+        # Each compaction deletes the previous snapshot (about 12 steps); the next child's turns free it.
+        assert max(held) <= 2 and fs.freed_at_once == 0, held
+        assert freed_beside_children > 0

@@ -97,13 +97,14 @@ class Client:
 
 
 @contextlib.contextmanager
-def serving(tmp_path, clock: FakeClock, hook=None):
-    """(loop, clock, connect): a Loop on `clock` whose turns never block; `hook` goes to its Queue."""
-    queue = Queue(tmp_path / "queue", hook=hook)
+def serving(tmp_path, clock: FakeClock, hook=None, **loop_options):
+    """(loop, clock, connect): a Loop on `clock` whose turns never block; `hook` goes to its Queue,
+    `loop_options` to the Loop."""
+    queue = Queue(tmp_path / "queue", hook=hook, filesystem=loop_options.get("filesystem"))
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
     loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,
-                max_connections=10, hook=None, notifier=Notifier({}), clock=clock)
+                max_connections=10, hook=None, notifier=Notifier({}), clock=clock, **loop_options)
     loop.register_listener()
     loop.timer_seconds = loop._timeout  # the real timer, for the tests to read
     loop._timeout = lambda: 0.0  # the test drives the turns
@@ -119,8 +120,8 @@ def serving(tmp_path, clock: FakeClock, hook=None):
     finally:
         for client in clients:
             client.close()
+        loop.close_without_serving()  # first: it kills a snapshot child and abandons its compaction
         loop.queue.close()
-        loop.close_without_serving()
         listener.close()
 
 

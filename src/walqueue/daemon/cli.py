@@ -23,7 +23,7 @@ from walqueue import CorruptStore, QueueLocked
 from walqueue.directory import LAST, Directory, foreign_entries, open_queue_directory
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
-from .compaction import DEFAULT_COMPACT_WAL_RATIO
+from .compaction import CHILD_DEADLINE_FLOOR_SECONDS, DEFAULT_COMPACT_WAL_RATIO
 from .exits import (
     EXIT_CORRUPT,
     EXIT_DIRECTORY_UNSAFE,
@@ -33,7 +33,7 @@ from .exits import (
     DaemonExit,
     open_failure_code,
 )
-from .freeing import FreeingInSteps
+from .freeing import MAX_FILES_BEING_FREED, FreeingInSteps
 from .log import log
 from .loop import (
     DEFAULT_HELLO_TIMEOUT_SECONDS,
@@ -60,10 +60,12 @@ DEFAULT_COMPACT_WAL_BYTES = 64 * 1024 * 1024
 # cuts the segment. Appending, the same tear is a torn tail, cut at open. The
 # 13-25% it buys per sync is not worth a manual step after a crash by default.
 DEFAULT_PREALLOCATE_WAL_BYTES = 0
-# Descriptors the daemon needs besides its connections (listener, selector,
-# wakeup pair, WAL segment, lock, directory fsyncs, notify socket, logs, the
-# spare descriptors that refuse a connection on EMFILE, a compaction's files).
-RESERVED_DESCRIPTORS = 32
+# Descriptors the daemon needs besides its connections: 24 for its own
+# (listener, selector, wakeup pair, WAL segment, lock, directory fsyncs,
+# notify socket, logs, the spare descriptors that refuse a connection on
+# EMFILE, a compaction's pipe, pidfd and files), plus the deleted files held
+# open while their blocks are freed (at most MAX_FILES_BEING_FREED).
+RESERVED_DESCRIPTORS = 24 + MAX_FILES_BEING_FREED
 
 
 def _load_hook(spec: str, option: str = "--test-hook") -> Callable:
@@ -177,11 +179,15 @@ def cli() -> None:
               help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
 @click.option("--test-child-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE called in each snapshot child before it writes.")
+@click.option("--test-child-deadline-floor", "child_deadline_floor_seconds",
+              type=click.FloatRange(min=0, min_open=True), default=CHILD_DEADLINE_FLOOR_SECONDS,
+              hidden=True, help="TEST ONLY: the floor of a snapshot child's deadline, in seconds.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
           compact_wal_ratio: float, max_connections: int, hello_timeout_seconds: float, log_level: str,
           metrics_listen: str | None, metrics_allow_remote: bool, metrics_textfile: str | None,
           metrics_textfile_interval: float, metrics_textfile_mode: str, test_hook: str | None,
-          test_child_hook: str | None, preallocate_wal_bytes: int) -> None:
+          test_child_hook: str | None, preallocate_wal_bytes: int,
+          child_deadline_floor_seconds: float) -> None:
     """Serve DIRECTORY in the foreground until SIGTERM or SIGINT.
 
     DIRECTORY is created (mode 0750) if missing; the daemon holds its lock, so
@@ -230,7 +236,8 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
                              max_connections=max_connections, hook=hook, child_hook=child_hook,
                              hello_timeout_seconds=hello_timeout_seconds,
                              preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
-                             metrics_textfile=textfile))
+                             metrics_textfile=textfile,
+                             child_deadline_floor_seconds=child_deadline_floor_seconds))
 
 
 def descriptor_budget(max_connections: int, other_descriptors: int = 0) -> int:
@@ -320,7 +327,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                     metrics_address: tuple[str, int] | None = None,
                     compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
                     child_hook: Callable[[], None] | None = None,
-                    metrics_textfile: Textfile | None = None) -> int:
+                    metrics_textfile: Textfile | None = None,
+                    child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
     metrics_descriptors = ((0 if metrics_address is None else METRICS_DESCRIPTORS)
@@ -347,7 +355,7 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                       hook=hook, notifier=notifier, hello_timeout_seconds=hello_timeout_seconds,
                       preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
                       metrics_textfile=metrics_textfile, compact_wal_ratio=compact_wal_ratio,
-                      child_hook=child_hook)
+                      child_hook=child_hook, child_deadline_floor_seconds=child_deadline_floor_seconds)
     finally:
         os.close(reached.fd)
         notifier.close()
@@ -357,7 +365,7 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
            compact_wal_bytes: int, max_connections: int, hook, notifier: Notifier,
            hello_timeout_seconds: float, preallocate_wal_bytes: int,
            metrics_address: tuple[str, int] | None, metrics_textfile: Textfile | None,
-           compact_wal_ratio: float, child_hook) -> int:
+           compact_wal_ratio: float, child_hook, child_deadline_floor_seconds: float) -> int:
     """serve_directory once the directory is reached: recover, listen, run the loop."""
     if listener is None:
         try:
@@ -428,6 +436,7 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
         child_hook=child_hook,
         filesystem=filesystem,
         opened=reached,
+        child_deadline_floor_seconds=child_deadline_floor_seconds,
     )
     return loop.run()
 

@@ -31,7 +31,14 @@ from collections.abc import Callable
 from walqueue import CorruptStore, Queue, WalQueueError
 
 from .clock import Clock
-from .compaction import DEFAULT_COMPACT_WAL_RATIO, WRITE_FAILURES, Compactor, freeze_heap
+from .compaction import (
+    CHILD_DEADLINE_FLOOR_SECONDS,
+    DEFAULT_COMPACT_WAL_RATIO,
+    WRITE_FAILURES,
+    Compactor,
+    free_bytes,
+    freeze_heap,
+)
 from .exits import EXIT_CORRUPT, EXIT_FAILURE, DaemonExit
 from .log import log
 from .recorder import Recorder
@@ -45,8 +52,8 @@ class GroupCommit:
     """The batch around each turn, its failure handling, and compaction (``compaction``).
 
     ``open_queue()`` opens the directory's Queue again after a failure
-    (raising what ``Queue()`` raises). ``watch``/``unwatch`` and
-    ``child_hook`` go to the `Compactor`.
+    (raising what ``Queue()`` raises). ``watch``/``unwatch``, ``child_hook``,
+    ``free_bytes`` and ``child_deadline_floor_seconds`` go to the `Compactor`.
     """
 
     def __init__(self, service: Service, *, directory: str, open_queue: Callable[[], Queue],
@@ -54,7 +61,9 @@ class GroupCommit:
                  compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
                  watch: Callable[[int], None] = lambda fd: None,
                  unwatch: Callable[[int], None] = lambda fd: None,
-                 child_hook: Callable[[], None] | None = None) -> None:
+                 child_hook: Callable[[], None] | None = None,
+                 free_bytes: Callable[[str], int] = free_bytes,
+                 child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> None:
         self.service = service
         self.directory = directory
         self._open_queue = open_queue
@@ -63,7 +72,9 @@ class GroupCommit:
         self.compaction = Compactor(service, recorder, clock, directory=directory,
                                     floor_bytes=compact_wal_bytes, ratio=compact_wal_ratio,
                                     reopen=self.reopen, watch=watch, unwatch=unwatch,
-                                    child_hook=child_hook)
+                                    child_hook=child_hook,
+                                    free_bytes=free_bytes,
+                                    child_deadline_floor_seconds=child_deadline_floor_seconds)
 
     def turn(self, apply: Callable[[], None]) -> bool:
         """Run ``apply()`` (the service's work for this turn) inside one batch.

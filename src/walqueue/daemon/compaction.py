@@ -20,10 +20,23 @@ The shape is Redis's BGSAVE, in SPEC §5's order and phases:
    the Queue stays open: no reopen) and retries later, with a back-off.
 
 Before it forks, the parent checks that the file system has room for the
-new snapshot, estimated as the published snapshot plus the WAL since it
-(each WAL byte adds at most about one snapshot byte): on a nearly full disk a
-child's partial snapshot would otherwise take the space the WAL appends
-need, and turn a failed compaction into failed writes.
+new snapshot, bounded from above by ``Queue.snapshot_bytes_bound()`` (the
+published snapshot plus what each record since can have added, kept
+record by record in the state: O(1) here). The WAL alone is no bound: a
+reserve names its worker once for up to 1,000 tasks and the snapshot
+repeats it per task, and a put carries no identity (once 0.46 MiB of WAL
+became ~60 MiB of snapshot). On a nearly full disk a child's partial
+snapshot would take the space the WAL appends need, and turn a failed
+compaction into failed writes of bystanders and reopens; refused before the
+fork, it is a failed compaction like any other (logged, backed off), and
+nothing else fails.
+
+A child that does not exit by its deadline (stopped, stuck in the kernel,
+or just far slower than any disk should be) is killed with SIGKILL, and its
+compaction fails like any other: CHILD_DEADLINE_FLOOR_SECONDS after the fork
+plus the bound above at CHILD_MIN_BYTES_PER_SECOND. Without it a SIGSTOPped
+child was waited for forever: a compaction in progress for ever, ``compact``
+unanswered, the WAL growing, nothing logged.
 
 A killed daemon leaves at most an orphan snapshot (SPEC §5 ignores it, the
 next open deletes it). The child dies with its parent (PR_SET_PDEATHSIG,
@@ -84,6 +97,12 @@ CHILD_NICENESS = 5
 # (snapshot.write_snapshot says why; with 4 MiB, scripts/probe_snapshot_io.py saw 10-30 ms at worst).
 CHILD_SYNC_EVERY_BYTES = 4 << 20
 MAX_REPORT_BYTES = 4096
+# A snapshot child gets this long, plus its snapshot's size (the bound) at the
+# rate below, before it is killed: the floor covers the fork and a slow
+# disk's fsyncs; the rate is about a thirtieth of what the child writes on
+# the development VM beside 16 busy clients (~30 MB/s).
+CHILD_DEADLINE_FLOOR_SECONDS = 60.0
+CHILD_MIN_BYTES_PER_SECOND = 1 << 20
 # What a failed write raises (as in walqueue.daemon.commit): the Queue then closed itself.
 WRITE_FAILURES = (OSError, QueueClosed)
 
@@ -262,13 +281,22 @@ class SnapshotChild:
     def kill(self) -> ChildReport:
         """SIGKILL the child if it still runs, reap it; its report (a failure if it was killed)."""
         if self.report is None:
+            self.send_kill()
+            _, status = os.waitpid(self.pid, 0)
+            self._collect(status)
+        return self.report
+
+    def send_kill(self) -> None:
+        """SIGKILL the child without waiting for it to die: `poll` reaps it once it has.
+
+        The loop must not block in waitpid: a child in uninterruptible sleep
+        (a hung disk) dies only when its system call returns.
+        """
+        if self.report is None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            _, status = os.waitpid(self.pid, 0)
-            self._collect(status)
-        return self.report
 
     def _collect(self, status: int) -> None:
         chunks = []
@@ -312,15 +340,22 @@ class Waiter:
     seq: int  # the last seq when the request was applied
 
 
+def child_deadline_seconds(snapshot_bytes: int, floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> float:
+    """How long a child writing a snapshot of about ``snapshot_bytes`` may take before it is killed."""
+    return floor_seconds + snapshot_bytes / CHILD_MIN_BYTES_PER_SECOND
+
+
 @dataclass(eq=False)
 class InFlight:
     compaction: Compaction
     child: SnapshotChild
     started: float  # monotonic, before the rotation
     reason: str
+    deadline: float  # monotonic: the child is killed if it has not exited by then
     pause_seconds: float = 0.0  # how long the loop stood still for the rotation and the fork
     written: float | None = None  # monotonic, when the child was found exited 0
     watched: bool = True  # its pidfd is in the loop's selector
+    killed: bool = False  # at its deadline: failed already, abandoned once it is reaped
 
 
 @dataclass
@@ -358,7 +393,8 @@ class Compactor:
                  watch: Callable[[int], None] = lambda fd: None,
                  unwatch: Callable[[int], None] = lambda fd: None,
                  child_hook: Callable[[], None] | None = None,
-                 free_bytes: Callable[[str], int] = free_bytes) -> None:
+                 free_bytes: Callable[[str], int] = free_bytes,
+                 child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> None:
         self.service = service
         self.directory = directory
         self.floor_bytes = floor_bytes
@@ -374,6 +410,7 @@ class Compactor:
         self._unwatch = unwatch
         self._child_hook = child_hook
         self._free_bytes = free_bytes
+        self._child_deadline_floor_seconds = child_deadline_floor_seconds
         self._requested: list[Waiter] = []  # this turn's, until its batch is durable
         self._waiting: list[Waiter] = []
 
@@ -386,6 +423,13 @@ class Compactor:
             return os.stat(os.path.join(self.directory, snapshot_name(seq))).st_size
         except FileNotFoundError:
             return 0
+
+    def next_deadline(self) -> float | None:
+        """When the child in flight is to be killed if it has not exited (monotonic), for the loop's timer."""
+        flight = self.in_flight
+        if flight is None or flight.killed or flight.child.report is not None:
+            return None
+        return flight.deadline
 
     def status(self) -> Status:
         return Status(in_progress=self.in_flight is not None,
@@ -407,10 +451,12 @@ class Compactor:
         if queue is None:
             return
         now = self._clock.monotonic_seconds()
+        # A child killed at its deadline is no attempt that could answer a request any more.
+        no_live_attempt = self.in_flight is None or self.in_flight.killed
         for waiter in requested:
             if self.in_flight is None and waiter.seq <= queue.stats().snapshot_seq:
                 self._answer(waiter, queue.stats().snapshot_seq)  # nothing appended since the snapshot
-            elif self.in_flight is None and not self.backoff.ready(now):
+            elif no_live_attempt and not self.backoff.ready(now):
                 self._answer_error(waiter, self._failing_message(now))
             else:
                 self._waiting.append(waiter)
@@ -418,9 +464,16 @@ class Compactor:
         if flight is None:
             return
         report = flight.child.poll()
+        if report is None and not flight.killed and now >= flight.deadline:
+            self._kill_late(flight)
+            report = flight.child.poll()  # reaped at once if it is already gone
         if report is None:
             return
         self._unwatch_child(flight)
+        if flight.killed:  # whatever it reports now: its failure was counted and answered
+            self.in_flight = None
+            self._abandon_files(flight)
+            return
         if not report.ok:
             self._abandon(flight, report.error)
             return
@@ -434,10 +487,12 @@ class Compactor:
 
         `freeing`: the files of the last compaction are still being freed
         (walqueue.daemon.freeing). An automatic compaction waits for them, so
-        the snapshot's writes and the freeing never run together (together
+        its snapshot's writes and the freeing never run together (together
         they made a WAL fsync wait 110-126 ms at 10M tombstones, where each
         alone stayed under 50 ms); one on request does not wait, and the
-        freeing waits for it instead.
+        freeing goes on beside its child at its pace: had the freeing waited
+        for the child instead, back-to-back requests would never free
+        anything (once 120 of them left 103 deleted files open).
         """
         queue = self.service.queue
         if queue is None or self.in_flight is not None or self.service.backup_holder is not None:
@@ -481,7 +536,7 @@ class Compactor:
     # -- steps ----------------------------------------------------------------------------
 
     def _start(self, queue: Queue, reason: str, now: float) -> None:
-        needed = self.snapshot_bytes + queue.stats().wal_bytes  # what the new snapshot may take
+        needed = queue.snapshot_bytes_bound()  # what the new snapshot may take, at most
         try:
             free = self._free_bytes(self.directory)
         except OSError as exc:
@@ -489,7 +544,7 @@ class Compactor:
             return
         if free < needed:
             self._failed(f"not enough free space for the snapshot: {free} bytes free on the file system "
-                         f"of {self.directory}, about {needed} needed")
+                         f"of {self.directory}, up to {needed} needed; nothing was written")
             return
         try:
             compaction = queue.begin_compaction()
@@ -507,7 +562,8 @@ class Compactor:
             self._failed(f"fork failed: {type(exc).__name__}: {exc}")
             return
         pause_seconds = self._clock.monotonic_seconds() - now
-        self.in_flight = InFlight(compaction, child, now, reason, pause_seconds)
+        deadline = now + child_deadline_seconds(needed, self._child_deadline_floor_seconds)
+        self.in_flight = InFlight(compaction, child, now, reason, deadline, pause_seconds)
         self._watch(child.fileno())
         self._recorder.compaction_started(pause_seconds)
         log.debug("compaction through seq %d started %s: child pid %d, the loop paused %.3f s",
@@ -533,6 +589,14 @@ class Compactor:
                  seconds, flight.pause_seconds, self.snapshot_bytes, flight.child.pid,
                  (flight.written or flight.started) - flight.started)
         self._answer_covered(compaction.seq)
+
+    def _kill_late(self, flight: InFlight) -> None:
+        """The child is past its deadline: SIGKILL it, and fail the attempt now (the loop reaps it
+        when its pidfd says it is gone, and only then removes its partial snapshot)."""
+        flight.child.send_kill()
+        flight.killed = True
+        self._failed(f"writing the snapshot failed: the snapshot child pid {flight.child.pid} did not "
+                     f"exit within {flight.deadline - flight.started:.0f} s, so it was killed")
 
     def _abandon(self, flight: InFlight, error: str) -> None:
         self.in_flight = None

@@ -17,6 +17,16 @@ The pace is BYTES_PER_SECOND for each file waiting, so a backlog (a
 compaction deleting before the last one's files are freed) is freed faster
 instead of growing.
 
+At most MAX_FILES_BEING_FREED files wait at once: a further `unlink` frees
+the oldest one's remaining blocks at once (closing it; a stall of the old
+kind, logged) before it keeps the new one. So the descriptors and the hidden
+space they hold stay bounded whatever deletes how often (once 120
+back-to-back requested compactions, while the freeing waited for their
+children, left 103 deleted files open, 1.1 GiB that `du` did not show, and
+the next fork failed with EMFILE). The loop frees beside a snapshot child
+too; the compactor keeps an automatic compaction from starting while files
+wait.
+
 Nothing on disk differs: the name is gone when `unlink` returns, so the
 directory fsync and the compact.after_delete phase mean what SPEC §6 says.
 What differs is when the space comes back: a 3 GB snapshot is freed over
@@ -35,14 +45,21 @@ from .log import log
 
 STEP_BYTES = 1 << 20
 BYTES_PER_SECOND = 16 << 20   # for each file waiting to be freed
+# Deleted files held open at once (descriptors the daemon reserves for them:
+# walqueue.daemon.cli.RESERVED_DESCRIPTORS). A compaction deletes its covered
+# segments and the previous snapshot: usually two.
+MAX_FILES_BEING_FREED = 8
 
 
 class FreeingInSteps(OsFileSystem):
     """OsFileSystem whose unlink of a file above `step_bytes` frees its blocks in paced `free_step` calls."""
 
-    def __init__(self, step_bytes: int = STEP_BYTES, bytes_per_second: float = BYTES_PER_SECOND) -> None:
+    def __init__(self, step_bytes: int = STEP_BYTES, bytes_per_second: float = BYTES_PER_SECOND,
+                 max_files: int = MAX_FILES_BEING_FREED) -> None:
         self.step_bytes = step_bytes
         self.bytes_per_second = bytes_per_second
+        self.max_files = max_files
+        self.freed_at_once = 0  # files freed at once because max_files were waiting
         self._freeing: list[int] = []  # descriptors of unlinked files, oldest first
         self._next_step_at = 0.0       # monotonic seconds
 
@@ -56,6 +73,11 @@ class FreeingInSteps(OsFileSystem):
         if not self._freeing:
             return None
         return max(0.0, self._next_step_at - now)
+
+    @property
+    def files(self) -> int:
+        """How many deleted files are held open, waiting to be freed (at most max_files)."""
+        return len(self._freeing)
 
     def pending_bytes(self) -> int:
         """The bytes deleted files still hold."""
@@ -73,10 +95,22 @@ class FreeingInSteps(OsFileSystem):
         except BaseException:
             os.close(fd)
             raise
-        if big:
-            self._freeing.append(fd)
-        else:
+        if not big:
             os.close(fd)
+            return
+        if len(self._freeing) >= self.max_files:
+            self._free_oldest_at_once()
+        self._freeing.append(fd)
+
+    def _free_oldest_at_once(self) -> None:
+        oldest = self._freeing.pop(0)
+        try:
+            size = os.fstat(oldest).st_size
+        finally:
+            os.close(oldest)  # its last descriptor: the kernel frees the blocks now
+        self.freed_at_once += 1
+        log.warning("%d deleted files were waiting to be freed in steps, the most there may be: freed "
+                    "the oldest one's %d bytes at once (%d so far)", self.max_files, size, self.freed_at_once)
 
     def free_step(self, now: float) -> None:
         """If the pace allows at `now` (monotonic seconds), shrink the oldest unlinked file by one step."""

@@ -14,10 +14,10 @@ One loop turn = one ``select()`` call, on one thread:
    are deferred to a later turn instead, and so are the rest once the turn
    has applied for TURN_WORK_SECONDS (reading likewise stops after
    TURN_WORK_SECONDS; what it left is read first next turn);
-4. collect a snapshot child that exited and publish its snapshot
-   (walqueue.daemon.compaction); free a step of a deleted file's blocks if
-   one is due and no child writes (walqueue.daemon.freeing); end waits that
-   timed out; hand the turn's
+4. collect a snapshot child that exited and publish its snapshot, or kill
+   one past its deadline (walqueue.daemon.compaction); free a step of a
+   deleted file's blocks if one is due (walqueue.daemon.freeing); end waits
+   that timed out; hand the turn's
    answers to their connections only now, after the batch exited without
    error; send; set each touched connection's selector interest;
 5. ping the watchdog; begin a compaction and fork its child if one is due
@@ -33,8 +33,8 @@ ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
 Timers, without polling: the select timeout is the earliest of the next
 hello deadline, frame deadline, accept resumption, watchdog ping, end of a
-wait, a metrics scrape's deadline, a deleted file's next freeing step, and
-the service's next due time (a lease
+wait, a metrics scrape's deadline, a deleted file's next freeing step, a
+snapshot child's deadline, and the service's next due time (a lease
 deadline, or a task due while reserves wait) — or the end of the reaper's
 back-off after a reap that failed to write (disk full: retried after 1, 2,
 4, ... s up to 5 minutes, not every second). A snapshot child's exit wakes
@@ -69,7 +69,12 @@ from walqueue.unix_socket import unix_address
 
 from .clock import Clock, DaemonNow, SystemClock
 from .commit import GroupCommit
-from .compaction import DEFAULT_COMPACT_WAL_RATIO, Backoff, freeze_heap
+from .compaction import (
+    CHILD_DEADLINE_FLOOR_SECONDS,
+    DEFAULT_COMPACT_WAL_RATIO,
+    Backoff,
+    freeze_heap,
+)
 from .connection import (
     MAX_LISTINGS_STARTED_PER_TURN,
     MAX_RECV_BYTES,
@@ -192,7 +197,9 @@ class Loop:
     ``preallocate_wal_bytes`` are passed to the Queue reopened after a
     failed write; ``compact_wal_bytes`` and ``compact_wal_ratio`` say when
     to compact (walqueue.daemon.compaction), ``child_hook`` (tests only)
-    runs in each snapshot child before it writes.
+    runs in each snapshot child before it writes, and
+    ``child_deadline_floor_seconds`` (shorter only in tests) is the floor of
+    a snapshot child's deadline.
     """
 
     def __init__(
@@ -215,6 +222,7 @@ class Loop:
         child_hook: Callable[[], None] | None = None,
         filesystem: FreeingInSteps | None = None,
         opened: Directory | None = None,
+        child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS,
     ) -> None:
         freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
@@ -242,7 +250,8 @@ class Loop:
             open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
                                      filesystem=self.filesystem, opened=opened),
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _COMPACTION),
-            unwatch=self.selector.unregister, child_hook=child_hook)
+            unwatch=self.selector.unregister, child_hook=child_hook,
+            child_deadline_floor_seconds=child_deadline_floor_seconds)
         self.compaction = self.commit.compaction
         # The daemon's own reaping after a failed write: spaced out, not every second.
         self.reap_backoff = Backoff()
@@ -375,8 +384,10 @@ class Loop:
         timer.part("applying and fsync", of_which=("fsync", self.recorder.fsync_seconds_total - fsynced_before))
         self.compaction.settle()
         timer.part("collecting a snapshot")
-        if self._may_free():
-            self.filesystem.free_step(clock.monotonic_seconds())
+        # Also beside a snapshot child: only one begun on request can be writing while
+        # files wait (an automatic compaction waits for the freeing), and back-to-back
+        # requests must not pile up deleted files (walqueue.daemon.freeing).
+        self.filesystem.free_step(clock.monotonic_seconds())
         timer.part("freeing a deleted file")
         if self.service.parked:
             self.service.expire_waits(clock.monotonic_seconds())
@@ -426,11 +437,6 @@ class Loop:
                 self.input_budget.release(conn)  # what it sent holds no room any more
                 self._fatal(conn, None, message)
 
-    def _may_free(self) -> bool:
-        """Deleted files are freed only while no snapshot child writes: one big I/O job at a time
-        (walqueue.daemon.freeing; the compactor likewise waits for the freeing)."""
-        return self.compaction.in_flight is None
-
     def _timeout(self) -> float | None:
         if ((self._deferring and any(conn.can_resume() for conn in self._deferring))
                 or self.service.outbox or self._unread):
@@ -439,8 +445,10 @@ class Loop:
             return 0.0
         monotonic_seconds = self.clock.monotonic_seconds()
         deadlines: list[float] = []
-        if self._may_free() and (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
+        if (freeing := self.filesystem.seconds_to_next_step(monotonic_seconds)) is not None:
             deadlines.append(freeing)  # a deleted file's next step of blocks to free
+        if (child := self.compaction.next_deadline()) is not None:
+            deadlines.append(child - monotonic_seconds)  # a snapshot child to kill if it still runs
         if self._awaiting_hello:
             deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
         if self._accept_paused_until is not None:
