@@ -30,9 +30,9 @@ What a face offers beyond the calls, for the tests to say what they mean once fo
   own (SPEC §8a) has done so: the daemon answers a round trip after the reap of that turn.
 - ``reaps_on_its_own``: the daemon reaps expired leases by itself (SPEC §8a), and so does the
   memory backend, before each call; the library reaps only in ``reserve`` (SPEC §2).
-  PostgreSQL's reaper (SPEC §9) runs on a connection of its own, where the test clock is not
-  set: it would read the server's real time and end every lease of a test at once. So these
-  faces run with ``reaper=False``, and PostgreSQL reaps, like the library, in ``reserve``.
+  PostgreSQL's reaper (SPEC §9) runs on a thread of its own about every second of real time,
+  not when the test moves the clock, so what it ended would depend on timing. So these faces
+  run with ``reaper=False``, and PostgreSQL reaps, like the library, in ``reserve``.
 - ``wal_directory``: the directory whose WAL a face writes (library and daemon; None where
   SPEC §9 says nothing of §3-§6 applies), and ``wal_records()``.
 

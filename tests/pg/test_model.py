@@ -126,7 +126,7 @@ class Walk:
 
 @pytest.fixture(scope="module")
 def clock_schema(request):
-    """A schema whose clock() honours walqueue.test_now (never done in production)."""
+    """A schema whose clock() reads the test clock (tests/pg/clock.py; never in production)."""
     server = session_server(request)
     name = unique_name("model")
     with psycopg.connect(server.dsn, autocommit=True) as connection:
