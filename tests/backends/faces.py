@@ -30,9 +30,9 @@ What a face offers beyond the calls, for the tests to say what they mean once fo
   own (SPEC §8a) has done so: the daemon answers a round trip after the reap of that turn.
 - ``reaps_on_its_own``: the daemon reaps expired leases by itself (SPEC §8a), and so does the
   memory backend, before each call; the library reaps only in ``reserve`` (SPEC §2).
-  PostgreSQL's reaper (SPEC §9) runs on a connection of its own, where the test clock is not
-  set: it would read the server's real time and end every lease of a test at once. So these
-  faces run with ``reaper=False``, and PostgreSQL reaps, like the library, in ``reserve``.
+  PostgreSQL's reaper (SPEC §9) runs on a thread of its own about every second of real time,
+  not when the test moves the clock, so what it ended would depend on timing. So these faces
+  run with ``reaper=False``, and PostgreSQL reaps, like the library, in ``reserve``.
 - ``wal_directory``: the directory whose WAL a face writes (library and daemon; None where
   SPEC §9 says nothing of §3-§6 applies), and ``wal_records()``.
 
@@ -86,6 +86,7 @@ def postgres_clock_schema(request) -> tuple[str, str]:
     """
     import psycopg
 
+    from tests.pg.clock import install_test_clock
     from tests.postgres import session_server, unique_name
     from walqueue.pg import schema, wakeup
 
@@ -95,7 +96,7 @@ def postgres_clock_schema(request) -> tuple[str, str]:
         name = unique_name("conformance")
         with psycopg.connect(server.dsn, autocommit=True) as connection:
             schema.migrate_connection(connection, name)
-            schema.install_test_clock(connection, name)
+            install_test_clock(connection, name)
         setattr(request.config, _CLOCK_SCHEMA_KEY, name)
         # Every AsyncClient shares the process's listener (walqueue.pg.wakeup) from its first
         # call; the last one to close stops it, a wait of up to half a second. Held here for
@@ -106,8 +107,9 @@ def postgres_clock_schema(request) -> tuple[str, str]:
 
 
 def postgres_set_now(client, now: int) -> None:
-    """The clock of `client`'s calls reads `now` from here on (either PostgreSQL client)."""
-    client.test_now = now
+    """The clock of `client`'s calls reads `now` from here on (either PostgreSQL client, made
+    with tests/pg/clock.py's ClockedClient or ClockedAsyncClient: it moves its schema's clock)."""
+    client.clock.set(now)
 
 
 # -- the daemon, in this process --------------------------------------------------------------
@@ -405,8 +407,8 @@ def _postgres_face(stack: contextlib.ExitStack, name: str, request) -> Face:
     import psycopg
     from psycopg import sql
 
+    from tests.pg.clock import ClockedAsyncClient, ClockedClient, SettableClock
     from tests.postgres import unique_name
-    from walqueue.pg import AsyncClient, Client
 
     dsn, schema_name = postgres_clock_schema(request)
     queue = unique_name("q")
@@ -420,11 +422,13 @@ def _postgres_face(stack: contextlib.ExitStack, name: str, request) -> Face:
     def written():
         return [reader.execute(statement, (queue,)).fetchall() for statement in statements]
 
+    clock = SettableClock(dsn, schema_name)
+    stack.callback(clock.close)
     if name == "postgres":
-        client, run = Client(dsn, **options), None
+        client, run = ClockedClient(dsn, clock=clock, **options), None
     else:
         run = _event_loop(stack).run
-        client = AsyncClient(dsn, **options)
+        client = ClockedAsyncClient(dsn, clock=clock, **options)
     face = ClientFace(name, client, set_now=lambda now: postgres_set_now(client, now), written=written,
                       run=run)
     stack.callback(face.close)

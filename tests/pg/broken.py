@@ -1,7 +1,7 @@
 """Deliberately broken variants of the PostgreSQL schema, which the tests must catch.
 
-Each variant is the real migration template (sql/0001_tables_and_functions.sql, as
-schema.MIGRATIONS holds it) with one text replacement, installed in a
+Each variant is the real migration template (sql/migrations/0001_tables_and_functions.sql,
+as schema.MIGRATIONS holds it) with one text replacement, installed in a
 schema of its own (`broken_schema`), so the clients run unchanged against it:
 
 - wrong_order: reserve leases in (available_at, task_id) DESCENDING order;
@@ -15,6 +15,7 @@ schema of its own (`broken_schema`), so the clients run unchanged against it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import psycopg
 
@@ -34,7 +35,7 @@ VARIANTS = {
 
 
 def broken_body(variant: str) -> str:
-    body = schema.MIGRATIONS[0][2]
+    body = schema.MIGRATIONS[0].body
     for old, new in VARIANTS[variant]:
         assert old in body, f"variant {variant}: {old!r} is not in the migration any more"
         body = body.replace(old, new)
@@ -45,9 +46,9 @@ def broken_body(variant: str) -> str:
 def broken_schema(server, variant: str, monkeypatch):
     """A fresh schema holding `variant`; yields its name."""
     name = unique_name(f"broken-{variant}")
-    version, description, _ = schema.MIGRATIONS[0]
     with monkeypatch.context() as patch:
-        patch.setattr(schema, "MIGRATIONS", ((version, description, broken_body(variant)),))
+        patch.setattr(schema, "MIGRATIONS",
+                      (dataclasses.replace(schema.MIGRATIONS[0], body=broken_body(variant)),))
         with psycopg.connect(server.dsn, autocommit=True) as connection:
             schema.migrate_connection(connection, name)
     yield name

@@ -17,10 +17,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
+from tests.pg.clock import ClockedClient, SettableClock, install_test_clock
 from tests.postgres import unique_name
 from walqueue import InvalidRequest, StaleLease
 from walqueue.backend import FORCE_RELEASE
-from walqueue.pg import AsyncClient, Client, schema
+from walqueue.pg import AsyncClient, schema
 
 
 def test_the_current_lease_ends_as_a_release_now_and_the_holder_s_ack_is_stale(make_client):
@@ -59,18 +60,20 @@ def test_a_lease_past_its_deadline_is_expired_not_released(postgres):
     name = unique_name("clock")
     with psycopg.connect(postgres.dsn, autocommit=True) as connection:
         schema.migrate_connection(connection, name)
-        schema.install_test_clock(connection, name)
-    with Client(postgres.dsn, queue=unique_name("q"), schema=name, migrate=False,
-                reaper=False) as client:
-        client.test_now = 1000
+        install_test_clock(connection, name)
+    clock = SettableClock(postgres.dsn, name)
+    with ClockedClient(postgres.dsn, clock=clock, queue=unique_name("q"), schema=name, migrate=False,
+                       reaper=False) as client:
+        clock.set(1000)
         client.put("t", {})
         client.reserve("w", lease_seconds=30)
-        client.test_now = 1030
+        clock.set(1030)
         with pytest.raises(InvalidRequest, match="task 't' is expired, not leased"):
             client.force_release(["t"])
-        client.test_now = 1029
+        clock.set(1029)
         assert client.force_release(["t"]) == ["t"]
         assert client.get("t").available_at == 1029
+    clock.close()
 
 
 def test_the_async_client_force_releases_too(postgres):

@@ -11,8 +11,8 @@ order, per status) and the same counts. The actions come from the
 library's own model driver (tests/model/driver.py) without what has no
 meaning here (compaction, batches, hook crashes, reopening).
 
-The clock is the schema's test clock (walqueue.pg.schema.install_test_clock):
-each call runs with the action's `now`. The reaper is off, so leases expire
+The clock is the schema's test clock (tests/pg/clock.py, which production
+walqueue.pg cannot install): each call runs with the action's `now`. The reaper is off, so leases expire
 only when a reserve reaps, as in the model. A deliberately broken schema
 (leases handed out in the wrong order) must be caught.
 """
@@ -36,9 +36,10 @@ from tests.model.driver import (
 )
 from tests.model.reference import STATUSES, ReferenceQueue, stats_tuple, view_tuple
 from tests.pg.broken import broken_schema
+from tests.pg.clock import ClockedClient, SettableClock, install_test_clock
 from tests.postgres import session_server, unique_name
 from walqueue import validation
-from walqueue.pg import Client, schema
+from walqueue.pg import schema
 
 ACTIONS = ("put",) * 5 + ("put_many",) * 3 + ("reserve",) * 5 + ("ack", "release", "touch") * 2 \
     + ("revive",) * 2 + ("get",)
@@ -47,11 +48,11 @@ ACTIONS = ("put",) * 5 + ("put_many",) * 3 + ("reserve",) * 5 + ("ack", "release
 class PostgresQueue:
     """The library's Queue API (explicit `now`) over a walqueue.pg.Client with the test clock."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClockedClient) -> None:
         self.client = client
 
     def _at(self, now):
-        self.client.test_now = validation.integer(now, "now")
+        self.client.clock.set(validation.integer(now, "now"))
 
     def put(self, task_id, payload, **options):
         return self.client.put(task_id, payload, **options)
@@ -87,7 +88,7 @@ class PostgresQueue:
 class Walk:
     """What ActionGenerator needs of a driver, and the comparison after each step."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: ClockedClient) -> None:
         self.queue = PostgresQueue(client)
         self.client = client
         self.model = ReferenceQueue()
@@ -125,19 +126,20 @@ class Walk:
 
 @pytest.fixture(scope="module")
 def clock_schema(request):
-    """A schema whose clock() honours walqueue.test_now (never done in production)."""
+    """A schema whose clock() reads the test clock (tests/pg/clock.py; never in production)."""
     server = session_server(request)
     name = unique_name("model")
     with psycopg.connect(server.dsn, autocommit=True) as connection:
         schema.migrate_connection(connection, name)
-        schema.install_test_clock(connection, name)
+        install_test_clock(connection, name)
     return server, name
 
 
 def run_walk(server, schema_name: str, seed: int, steps: int) -> None:
     rng = random.Random(seed)
-    client = Client(server.dsn, queue=unique_name("walk"), schema=schema_name, reaper=False,
-                    migrate=False)
+    clock = SettableClock(server.dsn, schema_name)
+    client = ClockedClient(server.dsn, clock=clock, queue=unique_name("walk"), schema=schema_name,
+                           reaper=False, migrate=False)
     try:
         walk = Walk(client)
         generator = ActionGenerator(RandomChooser(rng), walk)
@@ -148,6 +150,7 @@ def run_walk(server, schema_name: str, seed: int, steps: int) -> None:
         raise ModelMismatch(f"seed={seed}: {error}") from None
     finally:
         client.close()
+        clock.close()
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
@@ -160,6 +163,6 @@ def test_the_walk_catches_a_schema_that_leases_in_the_wrong_order(request, monke
     server = session_server(request)
     with broken_schema(server, "wrong_order", monkeypatch) as name:
         with psycopg.connect(server.dsn, autocommit=True) as connection:
-            schema.install_test_clock(connection, name)
+            install_test_clock(connection, name)
         with pytest.raises(ModelMismatch, match="seed=1"):
             run_walk(server, name, 1, steps=150)

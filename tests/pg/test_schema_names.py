@@ -24,6 +24,7 @@ What it proves:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import psycopg
@@ -108,9 +109,9 @@ def test_a_hostile_schema_name_works_in_full(postgres, name):
         assert consumer.get("t2").status == "ready"
         # The listener's other statements, which carry the schema beside parameters.
         with psycopg.connect(postgres.dsn, autocommit=True) as connection:
-            assert connection.execute(service._reap_sql, (queue,)).fetchone() == (0,)
-            connection.execute(service._unregister_sql, (queue, service.pid))
-            connection.execute(service._sweep_sql)
+            assert connection.execute(service.statements.reap, (queue,)).fetchone() == (0,)
+            connection.execute(service.statements.unregister, (queue, service.pid))
+            connection.execute(service.statements.sweep)
     assert migrate(postgres.dsn, schema=name) == schema.SCHEMA_VERSION
 
 
@@ -131,8 +132,7 @@ def test_a_name_postgresql_or_the_channel_cannot_take_is_refused_before_anything
 
 def test_a_failing_migration_leaves_no_schema_behind(postgres, monkeypatch):
     name = unique_name("half")
-    version, description, _ = schema.MIGRATIONS[0]
-    monkeypatch.setattr(schema, "MIGRATIONS", ((version, description, "SELECT 1 / 0"),))
+    monkeypatch.setattr(schema, "MIGRATIONS", (dataclasses.replace(schema.MIGRATIONS[0], body="SELECT 1 / 0"),))
     with pytest.raises(psycopg.errors.DivisionByZero):
         migrate(postgres.dsn, schema=name)
     with pytest.raises(psycopg.errors.DivisionByZero):

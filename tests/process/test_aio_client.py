@@ -108,7 +108,7 @@ def test_the_client_reconnects_after_a_daemon_restart(make_daemon):
     daemon = make_daemon()
 
     async def scenario():
-        client = Client(daemon.socket_path)
+        client = Client(daemon.socket_path, retry_seconds=0)  # reads are retried otherwise (walqueue.retry)
         await client.put("a", {})
         assert daemon.terminate() == 0
         with pytest.raises(DaemonUnavailable):
@@ -240,7 +240,8 @@ def test_connections_past_the_bound_are_refused_with_daemon_unavailable(make_dae
     daemon = make_daemon("--max-connections", "1")
 
     async def scenario():
-        async with Client(daemon.socket_path) as first, Client(daemon.socket_path) as refused:
+        # No retries for the refused one: a read is retried otherwise (walqueue.retry).
+        async with Client(daemon.socket_path) as first, Client(daemon.socket_path, retry_seconds=0) as refused:
             await first.stats()
             with pytest.raises(DaemonUnavailable, match="too many connections"):
                 await refused.stats()
@@ -251,7 +252,8 @@ def test_connections_past_the_bound_are_refused_with_daemon_unavailable(make_dae
 
 def test_a_call_that_times_out_drops_the_connection_for_every_waiting_call(daemon):
     async def scenario():
-        async with Client(daemon.socket_path, timeout=0.5) as client:
+        # No retries: the reads would be sent again (walqueue.retry) for retry_seconds.
+        async with Client(daemon.socket_path, timeout=0.5, retry_seconds=0) as client:
             await client.stats()
             first = client._connection
             with daemon.paused():  # the daemon stops answering
@@ -268,7 +270,7 @@ def test_a_call_that_times_out_drops_the_connection_for_every_waiting_call(daemo
 
 def test_neither_client_shell_has_protocol_code_of_its_own():
     # They build no request message, encode nothing and retry nothing themselves:
-    # walqueue.client.calls and walqueue.client.retry do that for both.
+    # walqueue.client.calls and walqueue.retry do that for both.
     import inspect
 
     import walqueue.client.aio

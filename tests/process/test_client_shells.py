@@ -1,7 +1,8 @@
 """The client shells against real walqueued processes: a daemon that stops cleanly removes
 its socket file, so a client that has talked to it takes the missing file for a restart
-and retries its put, while a client that never reached a daemon at a path gives up at once
-(tests/unit/test_client_core.py); and the sync client's threads each have a connection."""
+and retries its put and its reads (walqueue.retry), while a client that never reached a
+daemon at a path gives up at once (tests/unit/test_client_core.py); and the sync client's
+threads each have a connection."""
 
 import asyncio
 import os
@@ -34,6 +35,28 @@ def test_the_asyncio_client_retries_across_it_too(make_daemon):
             restarted = make_daemon(start=False)
             restarted.start(wait_ready=False)
             assert await client.put("b", {}) == "b"
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def test_the_reads_are_retried_across_a_clean_restart_as_puts_are(make_daemon):
+    # walqueue.retry: get, tasks and stats change nothing, so both shells send them again.
+    daemon = make_daemon()
+    with Client(daemon.socket_path, retry_seconds=20) as client:
+        client.put("a", {})
+        assert daemon.terminate() == 0
+        restarted = make_daemon(start=False)
+        restarted.start(wait_ready=False)  # a Python start takes far longer than the first attempt
+        assert client.get("a").status == "ready"
+        assert [task.task_id for task in client.tasks()] == ["a"]
+
+    async def scenario():
+        async with aio.Client(restarted.socket_path, retry_seconds=20) as asynchronous:
+            assert (await asynchronous.stats()).ready == 1
+            assert restarted.terminate() == 0
+            make_daemon(start=False).start(wait_ready=False)
+            assert (await asynchronous.stats()).ready == 1
+            assert (await asynchronous.get("a")).status == "ready"
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
 

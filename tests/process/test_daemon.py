@@ -319,7 +319,7 @@ def test_garbage_and_oversized_frames_close_only_their_connection(daemon):
 
 def test_the_client_reconnects_after_a_daemon_restart(make_daemon):
     daemon = make_daemon()
-    client = Client(daemon.socket_path)
+    client = Client(daemon.socket_path, retry_seconds=0)  # reads are retried otherwise (walqueue.retry)
     client.put("a", {})
     assert daemon.terminate() == 0
     with pytest.raises(DaemonUnavailable):
@@ -428,7 +428,7 @@ def test_connections_past_the_bound_are_refused_others_keep_working(make_daemon)
     first, second = Client(daemon.socket_path), Client(daemon.socket_path)
     first.stats(), second.stats()
     with pytest.raises(DaemonUnavailable, match="too many connections"):
-        Client(daemon.socket_path).stats()
+        Client(daemon.socket_path, retry_seconds=0).stats()  # a read is retried otherwise
     assert first.put("a", {}) == "a"
     first.close()
     wait_until(lambda: "disconnect" in daemon.log(), 10, "the disconnect")

@@ -1,5 +1,6 @@
-"""The client core without a daemon: the retry policy, what a failed connect says, and
-that both shells give up at once on a path that cannot be a daemon's socket."""
+"""The client core without a daemon: what a failed connect says, that both shells give up
+at once on a path that cannot be a daemon's socket, and that they retry exactly the calls
+walqueue.retry names (its rules themselves: tests/unit/test_retry.py)."""
 
 import asyncio
 import socket
@@ -7,32 +8,9 @@ import socket
 import pytest
 
 import walqueue.client.blocking as blocking
-from walqueue import InvalidRequest, KeyConflict, QueueClosed, StaleLease
+from walqueue import InvalidRequest
 from walqueue.client import Client, DaemonUnavailable, NoSocket, aio
 from walqueue.client.address import connect_error, not_a_socket
-from walqueue.client.retry import RETRY_BACKOFF_SECONDS, Retry
-
-
-def test_only_idempotent_calls_are_retried_and_only_for_curable_failures():
-    lost = DaemonUnavailable("connection lost")
-    assert Retry(idempotent=False, retry_seconds=10, now=0).pause_after(lost, now=0, client_closed=False) is None
-    retry = Retry(idempotent=True, retry_seconds=10, now=0)
-    assert retry.pause_after(QueueClosed("write failed"), now=0, client_closed=False) == RETRY_BACKOFF_SECONDS[0]
-    for error in (NoSocket("no such file"), KeyConflict("k"), InvalidRequest("bad"),
-                  StaleLease("s", task_id="t", status=None, generation=None)):
-        assert retry.pause_after(error, now=0, client_closed=False) is None, error
-    assert retry.pause_after(lost, now=0, client_closed=True) is None
-
-
-def test_retries_back_off_and_stop_at_the_deadline():
-    retry = Retry(idempotent=True, retry_seconds=3, now=100)
-    lost = DaemonUnavailable("lost")
-    pauses = [retry.pause_after(lost, now=100 + elapsed, client_closed=False) for elapsed in (0, 0.1, 0.3, 0.6)]
-    assert pauses == [0.05, 0.1, 0.2, 0.5]
-    assert retry.pause_after(lost, now=101.5, client_closed=False) == 1.0
-    assert retry.pause_after(lost, now=101.5, client_closed=False) == 1.0  # the last pause repeats
-    assert retry.pause_after(lost, now=102.6, client_closed=False) == pytest.approx(0.4)  # never past it
-    assert retry.pause_after(lost, now=103, client_closed=False) is None
 
 
 def test_a_failed_connect_names_what_is_at_the_path(tmp_path):
@@ -89,6 +67,52 @@ def test_the_sync_client_retries_a_put_on_a_refused_socket_until_retry_seconds(t
     with Client(path, retry_seconds=0.2) as client, pytest.raises(DaemonUnavailable) as failure:
         client.put("a", {})
     assert type(failure.value) is DaemonUnavailable and sleeps  # it paused and tried again
+
+
+def refused_socket(tmp_path) -> str:
+    """A dead daemon's socket file: a connect is refused, and the daemon may come back."""
+    path = str(tmp_path / "dead.sock")
+    leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    leftover.bind(path)
+    leftover.close()
+    return path
+
+
+def test_the_sync_client_retries_the_reads_on_a_refused_socket_but_never_a_reserve(tmp_path, sleeps):
+    path = refused_socket(tmp_path)
+    with Client(path, retry_seconds=0.2) as client:
+        for read in (lambda: client.get("a"), client.tasks, client.stats, client.daemon_stats):
+            sleeps.clear()
+            with pytest.raises(DaemonUnavailable):
+                read()
+            assert sleeps, read  # it paused and tried again (walqueue.retry: reads are safe to resend)
+        sleeps.clear()
+        for write in (lambda: client.reserve("w"), lambda: client.revive(["a"]), client.compact):
+            with pytest.raises(DaemonUnavailable):
+                write()
+        assert sleeps == []  # never sent twice blindly
+
+
+def test_the_asyncio_client_retries_the_reads_on_a_refused_socket_but_never_a_reserve(tmp_path, monkeypatch):
+    path = refused_socket(tmp_path)
+    recorded = []
+
+    async def sleep(seconds):
+        recorded.append(seconds)
+
+    monkeypatch.setattr(aio.asyncio, "sleep", sleep)
+
+    async def scenario():
+        async with aio.Client(path, retry_seconds=0.2) as client:
+            with pytest.raises(DaemonUnavailable):
+                await client.get("a")
+            assert recorded  # retried
+            recorded.clear()
+            with pytest.raises(DaemonUnavailable):
+                await client.reserve("w")
+            assert recorded == []
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
 
 
 def test_the_asyncio_client_gives_up_at_once_on_a_missing_path(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@
 arguments, return values, exceptions, timeouts and retry rules, because they
 are the same code: the methods are ``walqueue.client.api``'s, requests and
 answers are built and read by ``walqueue.client.calls``, and retries are
-decided by ``walqueue.client.retry``. This module only owns a socket. The
+decided by ``walqueue.retry``. This module only owns a socket. The
 asyncio Worker that drives it is ``walqueue.worker.aio.Worker``, which this
 module does not import (the worker uses a client, never the other way round);
 ``walqueue.aio`` names both for code written against 0.2.
@@ -21,9 +21,10 @@ Failure rules, as in the sync client:
 * connecting is lazy; a broken connection is replaced on the next call, and a
   connection the daemon closed while idle (a restart) is noticed before
   sending, so that call does not fail;
-* ``put``/``put_many`` are retried across a reconnect (or a ``QueueClosed``
-  write failure) for up to ``retry_seconds``; ``reserve``, ``ack``,
-  ``release`` and ``touch`` never are (``Worker`` retries ``ack``/``release``);
+* ``put``/``put_many`` and the reads (``get``, ``tasks``, ``stats``) are
+  retried across a reconnect (or a ``QueueClosed`` write failure) for up to
+  ``retry_seconds``; ``reserve``, ``ack``, ``release`` and ``touch`` never
+  are (``Worker`` retries ``ack``/``release``);
 * every call is bounded by ``timeout`` (plus ``wait`` for a reserve); when it
   runs out the connection is dropped — its answers can no longer be trusted
   to arrive — so every call waiting on it gets ``DaemonUnavailable``.
@@ -355,8 +356,8 @@ class Client(ClientApi):
         if call.request is None:
             return call.convert(None)
         timeout = self._call_timeout(call)
-        # Only idempotent calls are ever retried (retry.py, rule 1): no Retry for the others.
-        retry = self._retry(call) if call.idempotent else None
+        # walqueue.retry decides which calls are sent again (rule 1): no Retry for the others.
+        retry = self._retry(build)
         while True:
             try:
                 connection = await self._connected()

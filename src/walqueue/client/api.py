@@ -26,8 +26,9 @@ from walqueue import Lease, QueueStats, TaskView
 from walqueue.backend import CAPABILITIES
 from walqueue.client import calls
 from walqueue.client.address import socket_path
-from walqueue.client.retry import DEFAULT_RETRY_SECONDS, Retry
+from walqueue.client.calls import HelloRefused, NoSocket
 from walqueue.metrics import DaemonStats
+from walqueue.retry import DEFAULT_RETRY_SECONDS, Retry, call_name, retry_for
 from walqueue.values import BackupManifest
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -38,9 +39,9 @@ class ClientApi:
 
     ``socket_or_directory``: the daemon's socket, or a queue directory meaning
     its ``walqueued.sock``. ``timeout`` bounds each call (plus ``wait`` for a
-    reserve); ``retry_seconds`` bounds how long ``put``/``put_many`` keep
-    retrying (``walqueue.client.retry``); ``name`` labels the connections in
-    the daemon's log.
+    reserve); ``retry_seconds`` bounds how long the calls ``walqueue.retry``
+    retries (the reads and ``put``/``put_many``) keep retrying; ``name``
+    labels the connections in the daemon's log.
     """
 
     capabilities = CAPABILITIES  # walqueued does every call beyond the common contract
@@ -76,8 +77,10 @@ class ClientApi:
     def _call_timeout(self, call: calls.Call) -> float | None:
         return None if self.timeout is None else self.timeout + call.wait
 
-    def _retry(self, call: calls.Call) -> Retry:
-        return Retry(idempotent=call.idempotent, retry_seconds=self.retry_seconds, now=time.monotonic())
+    def _retry(self, build: Callable[..., calls.Call]) -> Retry | None:
+        """The retries of one call of ``build`` (walqueue.retry), or None if it is never retried."""
+        return retry_for(call_name(build), retry_seconds=self.retry_seconds, now=time.monotonic(),
+                         incurable=(NoSocket, HelloRefused))
 
     def put(
         self,

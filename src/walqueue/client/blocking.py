@@ -10,7 +10,7 @@ Two layers:
   the library's dataclasses and raising the library's exceptions, plus
   ``DaemonUnavailable``. Requests and answers are built and read by
   ``walqueue.client.calls``; what is retried, for how long, is
-  ``walqueue.client.retry``'s; this module owns only the sockets.
+  ``walqueue.retry``'s (the one policy of both backends); this module owns only the sockets.
 
 The Client connects lazily and reconnects on the next call after a lost
 connection (before sending, when it sees the daemon closed an idle
@@ -354,8 +354,8 @@ class Client(ClientApi):
         timeout = self._call_timeout(call)
         line = self._line()
         with line.lock:
-            # Only idempotent calls are ever retried (retry.py, rule 1): no Retry for the others.
-            retry = self._retry(call) if call.idempotent else None
+            # walqueue.retry decides which calls are sent again (rule 1): no Retry for the others.
+            retry = self._retry(build)
             while True:
                 try:
                     return call.convert(self._connected(line).call(call.request, timeout=timeout))

@@ -8,8 +8,8 @@ and return exactly what it makes of the answers; they only own sockets.
   and lengths are the daemon's to judge, so a bad argument raises
   ``InvalidRequest`` here instead of making the daemon close the connection
   over an undecodable message) and return a ``Call``: the request, how to
-  convert its answer, whether it may be retried (``walqueue.client.retry``
-  decides when), and how long the daemon may hold the answer back.
+  convert its answer, and how long the daemon may hold the answer back
+  (whether it may be sent again is ``walqueue.retry``'s to say, by name).
 * ``hello_request``/``hello_answer`` are the first exchange;
   ``encode_request`` frames a numbered request; ``complete`` says when a
   request's answer messages are all in; ``result`` merges them and raises
@@ -35,7 +35,7 @@ from walqueue import protocol as p
 
 # What walqueue.client exports of this module: a new call builder is added here alone.
 __all__ = [
-    "Call", "DaemonUnavailable", "NoSocket", "ack_and_reserve_call", "ack_call", "backup_begin_call",
+    "Call", "DaemonUnavailable", "HelloRefused", "NoSocket", "ack_and_reserve_call", "ack_call", "backup_begin_call",
     "backup_end_call", "compact_call", "complete", "daemon_stats_call", "encode_request",
     "force_release_call", "get_call", "hello_answer", "hello_request", "pause_call", "put_call",
     "put_many_call", "release_call", "reserve_call", "result", "resume_call", "revive_call", "stats_call",
@@ -61,6 +61,16 @@ class NoSocket(DaemonUnavailable):
     """
 
     code = "no_socket"
+
+
+class HelloRefused(DaemonUnavailable):
+    """The daemon answered the hello with an error: it does not speak with this client.
+
+    Not retried: the same client would only be refused again (its cause, an
+    InvalidRequest or UnsupportedVersion, says why).
+    """
+
+    code = "hello_refused"
 
 
 # The protocol versions these clients announce, newest first. A daemon older
@@ -106,7 +116,7 @@ def refused(path: str, exc: WalQueueError) -> DaemonUnavailable:
     """The DaemonUnavailable a failed hello raises (``exc`` itself if it already is one)."""
     if isinstance(exc, DaemonUnavailable):
         return exc
-    return DaemonUnavailable(f"walqueued at {path} refused the connection: {exc}")
+    return HelloRefused(f"walqueued at {path} refused the connection: {exc}")
 
 
 def encode_request(request: p.Request) -> bytes:
@@ -202,15 +212,12 @@ class Call(NamedTuple):
 
     ``request`` is None when the call needs no round trip (an empty batch);
     ``convert`` turns the merged answer (``result()``) into the API's return
-    value; ``idempotent`` calls may be sent again after a lost answer
-    (``walqueue.client.retry`` decides when); ``wait``
-    is how long the daemon may hold the answer back (a blocking reserve).
+    value; ``wait`` is how long the daemon may hold the answer back (a blocking reserve).
     A tuple: one is built per call, and a frozen dataclass costs a setattr per field.
     """
 
     request: p.Request | None
     convert: Callable[[Any], Any]
-    idempotent: bool = False
     wait: float = 0.0
 
 
@@ -247,7 +254,7 @@ def put_call(
         _check_str("key", key)
     request = p.Put(0, task_id, _check_payload(task_id, payload), key, _check_int("available_at", available_at),
                     _check_int("max_attempts", max_attempts))
-    return Call(request, _task_id, idempotent=True)
+    return Call(request, _task_id)
 
 
 def put_many_call(requests: Iterable[Any]) -> Call:
@@ -257,7 +264,7 @@ def put_many_call(requests: Iterable[Any]) -> Call:
         items.append(_put_item(item.task_id, item.payload, item.key, item.available_at, item.max_attempts))
     if not items:
         return Call(None, _no_ids)
-    return Call(p.PutMany(id=0, requests=items), lambda answer: answer.task_ids, idempotent=True)
+    return Call(p.PutMany(id=0, requests=items), lambda answer: answer.task_ids)
 
 
 def reserve_call(worker: Any, *, lease_seconds: Any, limit: Any, wait: Any) -> Call:
@@ -342,11 +349,11 @@ def compact_call() -> Call:
 
 def pause_call() -> Call:
     # Idempotent: pausing twice is paused; so retrying is safe.
-    return Call(p.Pause(id=0), lambda answer: answer.paused, idempotent=True)
+    return Call(p.Pause(id=0), lambda answer: answer.paused)
 
 
 def resume_call() -> Call:
-    return Call(p.Resume(id=0), lambda answer: answer.paused, idempotent=True)
+    return Call(p.Resume(id=0), lambda answer: answer.paused)
 
 
 def backup_begin_call() -> Call:

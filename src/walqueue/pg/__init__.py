@@ -11,9 +11,12 @@ Needs the extra walqueue[postgres] (psycopg 3 and psycopg-pool). Public names:
 - `UNSUPPORTED_COMMANDS`: the walqueue-ctl commands that have no meaning on
   PostgreSQL, each with the message saying what to use instead (exit 2).
 
-Modules: schema (tables, functions, migrations), calls (validation, SQL and
-conversion without I/O), client and aio (the two shells), wakeup (LISTEN,
-waiters, the reaper).
+Modules: api (SPEC §9's methods and every decision of a call, written once),
+client and aio (its sync and asyncio shells: the pools and the I/O), calls
+(validation, statements and conversion without I/O), queries (the SQL files
+of sql/, loaded once and composed for a schema), schema (migrations and the
+version rule), wakeup (LISTEN, waiters, the reaper). Which calls are sent
+again after a lost answer is walqueue.retry's, shared with walqueue.client.
 """
 
 from __future__ import annotations
@@ -50,14 +53,16 @@ def migrate(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> int:
     """Create or upgrade the walqueue schema in the database at `dsn`; returns its version.
 
     Safe to run from several hosts at once (an advisory lock serializes
-    them). Raises SchemaError if the schema is newer than this walqueue
-    knows or the database is not UTF8, DatabaseUnavailable if PostgreSQL
-    cannot be reached, InvalidRequest if libpq cannot parse `dsn`.
+    them). A newer schema this walqueue can use is left as it is (its
+    version is returned). Raises SchemaError if the schema is newer and
+    incompatible (walqueue.pg.schema) or the database is not UTF8,
+    DatabaseUnavailable if PostgreSQL cannot be reached, InvalidRequest if
+    libpq cannot parse `dsn`.
     """
     schema = schema_name(schema)
     check_dsn(dsn)
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as connection:
-            return migrate_connection(connection, schema)
+            return migrate_connection(connection, schema).version
     except psycopg.OperationalError as error:
         raise DatabaseUnavailable(f"PostgreSQL at {describe(dsn)}: {redacted(str(error), dsn)}") from error

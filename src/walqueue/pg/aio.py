@@ -1,39 +1,33 @@
-"""`walqueue.pg.AsyncClient`: walqueue.pg.Client's methods as coroutines.
+"""`walqueue.pg.AsyncClient`: walqueue.pg.Client's methods as coroutines, the asyncio shell of walqueue.pg.api.
 
-The same calls (walqueue.pg.calls), retries and error mapping as the sync
-Client, over psycopg_pool's AsyncConnectionPool, so concurrent coroutines
-use several connections at once. The pool opens (and the schema is checked
-or migrated) on the first call or on `async with`. A waiting reserve sleeps
-on an asyncio.Event that the process's wakeup.Service thread sets through
-the event loop. An AsyncClient belongs to one event loop.
+The same methods, options, calls, retries and error mapping as the sync
+Client, because they are the same code (walqueue.pg.api's `ClientApi`);
+this module owns the I/O: psycopg_pool's AsyncConnectionPool, so
+concurrent coroutines use several connections at once, opened (and the
+schema checked or migrated) on the first call or on `async with`; a
+waiting reserve sleeps on an asyncio.Event that the process's
+wakeup.Service thread sets through the event loop; synchronous work (a
+migration, waiting for the listener) runs in a thread. An AsyncClient
+belongs to one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from walqueue.dsn import redacted
 from walqueue.errors import QueueClosed
-from walqueue.pg import calls, schema, wakeup
-from walqueue.pg.calls import Call, DatabaseUnavailable, check_dsn, describe
-from walqueue.pg.client import (
+from walqueue.pg.api import (
     CONNECTION_KWARGS,
-    DEFAULT_CONNECT_SECONDS,
-    DEFAULT_POOL_SIZE,
-    DEFAULT_RETRY_SECONDS,
-    MAX_TRANSACTION_RETRIES,
-    SETUP_QUERY,
-    retry_pause,
-    setup_report,
-    wait_pause,
+    ClientApi,
+    Steps,
+    drive_async,
 )
-from walqueue.values import Lease, QueueStats, TaskView
+from walqueue.pg.calls import Call, DatabaseUnavailable
 
 
 class AsyncConnection(psycopg.AsyncConnection):
@@ -47,259 +41,83 @@ class AsyncConnection(psycopg.AsyncConnection):
         return self._call_cursor
 
 
-class AsyncClient:
-    """SPEC §9's asyncio client for one queue; arguments as walqueue.pg.Client."""
+class AsyncClient(ClientApi):
+    """SPEC §9's asyncio client for one queue: walqueue.pg.api's methods and options, as coroutines."""
 
-    capabilities = calls.CAPABILITIES
-
-    def __init__(self, dsn: str, *, queue: str = "default", schema: str = schema.DEFAULT_SCHEMA,
-                 migrate: bool = True, pool_size: int = DEFAULT_POOL_SIZE,
-                 connect_seconds: float = DEFAULT_CONNECT_SECONDS,
-                 retry_seconds: float = DEFAULT_RETRY_SECONDS, reaper: bool = True,
-                 listen: bool = True) -> None:
-        self.queue = calls.queue_name(queue)
-        self.schema = calls.schema_name(schema)
-        check_dsn(dsn)
-        self.dsn = dsn
-        self.where = describe(dsn)
-        self.connect_seconds = connect_seconds
-        self.retry_seconds = retry_seconds
-        self.test_now: int | None = None  # test-only, as Client.test_now
-        self._migrate = migrate
-        self._pool_size = pool_size
-        self._statements = calls.Statements(self.schema)
-        self._listen = listen
-        self._reaper = reaper
-        self._closed = False
+    def _init_shell(self) -> None:
         self._pool: AsyncConnectionPool | None = None
         self._opening = asyncio.Lock()
-        self._clock_offset = 0.0
-        self._service: wakeup.Service | None = None
-
-    def __repr__(self) -> str:
-        return f"<walqueue.pg.AsyncClient queue={self.queue!r} at {self.where}>"  # never the password
 
     async def __aenter__(self) -> AsyncClient:
-        await self._opened()
+        await self._connected()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def close(self) -> None:
         """Close the pool; later calls raise QueueClosed. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._service is not None:
-            if self._reaper:
-                self._service.wanted_reaping(self.queue, False)
-            wakeup.release(self._service)
-            self._service = None
-        if self._pool is not None:
+        if self._closing() and self._pool is not None:
             await self._pool.close()
 
-    async def _opened(self) -> AsyncConnectionPool:
+    # -- the steps (walqueue.pg.api) ----------------------------------------------------
+
+    async def _run(self, make: Callable[..., Steps], /, *args: Any, **kwargs: Any) -> Any:
+        steps = make(*args, **kwargs)  # the arguments are validated before anything is sent
+        if not self._ready:
+            await self._connected()
+        return await drive_async(steps, self)
+
+    async def _connected(self) -> None:
         if self._closed:
             raise QueueClosed(f"this walqueue.pg AsyncClient of queue {self.queue!r} is closed")
-        if self._pool is not None:
-            return self._pool
+        if self._ready:
+            return
+        # One coroutine opens the pool; the others wait for it.
         async with self._opening:
-            if self._pool is not None:
-                return self._pool
+            if self._ready:
+                return
             pool = AsyncConnectionPool(self.dsn, connection_class=AsyncConnection, min_size=1,
-                                       max_size=self._pool_size,
-                                       kwargs=CONNECTION_KWARGS, open=False,
-                                       timeout=self.connect_seconds,
-                                       name=f"walqueue-async:{self.queue}")
+                                       max_size=self._pool_size, kwargs=CONNECTION_KWARGS, open=False,
+                                       timeout=self.connect_seconds, name=f"walqueue-async:{self.queue}")
             try:
                 await pool.open(wait=True, timeout=self.connect_seconds)
-                async with pool.connection() as connection:
-                    await self._setup(connection)
+                self._pool = pool  # for _execute, while the schema is checked
+                await drive_async(self._setting_up(), self)
             except PoolTimeout as error:
+                self._pool = None
                 await pool.close()
                 raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {self.where} within "
                                           f"{self.connect_seconds} s") from error
             except BaseException:
+                self._pool = None
                 await pool.close()
                 raise
-            self._pool = pool
-            self._service = wakeup.acquire(self.dsn, self.schema, listen=self._listen)
-            if self._reaper:
-                self._service.wanted_reaping(self.queue, True)
-            return pool
-
-    async def _setup(self, connection: psycopg.AsyncConnection) -> None:
-        # The schema helpers are synchronous; run them on a short-lived sync
-        # connection in a thread rather than duplicating them.
-        def check() -> None:
-            with psycopg.connect(self.dsn, autocommit=True,
-                                 connect_timeout=int(self.connect_seconds)) as sync:
-                version = schema.installed_version(sync, self.schema)
-                if version != schema.SCHEMA_VERSION and self._migrate:
-                    version = schema.migrate_connection(sync, self.schema)
-                schema.check_version(version, self.schema)
-
-        try:
-            await asyncio.to_thread(check)
-            cursor = await connection.execute(SETUP_QUERY)
-            self._clock_offset = setup_report(await cursor.fetchone(), self.where)
-        except psycopg.Error as error:
-            mapped = calls.failure(None, error, self.dsn)
-            if mapped is error:
-                raise
-            raise mapped from error
-
-    def server_time(self) -> float:
-        if self.test_now is not None:
-            return float(self.test_now)
-        return time.time() + self._clock_offset
+            if self._closed:  # closed while opening
+                await pool.close()
+                raise QueueClosed(f"this walqueue.pg AsyncClient of queue {self.queue!r} is closed")
+            self._ready = True
 
     async def _execute(self, call: Call) -> list[tuple]:
-        pool = await self._opened()
-        try:
-            async with pool.connection(timeout=self.connect_seconds) as connection:
-                cursor = connection.call_cursor()
-                for attempt in range(MAX_TRANSACTION_RETRIES):
-                    try:
-                        if self.test_now is not None:
-                            await cursor.execute("SELECT set_config(%s, %s, false)",
-                                                 (schema.TEST_NOW_SETTING, str(self.test_now)))
-                        await cursor.execute(call.statement, call.params)
-                        return await cursor.fetchall()
-                    except psycopg.Error as error:
-                        if not calls.retryable(error) or attempt == MAX_TRANSACTION_RETRIES - 1:
-                            raise
-        except PoolTimeout as error:
-            raise DatabaseUnavailable(f"no connection to PostgreSQL at {self.where} within "
-                                      f"{self.connect_seconds} s") from error
-        except psycopg.Error as error:
-            mapped = calls.failure(call, error, self.dsn)
-            if mapped is error:
-                raise
-            raise mapped from error
-        raise AssertionError("unreachable")
+        async with self._pool.connection(timeout=self.connect_seconds) as connection:
+            cursor = connection.call_cursor()
+            await cursor.execute(call.statement, call.params)
+            return await cursor.fetchall()
 
-    async def _run(self, call: Call) -> Any:
-        if call.statement is None:
-            return call.convert([])
-        deadline = time.monotonic() + self.retry_seconds
-        attempt = 0
-        while True:
-            try:
-                return call.convert(await self._execute(call))
-            except DatabaseUnavailable:
-                if not call.idempotent or self._closed or time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(retry_pause(attempt, deadline))
-                attempt += 1
+    async def _blocking(self, function: Callable[[], Any]) -> Any:
+        return await asyncio.to_thread(function)
 
-    async def _wait(self, call: Call, limit: int) -> list[Lease]:
-        deadline = time.monotonic() + call.wait
-        await self._opened()
-        service = self._service
-        await asyncio.to_thread(service.ready, min(call.wait, wakeup.PROBE_SECONDS + self.connect_seconds))
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    def _new_event(self) -> tuple[asyncio.Event, Callable[[], None]]:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
-        waiter = service.add(self.queue, lambda: loop.call_soon_threadsafe(event.set))
+        return event, lambda: loop.call_soon_threadsafe(event.set)
+
+    async def _wait_for(self, event: asyncio.Event, seconds: float) -> bool:
         try:
-            while True:
-                if service.needs_registration(self.queue):
-                    await self._register(service)
-                reserved = await self._run(call)
-                if reserved.leases:
-                    if len(reserved.leases) == limit:
-                        service.pass_on(self.queue, waiter)
-                    return reserved.leases
-                now = time.monotonic()
-                waiter.reserved_nothing(now)
-                remaining = deadline - now
-                if remaining <= 0:
-                    return []
-                pause = wait_pause(reserved, service.is_head(self.queue, waiter), service.polling,
-                                   self.server_time())
-                timeout = min(remaining, pause)
-                try:
-                    await asyncio.wait_for(event.wait(), timeout)
-                    signalled = True
-                except TimeoutError:
-                    signalled = False
-                # A wake-up is only a hint anyone may send (wakeup.Waiter.hold).
-                hold = waiter.hold(signalled, time.monotonic(), now + timeout)
-                if hold > 0:
-                    await asyncio.sleep(hold)
-                event.clear()
-                waiter.woken = False
-        finally:
-            service.remove(self.queue, waiter)
-
-    async def _register(self, service: wakeup.Service) -> None:
-        statement, params = service.registration(self.queue)
-        pool = await self._opened()
-        try:
-            async with pool.connection(timeout=self.connect_seconds) as connection:
-                await connection.execute(statement, params)
-        except (psycopg.Error, PoolTimeout) as error:
-            raise DatabaseUnavailable(f"PostgreSQL at {self.where}: {redacted(str(error), self.dsn)}") from error
-        service.registered(self.queue, params[1])
-
-    # -- the API (see walqueue.pg.Client for each method's contract) ------------
-
-    async def put(self, task_id: str, payload: Mapping[str, Any], *, key: str | None = None,
-                  available_at: int = 0, delay: int | None = None, max_attempts: int = 3) -> str:
-        await self._opened()  # the server's clock offset, for delay=
-        return await self._run(calls.put_call(
-            self._statements, self.queue, task_id, payload, key=key, available_at=available_at,
-            delay=delay, max_attempts=max_attempts, now=int(self.server_time())))
-
-    async def put_many(self, requests: Iterable[Any]) -> list[str]:
-        return await self._run(calls.put_many_call(self._statements, self.queue, requests))
-
-    async def reserve(self, worker: str, *, lease_seconds: int = 30, limit: int = 1,
-                      wait: float = 0) -> list[Lease]:
-        call = calls.reserve_call(self._statements, self.queue, worker,
-                                  lease_seconds=lease_seconds, limit=limit, wait=wait)
-        reserved = await self._run(call)
-        if reserved.leases or not call.wait:
-            return reserved.leases
-        return await self._wait(call, call.params[3])
-
-    async def ack(self, lease: Lease) -> None:
-        await self._run(calls.ack_call(self._statements, self.queue, lease))
-
-    async def ack_and_reserve(self, lease: Lease, *, lease_seconds: int = 30, limit: int = 1,
-                              wait: float = 0) -> list[Lease]:
-        call = calls.ack_and_reserve_call(self._statements, self.queue, lease,
-                                          lease_seconds=lease_seconds, limit=limit, wait=wait)
-        reserved = await self._run(call)
-        if reserved.leases or not call.wait:
-            return reserved.leases
-        return await self._wait(calls.reserve_call(self._statements, self.queue, lease.worker,
-                                                   lease_seconds=lease_seconds, limit=limit,
-                                                   wait=wait), limit)
-
-    async def release(self, lease: Lease, *, delay: int = 0) -> None:
-        await self._run(calls.release_call(self._statements, self.queue, lease, delay=delay))
-
-    async def touch(self, lease: Lease, *, lease_seconds: int) -> Lease:
-        return await self._run(calls.touch_call(self._statements, self.queue, lease,
-                                                lease_seconds=lease_seconds))
-
-    async def revive(self, task_ids: Iterable[str]) -> list[str]:
-        return await self._run(calls.revive_call(self._statements, self.queue, task_ids))
-
-    async def force_release(self, task_ids: Iterable[str]) -> list[str]:
-        return await self._run(calls.force_release_call(self._statements, self.queue, task_ids))
-
-    async def get(self, task_id: str) -> TaskView | None:
-        return await self._run(calls.get_call(self._statements, self.queue, task_id))
-
-    async def tasks(self, status: str | None = None) -> list[TaskView]:
-        return await self._run(calls.tasks_call(self._statements, self.queue, status))
-
-    async def stats(self) -> QueueStats:
-        return await self._run(calls.stats_call(self._statements, self.queue))
+            await asyncio.wait_for(event.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True

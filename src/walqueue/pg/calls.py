@@ -1,12 +1,14 @@
-"""The PostgreSQL client's calls without I/O, shared by Client and AsyncClient.
+"""The PostgreSQL client's calls without I/O, shared by Client and AsyncClient (walqueue.pg.api).
 
 Each `*_call()` validates the API's arguments exactly as the library does
 (walqueue.validation; InvalidRequest before anything is sent) and returns a
-`Call`: the one SQL statement to run (a function of the schema, so one
-statement is one transaction and one round trip), its parameters, how to
-turn the rows into the library's values, and how to turn the functions'
-SQLSTATEs WQ001/WQ002/WQ003 into KeyConflict, StaleLease and InvalidRequest
-with a message naming the task. `failure()` maps any other psycopg error:
+`Call`: the one SQL statement to run (a named query of sql/calls.sql, each
+a function of the schema, so one statement is one transaction and one round
+trip), its parameters, how to turn the rows into the library's values, and
+how to turn the functions' SQLSTATEs WQ001/WQ002/WQ003 into KeyConflict,
+StaleLease and InvalidRequest with a message naming the task. A Call is
+named by its API method, which is how walqueue.retry decides whether it is
+sent again after a lost answer. `failure()` maps any other psycopg error:
 a broken connection, a shutdown or a read-only standby is
 DatabaseUnavailable (the call's outcome is unknown); serialization failures
 and deadlocks are `retryable()` inside the call.
@@ -25,7 +27,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.numeric import Int4, Int8
@@ -35,7 +37,8 @@ from walqueue.backend import ACK_AND_RESERVE, FORCE_RELEASE
 from walqueue.codec import MAX_FRAME_BYTES, canonical_json
 from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
-from walqueue.pg.schema import CHANNEL_PREFIX, qualified
+from walqueue.pg import schema
+from walqueue.pg.queries import CHANNEL_PREFIX, Queries
 from walqueue.queue import _put_request, _put_request_of
 from walqueue.state import State, identity_of
 from walqueue.values import Lease, QueueStats, TaskView
@@ -60,98 +63,36 @@ class DatabaseUnavailable(Unavailable):
     """
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """One API call without I/O.
 
     `statement` is None when the call needs no round trip (an empty batch).
     `convert(rows)` gives the API's return value; `error(diag_state,
     detail)` the library exception for one of the functions' SQLSTATEs;
-    `idempotent` calls may be retried after DatabaseUnavailable.
+    `name` is the API method's (walqueue.retry's rules are by name). A
+    reserve may wait up to `wait` seconds for `limit` leases; while it
+    waits it runs `again` (a reserve for the same worker; None: itself).
+    A tuple: one is built per call, and a frozen dataclass costs a setattr
+    per field.
     """
 
     statement: str | None
-    params: tuple
+    params: tuple | None  # None for a statement without parameters (walqueue.pg.queries on `%`)
     convert: Callable[[list[tuple]], Any]
     error: Callable[[str, dict], WalQueueError] | None = None
-    idempotent: bool = False
+    name: str = ""
     wait: float = 0.0
+    limit: int = 0
+    again: Call | None = None
 
 
-class Statements:
-    """The SQL text of each operation for one schema (prepared by the server on first use).
-
-    Every statement is a SELECT, so every call's answer is rows (a void
-    function gives one row holding NULL).
-    """
-
-    def __init__(self, schema: str) -> None:
-        self.schema = schema
-
-        def function(name: str, arguments: str, returns_set: bool = True) -> str:
-            if returns_set:
-                return f"SELECT * FROM {qualified(schema, name)}({arguments})"
-            return f"SELECT {qualified(schema, name)}({arguments})"
-
-        self.put = function("put", "%b, %b, %b, %b, %b, %b, %b", False)
-        # One task: scalars, which cost the client far less to send than lists.
-        self.put_one = function("put", "%b, ARRAY[%b::bytea], ARRAY[%b::bytea], ARRAY[%b::bytea], "
-                                "ARRAY[%b::int8], ARRAY[%b::int8], ARRAY[%b::text]", False)
-        self.reserve = function("reserve", "%b, %b, %b, %b")
-        self.ack = function("ack", "%b, %b, %b, %b", False)
-        self.ack_and_reserve = function("ack_and_reserve", "%b, %b, %b, %b, %b, %b")
-        self.release = function("release", "%b, %b, %b, %b, %b", False)
-        self.touch = function("touch", "%b, %b, %b, %b, %b")
-        self.revive = function("revive", "%b, %b", False)
-        self.get = function("get", "%b, %b")
-        self.tasks = function("tasks", "%b, %b")
-        self.stats = function("stats", "%b")
-        self.force_release = _force_release_statement(schema)
+# The API's statements, in sql/calls.sql.
+CALLS_FILE = "calls.sql"
 
 
-def _force_release_statement(schema: str) -> str:
-    """End the current leases of a list of tasks, all or none, in one statement.
-
-    The live rows are locked in task_id order (as revive's, so two cannot
-    deadlock); if any task is not leased, or its lease has expired, nothing
-    is updated and the one row answers the first such task's index and
-    status. Otherwise each lease ends as a release at the server's now would
-    (ready, or dead at max_attempts; the generation stays, so the holder's
-    next ack is stale) and waiters hear of the ready ones.
-    """
-    live, completed = qualified(schema, "live"), qualified(schema, "completed")
-    clock, announce = qualified(schema, "clock"), qualified(schema, "announce")
-    return f"""
-        WITH args AS (SELECT %b::text AS queue, %b::bytea[] AS ids, {clock}() AS now),
-        locked AS (
-            SELECT l.task_id, l.status, l.deadline FROM {live} AS l, args
-            WHERE l.queue = args.queue AND l.task_id = ANY (args.ids)
-            ORDER BY l.task_id FOR UPDATE OF l
-        ),
-        refused AS (
-            SELECT w.ordinality - 1 AS index,
-                   CASE WHEN k.status = 'leased' THEN 'expired'
-                        WHEN k.status IS NOT NULL THEN k.status
-                        WHEN EXISTS (SELECT 1 FROM {completed} AS c
-                                     WHERE c.queue = args.queue AND c.task_id = w.id)
-                        THEN 'completed' END AS status
-            FROM args CROSS JOIN LATERAL unnest(args.ids) WITH ORDINALITY AS w(id, ordinality)
-            LEFT JOIN locked AS k ON k.task_id = w.id
-            WHERE k.status IS DISTINCT FROM 'leased' OR k.deadline <= args.now
-            ORDER BY w.ordinality LIMIT 1
-        ),
-        released AS (
-            UPDATE {live} AS l
-            SET status = CASE WHEN l.attempts >= l.max_attempts THEN 'dead' ELSE 'ready' END,
-                available_at = args.now, deadline = NULL, worker = NULL
-            FROM args, locked
-            WHERE NOT EXISTS (SELECT 1 FROM refused)
-              AND l.queue = args.queue AND l.task_id = locked.task_id
-            RETURNING l.status
-        )
-        SELECT (SELECT index FROM refused), (SELECT status FROM refused),
-               {announce}((SELECT queue FROM args),
-                          (SELECT count(*) FROM released WHERE status = 'ready'), NULL)"""
+def statements(schema_name: str) -> Queries:
+    """The statements of sql/calls.sql for one schema (`statements(s).put`, ...)."""
+    return Queries(CALLS_FILE, schema_name)
 
 
 # -- encoding ------------------------------------------------------------------
@@ -217,7 +158,7 @@ def _payload(text: str | None) -> dict | None:
 # -- put -----------------------------------------------------------------------
 
 
-def put_call(statements: Statements, queue: str, task_id: Any, payload: Any, *, key: Any,
+def put_call(statements: Queries, queue: str, task_id: Any, payload: Any, *, key: Any,
              available_at: Any, delay: Any, max_attempts: Any, now: int) -> Call:
     """`put`; `delay` becomes an absolute available_at from `now` once, here, so a
     retried put keeps its identity."""
@@ -227,21 +168,21 @@ def put_call(statements: Statements, queue: str, task_id: Any, payload: Any, *, 
             raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
         available_at = validation.time_plus(now, delay, "delay")
     request = _put_request(task_id, payload, key, available_at, max_attempts, "")
-    return _put_requests(statements, queue, [request], lambda ids: ids[0])
+    return _put_requests(statements, queue, [request], lambda ids: ids[0], "put")
 
 
-def put_many_call(statements: Statements, queue: str, requests: Iterable[Any]) -> Call:
+def put_many_call(statements: Queries, queue: str, requests: Iterable[Any]) -> Call:
     if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
         raise InvalidRequest("requests must be a list of PutRequest or mappings")
     containers = validation.Containers()  # the request's, shared by its payloads
     validated = [_put_request_of(item, index, containers) for index, item in enumerate(requests)]
-    return _put_requests(statements, queue, validated, lambda ids: ids)
+    return _put_requests(statements, queue, validated, lambda ids: ids, "put_many")
 
 
-def _put_requests(statements: Statements, queue: str, requests: list[dict],
-                  finish: Callable[[list[str]], Any]) -> Call:
+def _put_requests(statements: Queries, queue: str, requests: list[dict],
+                  finish: Callable[[list[str]], Any], name: str) -> Call:
     if not requests:
-        return Call(None, (), lambda rows: finish([]))
+        return Call(None, (), lambda rows: finish([]), name=name)
     # The rules inside one list (identical duplicates collapse, any other
     # collision is a KeyConflict) are the library's own, against an empty
     # store; a list of one has nothing to collide with.
@@ -277,7 +218,7 @@ def _put_requests(statements: Statements, queue: str, requests: list[dict],
                                f"with a different request")
         return KeyConflict(f"task id {request['task_id']!r} is already used (under another key)")
 
-    return Call(statement, params, convert, error, idempotent=True)
+    return Call(statement, params, convert, error, name)
 
 
 # -- leases --------------------------------------------------------------------
@@ -312,6 +253,15 @@ def _invalid(state: str, detail: dict) -> WalQueueError:
     return InvalidRequest(detail.get("message", "invalid request"))
 
 
+def _stale_or_invalid(task_id: str, worker: str, generation: int) -> Callable[[str, dict], WalQueueError]:
+    """A lease call's errors: StaleLease for WQ002, InvalidRequest (an argument out of range) else."""
+    stale = _stale(task_id, worker, generation)
+
+    def error(state: str, detail: dict) -> WalQueueError:
+        return stale(state, detail) if state == STALE_LEASE else _invalid(state, detail)
+    return error
+
+
 @dataclass(frozen=True)
 class Reserved:
     """A reserve's answer: the leases, and when leasing nothing, the server time at
@@ -321,15 +271,16 @@ class Reserved:
     next_due: int | None
 
 
-def _reserved(worker: str) -> Callable[[list[tuple]], Reserved]:
-    def convert(rows: list[tuple]) -> Reserved:
-        leases = [Lease(decode_name(task_id), worker, generation, deadline, attempts, _payload(text))
-                  for task_id, generation, deadline, attempts, text in rows if task_id is not None]
-        next_due = None
-        if not leases and rows:
-            next_due = rows[0][2]
-        return Reserved(leases, next_due)
-    return convert
+def _reserved(worker: str, wait: float) -> Callable[[list[tuple]], Reserved | list[Lease]]:
+    """A reserve's rows as the leases, or for one that may wait (`wait`) as a `Reserved`."""
+    def leases(rows: list[tuple]) -> list[Lease]:
+        return [Lease(decode_name(task_id), worker, generation, deadline, attempts, _payload(text))
+                for task_id, generation, deadline, attempts, text in rows if task_id is not None]
+
+    def reserved(rows: list[tuple]) -> Reserved:
+        found = leases(rows)
+        return Reserved(found, rows[0][2] if rows and not found else None)
+    return reserved if wait else leases
 
 
 def _reserve_arguments(lease_seconds: Any, limit: Any, wait: Any) -> tuple[int, int, float]:
@@ -338,49 +289,48 @@ def _reserve_arguments(lease_seconds: Any, limit: Any, wait: Any) -> tuple[int, 
             wait_seconds(wait))
 
 
-def reserve_call(statements: Statements, queue: str, worker: Any, *, lease_seconds: Any,
+def reserve_call(statements: Queries, queue: str, worker: Any, *, lease_seconds: Any,
                  limit: Any, wait: Any) -> Call:
-    """Its `convert` gives a `Reserved`."""
+    """Its `convert` gives the leases, or with a `wait` a `Reserved` (what a waiter needs)."""
     worker = validation.name(worker, "worker")
     lease_seconds, limit, wait = _reserve_arguments(lease_seconds, limit, wait)
     return Call(statements.reserve, (queue, encode_name(worker), Int8(lease_seconds), Int4(limit)),
-                _reserved(worker), _invalid, wait=wait)
+                _reserved(worker, wait), _invalid, "reserve", wait, limit)
 
 
-def ack_call(statements: Statements, queue: str, lease: Any) -> Call:
+def ack_call(statements: Queries, queue: str, lease: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
     return Call(statements.ack, (queue, encode_name(task_id), encode_name(worker), Int8(generation)),
-                lambda rows: None, _stale(task_id, worker, generation))
+                _nothing, _stale(task_id, worker, generation), "ack")
 
 
-def ack_and_reserve_call(statements: Statements, queue: str, lease: Any, *, lease_seconds: Any,
+def ack_and_reserve_call(statements: Queries, queue: str, lease: Any, *, lease_seconds: Any,
                          limit: Any, wait: Any) -> Call:
-    """Its `convert` gives a `Reserved` for the lease's worker."""
+    """Its `convert` gives the leases, or with a `wait` a `Reserved`, for the lease's worker; if
+    it leased nothing and may wait, the waiting goes on with plain reserves (the ack is done)."""
     task_id, worker, generation = _lease_fields(lease)
     lease_seconds, limit, wait = _reserve_arguments(lease_seconds, limit, wait)
-    stale = _stale(task_id, worker, generation)
     params = (queue, encode_name(task_id), encode_name(worker), Int8(generation), Int8(lease_seconds),
               Int4(limit))
-    return Call(statements.ack_and_reserve, params, _reserved(worker),
-                lambda state, detail: stale(state, detail) if state == STALE_LEASE
-                else _invalid(state, detail), wait=wait)
+    again = None
+    if wait:
+        again = reserve_call(statements, queue, worker, lease_seconds=lease_seconds, limit=limit,
+                             wait=wait)
+    return Call(statements.ack_and_reserve, params, _reserved(worker, wait),
+                _stale_or_invalid(task_id, worker, generation), "ack_and_reserve", wait, limit, again)
 
 
-def release_call(statements: Statements, queue: str, lease: Any, *, delay: Any) -> Call:
+def release_call(statements: Queries, queue: str, lease: Any, *, delay: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
     delay = validation.integer(delay, "delay")
-    stale = _stale(task_id, worker, generation)
     return Call(statements.release,
                 (queue, encode_name(task_id), encode_name(worker), Int8(generation), Int8(delay)),
-                lambda rows: None,
-                lambda state, detail: stale(state, detail) if state == STALE_LEASE
-                else _invalid(state, detail))
+                _nothing, _stale_or_invalid(task_id, worker, generation), "release")
 
 
-def touch_call(statements: Statements, queue: str, lease: Any, *, lease_seconds: Any) -> Call:
+def touch_call(statements: Queries, queue: str, lease: Any, *, lease_seconds: Any) -> Call:
     task_id, worker, generation = _lease_fields(lease)
     lease_seconds = validation.integer(lease_seconds, "lease_seconds", minimum=1)
-    stale = _stale(task_id, worker, generation)
 
     def convert(rows: list[tuple]) -> Lease:
         ((deadline, attempts, text),) = rows
@@ -389,21 +339,23 @@ def touch_call(statements: Statements, queue: str, lease: Any, *, lease_seconds:
     return Call(statements.touch,
                 (queue, encode_name(task_id), encode_name(worker), Int8(generation),
                  Int8(lease_seconds)),
-                convert,
-                lambda state, detail: stale(state, detail) if state == STALE_LEASE
-                else _invalid(state, detail))
+                convert, _stale_or_invalid(task_id, worker, generation), "touch")
+
+
+def _nothing(rows: list[tuple]) -> None:
+    return None
 
 
 # -- revive and reads ----------------------------------------------------------
 
 
-def revive_call(statements: Statements, queue: str, task_ids: Any) -> Call:
+def revive_call(statements: Queries, queue: str, task_ids: Any) -> Call:
     if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
         raise InvalidRequest("task_ids must be a list of task ids")
     unique = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
                                 for index, task_id in enumerate(task_ids)))
     if not unique:
-        return Call(None, (), lambda rows: [])
+        return Call(None, (), lambda rows: [], name="revive")
 
     def error(state: str, detail: dict) -> WalQueueError:
         task_id, status = unique[detail["index"]], detail.get("status")
@@ -412,10 +364,10 @@ def revive_call(statements: Statements, queue: str, task_ids: Any) -> Call:
         return InvalidRequest(f"task {task_id!r} is {status}, not dead")
 
     return Call(statements.revive, (queue, [encode_name(task_id) for task_id in unique]),
-                lambda rows: unique, error)
+                lambda rows: unique, error, "revive")
 
 
-def force_release_call(statements: Statements, queue: str, task_ids: Any) -> Call:
+def force_release_call(statements: Queries, queue: str, task_ids: Any) -> Call:
     """End the listed tasks' current leases, whoever holds them (an operator's call).
 
     All or nothing: InvalidRequest, changing nothing, if one is unknown, not
@@ -427,7 +379,7 @@ def force_release_call(statements: Statements, queue: str, task_ids: Any) -> Cal
     unique = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
                                 for index, task_id in enumerate(task_ids)))
     if not unique:
-        return Call(None, (), lambda rows: [])
+        return Call(None, (), lambda rows: [], name="force_release")
 
     def convert(rows: list[tuple]) -> list[str]:
         ((index, status, _),) = rows
@@ -437,7 +389,7 @@ def force_release_call(statements: Statements, queue: str, task_ids: Any) -> Cal
         return unique
 
     return Call(statements.force_release, (queue, [encode_name(task_id) for task_id in unique]),
-                convert)
+                convert, name="force_release")
 
 
 def _view(row: tuple) -> TaskView:
@@ -446,23 +398,45 @@ def _view(row: tuple) -> TaskView:
                     generation, available_at, deadline, decode_name(worker), _payload(text))
 
 
-def get_call(statements: Statements, queue: str, task_id: Any) -> Call:
+def get_call(statements: Queries, queue: str, task_id: Any) -> Call:
     task_id = validation.name(task_id, "task_id")
     return Call(statements.get, (queue, encode_name(task_id)),
-                lambda rows: _view(rows[0]) if rows else None, idempotent=True)
+                lambda rows: _view(rows[0]) if rows else None, name="get")
 
 
-def tasks_call(statements: Statements, queue: str, status: Any) -> Call:
+def tasks_call(statements: Queries, queue: str, status: Any) -> Call:
     status = validation.status(status)
     return Call(statements.tasks, (queue, status), lambda rows: [_view(row) for row in rows],
-                idempotent=True)
+                name="tasks")
 
 
-def stats_call(statements: Statements, queue: str) -> Call:
+def stats_call(statements: Queries, queue: str) -> Call:
     def convert(rows: list[tuple]) -> QueueStats:
         ((ready, leased, completed, dead),) = rows
         return QueueStats(ready, leased, completed, dead, last_seq=0, snapshot_seq=0, wal_bytes=0)
-    return Call(statements.stats, (queue,), convert, idempotent=True)
+    return Call(statements.stats, (queue,), convert, name="stats")
+
+
+# -- the client's own statements (not API calls, never retried) -----------------
+
+
+def setup_call(statements: Queries) -> Call:
+    """At connect: (fsync, synchronous_commit, the server's clock in seconds since the epoch)."""
+    return Call(statements.setup, None, lambda rows: rows[0], name="setup")
+
+
+def schema_exists_call(bookkeeping: Queries, schema_name: str) -> Call:
+    return Call(bookkeeping.exists, (schema_name,), lambda rows: rows[0][0], name="exists")
+
+
+def installed_call(bookkeeping: Queries) -> Call:
+    """Its `convert` gives a `schema.Installed`."""
+    return Call(bookkeeping.installed, None, schema.installed_of, name="installed")
+
+
+def registration_call(statement: str, params: tuple) -> Call:
+    """A waiter's registration (walqueue.pg.wakeup.Service.registration)."""
+    return Call(statement, params, _nothing, name="register")
 
 
 # -- errors --------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The PostgreSQL schema of walqueue.pg and its migrations (SPEC §9).
+"""The PostgreSQL schema of walqueue.pg, its migrations and its versions (SPEC §9).
 
 Tables (in one schema, `walqueue` by default; every index leads with `queue`
 so one queue's rows never cost another queue a scan):
@@ -14,7 +14,8 @@ so one queue's rows never cost another queue a scan):
   listener   UNLOGGED: processes with a reserve waiting on a queue (see
              walqueue.pg.wakeup); writers NOTIFY only when a row exists,
              because NOTIFY serializes committing transactions.
-  schema_migrations  one row per applied migration (version, description).
+  schema_migrations  one row per applied migration (version, description,
+             compatibility_version).
   task_view  a view: every task with TaskView's fields (get, tasks, and psql).
 
 Ids, keys and workers are bytea holding their UTF-8 (which may contain NUL,
@@ -29,13 +30,27 @@ raise SQLSTATE WQ001 (KeyConflict), WQ002 (StaleLease, DETAIL is JSON with
 status and generation) and WQ003 (InvalidRequest) with nothing changed;
 walqueue.pg.calls turns those into the library's exceptions.
 
-The SQL lives in sql/ (package data, read with importlib.resources): one
-file per migration, plus the test clock. Each is a template for psycopg's
-sql.SQL.format, filled by `compose`: the schema as an sql.Identifier, the
-channel and lock key as sql.Literal, and function bodies in a dollar quote
-whose tag the schema's name does not hold, so any name calls.schema_name
-accepts is only ever a quoted name. A statement that also carries
-%-parameters takes the name from `qualified`.
+Migrations are the numbered files sql/migrations/NNNN_*.sql (package data,
+composed by walqueue.pg.queries), listed in MIGRATION_FILES. Append only: a
+released migration never changes; a new one is a new file. Each has a
+version (its number) and a compatibility version: the oldest schema version
+whose clients can use a schema at this one. A migration that only adds (a
+function, a column with a default, an index) keeps the compatibility
+version of the one before it, so hosts whose walqueue is older go on
+working; one that changes or removes what older clients call raises it to
+its own version.
+
+Which schema a client accepts (`check_version`), reading SPEC §9's "a client
+refuses, with a message naming both versions, a schema newer than it knows"
+as "newer, and incompatible": with this walqueue's SCHEMA_VERSION K and the
+installed schema's version V and compatibility version C,
+
+1. no schema: refused, naming `walqueue-ctl --dsn URL migrate`;
+2. V < K: older; a client with migrate=True upgrades it first, else refused,
+   naming the command that does;
+3. V >= K and C <= K: accepted (V > K is a newer but compatible schema: an
+   older host goes on while the newer ones use what was added);
+4. C > K: refused, naming both versions (upgrade walqueue on this host).
 
 Invariants the functions keep: a task id is in `task` iff it was put; it is
 in exactly one of `live` and `completed`; only leased rows have a worker and
@@ -45,171 +60,145 @@ max_attempts.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-from importlib import resources
+import re
+from dataclasses import dataclass
 
-from psycopg import Connection, sql
+from psycopg import Connection
 
 from walqueue.errors import WalQueueError
+from walqueue.pg.queries import MIGRATIONS_DIRECTORY, Queries, compose, lock_key, sql_text
 
-SCHEMA_VERSION = 1
 DEFAULT_SCHEMA = "walqueue"
-# The channel the functions NOTIFY on; one per schema, the queue in the payload.
-CHANNEL_PREFIX = "walqueue:"
+# The bookkeeping queries, in sql/schema.sql.
+BOOKKEEPING_FILE = "schema.sql"
 
 
 class SchemaError(WalQueueError):
-    """The database's walqueue schema is missing, older or newer than this client knows."""
+    """The database's walqueue schema is missing, older than this client needs, or newer and
+    incompatible with it."""
 
 
-def channel(schema: str) -> str:
-    return CHANNEL_PREFIX + schema
+@dataclass(frozen=True)
+class Migration:
+    """One numbered migration: its version, description, compatibility version and SQL template."""
+
+    version: int
+    description: str
+    compatibility: int
+    body: str
 
 
-def lock_key(schema: str) -> int:
-    """The advisory lock key under which a schema is created or migrated."""
-    digest = hashlib.sha256(f"walqueue.pg.migrate:{schema}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-# The migrations and the test clock are SQL files of this package (sql/),
-# templates for psycopg's sql.SQL.format (see `compose`).
-SQL_PACKAGE = "walqueue.pg"
-SQL_DIRECTORY = "sql"
-
-
-def sql_text(name: str) -> str:
-    """The text of sql/NAME, package data read through importlib.resources."""
-    return resources.files(SQL_PACKAGE).joinpath(SQL_DIRECTORY, name).read_text(encoding="utf-8")
-
-
-# (version, description, file). Append only: a released migration never changes.
-MIGRATION_FILES: tuple[tuple[int, str, str], ...] = (
-    (1, "tables task, live, completed, listener; the operation functions",
+# (version, compatibility version, description, file in sql/migrations/). Append only.
+MIGRATION_FILES: tuple[tuple[int, int, str, str], ...] = (
+    (1, 1, "tables task, live, completed, listener; the operation functions",
      "0001_tables_and_functions.sql"),
 )
-# (version, description, template text).
-MIGRATIONS: tuple[tuple[int, str, str], ...] = tuple(
-    (version, description, sql_text(name)) for version, description, name in MIGRATION_FILES)
-assert MIGRATIONS[-1][0] == SCHEMA_VERSION
-
-# A test-only clock (tests/pg): clock() honours the session setting
-# walqueue.test_now when set. Installed by install_test_clock(), never by a
-# migration, so in production no client can move the queue's clock.
-TEST_CLOCK_FILE = "test_clock.sql"
-TEST_NOW_SETTING = "walqueue.test_now"
+MIGRATIONS: tuple[Migration, ...] = tuple(
+    Migration(version, description, compatibility, sql_text(MIGRATIONS_DIRECTORY, name))
+    for version, compatibility, description, name in MIGRATION_FILES)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+COMPATIBILITY_VERSION = MIGRATIONS[-1].compatibility
 
 
-def registration_lock_key(schema: str) -> int:
-    """The advisory lock that orders a waiter's registration against writers' NOTIFY checks."""
-    return lock_key(schema) ^ 1
+def check_migrations(files: tuple[tuple[int, int, str, str], ...]) -> None:
+    """Raise AssertionError unless the migrations are numbered 1, 2, ... by their file names and
+    each one's compatibility version is at least the one before's and at most its own version."""
+    previous = 1
+    for index, (version, compatibility, _, name) in enumerate(files, 1):
+        number = re.match(r"(\d{4})_", name)
+        assert number is not None and int(number[1]) == version == index, (
+            f"migration {name} must be number {index}")
+        assert previous <= compatibility <= version, (
+            f"migration {name}: compatibility version {compatibility} is not in [{previous}, {version}]")
+        previous = compatibility
 
 
-def dollar_quote(schema: str) -> sql.SQL:
-    """A dollar quote for the function bodies whose tag does not occur in `schema`.
-
-    Identifier quoting does not protect a body: inside `$$ ... $$` a schema
-    named `a$$b` would end the body. The tag cannot occur in the channel
-    literal either (its prefix holds no `$`) nor span a quoted name's edge.
-    """
-    for number in itertools.count():
-        tag = f"$wq{number or ''}$"
-        if tag not in schema:
-            return sql.SQL(tag)
-    raise AssertionError("unreachable")
+check_migrations(MIGRATION_FILES)
 
 
-def compose(template: str, schema: str) -> sql.Composed:
-    """`template` (a migration, or the test clock) with its placeholders filled for `schema`."""
-    return sql.SQL(template).format(schema=sql.Identifier(schema),
-                                    channel=sql.Literal(channel(schema)),
-                                    lock=sql.Literal(registration_lock_key(schema)),
-                                    dollar=dollar_quote(schema))
+@dataclass(frozen=True)
+class Installed:
+    """An installed schema's version and compatibility version (see the module docstring)."""
+
+    version: int
+    compatibility: int
 
 
-def qualified(schema: str, name: str) -> str:
-    """`"schema"."name"` for statement text that also holds %-placeholders.
-
-    psycopg parses the whole text of a statement with parameters for `%`
-    placeholders, and does not escape a `%` inside an identifier
-    (psycopg/psycopg2#825, the same in psycopg 3), so it is doubled here.
-    Only for statements run with parameters: without them psycopg sends the
-    text as it is.
-    """
-    return sql.Identifier(schema, name).as_string(None).replace("%", "%%")
+def installed_of(rows: list[tuple]) -> Installed:
+    """The rows of the `installed` query as an Installed. A row without a compatibility version
+    (one written before there was one) counts as compatible with its own version only."""
+    if not rows:
+        return Installed(0, 0)
+    version, compatibility = rows[0]
+    return Installed(version, version if compatibility is None else compatibility)
 
 
-def installed_version(connection: Connection, schema: str) -> int | None:
-    """The schema's highest applied migration, or None if there is no walqueue schema."""
-    row = connection.execute(
-        "SELECT to_regclass(%s) IS NOT NULL",
-        (sql.Identifier(schema, "schema_migrations").as_string(connection),)).fetchone()
-    if not row[0]:
+def bookkeeping(schema: str) -> Queries:
+    return Queries(BOOKKEEPING_FILE, schema)
+
+
+def installed_version(connection: Connection, schema: str) -> Installed | None:
+    """The schema's newest migration, or None if there is no walqueue schema."""
+    queries = bookkeeping(schema)
+    if not connection.execute(queries.exists, (schema,)).fetchone()[0]:
         return None
-    query = sql.SQL("SELECT coalesce(max(version), 0) FROM {}").format(
-        sql.Identifier(schema, "schema_migrations"))
-    return connection.execute(query).fetchone()[0]
+    return installed_of(connection.execute(queries.installed).fetchall())
 
 
-def check_version(version: int | None, schema: str) -> None:
-    """Raise SchemaError unless `version` is the one this client speaks."""
-    if version is None:
+def needs_migration(installed: Installed | None) -> bool:
+    """True if migrating would change the schema: it is missing or older than this walqueue."""
+    return installed is None or installed.version < SCHEMA_VERSION
+
+
+def check_version(installed: Installed | None, schema: str) -> None:
+    """Raise SchemaError unless this client can use the schema (rules 1-4 of the module docstring)."""
+    if installed is None:
         raise SchemaError(f"the database has no walqueue schema {schema!r}: create it with "
                           f"`walqueue-ctl --dsn URL migrate` or a Client with migrate=True")
-    if version > SCHEMA_VERSION:
-        raise SchemaError(f"schema {schema!r} is at version {version}, newer than this walqueue "
-                          f"knows (version {SCHEMA_VERSION}): upgrade walqueue on this host")
-    if version < SCHEMA_VERSION:
-        raise SchemaError(f"schema {schema!r} is at version {version}; this walqueue needs "
-                          f"version {SCHEMA_VERSION}: run `walqueue-ctl --dsn URL migrate`")
+    if installed.compatibility > SCHEMA_VERSION:
+        raise SchemaError(f"schema {schema!r} is at version {installed.version}, which clients "
+                          f"before version {installed.compatibility} cannot use; this walqueue "
+                          f"knows version {SCHEMA_VERSION}: upgrade walqueue on this host")
+    if installed.version < SCHEMA_VERSION:
+        raise SchemaError(f"schema {schema!r} is at version {installed.version}; this walqueue "
+                          f"needs version {SCHEMA_VERSION}: run `walqueue-ctl --dsn URL migrate`")
 
 
-def migrate_connection(connection: Connection, schema: str) -> int:
-    """Create or upgrade `schema` to SCHEMA_VERSION under an advisory lock; returns the version.
+def migrate_connection(connection: Connection, schema: str) -> Installed:
+    """Create or upgrade `schema` to SCHEMA_VERSION under an advisory lock; returns what is installed.
 
     `connection` must be in autocommit mode. Each migration is one
-    transaction. Raises SchemaError for a schema newer than this code knows
-    or a database whose encoding is not UTF8 (payloads are UTF-8 text).
+    transaction. A newer schema this walqueue can use is left as it is.
+    Raises SchemaError for a newer schema it cannot use, or a database
+    whose encoding is not UTF8 (payloads are UTF-8 text).
     """
-    encoding = connection.execute("SHOW server_encoding").fetchone()[0]
+    queries = bookkeeping(schema)
+    encoding = connection.execute(queries.encoding).fetchone()[0]
     if encoding.upper() not in ("UTF8", "UTF-8"):
         raise SchemaError(f"the database's encoding is {encoding}, not UTF8: walqueue stores "
                           f"payloads as UTF-8 text; create the database with ENCODING 'UTF8'")
     key = lock_key(schema)
-    connection.execute("SELECT pg_advisory_lock(%s)", (key,))
+    connection.execute(queries.lock, (key,))
     try:
-        version = installed_version(connection, schema)
-        if version is not None and version > SCHEMA_VERSION:
-            check_version(version, schema)
-        for number, description, body in MIGRATIONS:
-            if number <= (version or 0):
+        installed = installed_version(connection, schema)
+        if installed is not None and installed.version >= SCHEMA_VERSION:
+            check_version(installed, schema)
+            return installed
+        for migration in MIGRATIONS:
+            if installed is not None and migration.version <= installed.version:
                 continue
             with connection.transaction():
-                if version is None:
+                if installed is None:
                     # In the first migration's transaction, so a failing one
                     # leaves no empty schema behind.
-                    connection.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                        sql.Identifier(schema)))
-                    connection.execute(sql.SQL(
-                        "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, "
-                        "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-                    ).format(sql.Identifier(schema, "schema_migrations")))
-                connection.execute(compose(body, schema), prepare=False)
-                connection.execute(
-                    sql.SQL("INSERT INTO {} (version, description) VALUES ({}, {})").format(
-                        sql.Identifier(schema, "schema_migrations"), sql.Literal(number),
-                        sql.Literal(description)))
-            version = number
-        return version
+                    connection.execute(queries.create_schema)
+                    connection.execute(queries.create_migrations_table)
+                else:
+                    connection.execute(queries.add_compatibility_column)
+                connection.execute(compose(migration.body, schema), prepare=False)
+                connection.execute(queries.record_migration,
+                                   (migration.version, migration.description, migration.compatibility))
+            installed = Installed(migration.version, migration.compatibility)
+        return installed
     finally:
-        connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
-
-
-def install_test_clock(connection: Connection, schema: str) -> None:
-    """Test-only: make clock() honour the session setting walqueue.test_now.
-
-    Needs the schema owner's rights (a worker role cannot do it). Production
-    databases must never run this: with it any session can move its clock.
-    """
-    connection.execute(compose(sql_text(TEST_CLOCK_FILE), schema), prepare=False)
+        connection.execute(queries.unlock, (key,))

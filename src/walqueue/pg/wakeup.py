@@ -53,10 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
-from psycopg import sql
 
 from walqueue.dsn import redacted
-from walqueue.pg.schema import channel, qualified, registration_lock_key
+from walqueue.pg.queries import Queries, channel
 
 log = logging.getLogger("walqueue.pg")
 
@@ -71,6 +70,24 @@ STALE_SWEEP_SECONDS = 30.0
 # this long after that reserve: at most 4 wake-up reserves a second per
 # waiter, and a due task still leased within SPEC §9's one second.
 HINT_HOLD_SECONDS = 0.25
+# When a due task exists but a concurrent transaction held it, look again this soon.
+BUSY_PAUSE_SECONDS = 0.05
+# The statements of the listener and of a waiter's registration, in sql/wakeup.sql.
+WAKEUP_FILE = "wakeup.sql"
+
+
+def wait_pause(next_due: int | None, is_head: bool, polling: bool, server_time: float) -> float:
+    """How long a waiter whose reserve leased nothing sleeps before reserving again, unless woken.
+
+    `next_due` is the server time at which a task next becomes due or a
+    lease expires, as that reserve reported it (None: nothing pending); only
+    the head waiter keeps that timer, the others wait to be woken.
+    """
+    pause = POLL_SECONDS if polling else SAFETY_POLL_SECONDS
+    if next_due is not None and is_head:
+        until_due = next_due - server_time
+        pause = min(pause, max(BUSY_PAUSE_SECONDS, until_due + 0.01))
+    return pause
 
 
 @dataclass(eq=False)
@@ -122,17 +139,7 @@ class Service:
         self.dsn = dsn
         self.schema = schema
         self.channel = channel(schema)
-        listener = qualified(schema, "listener")
-        # One statement: the lock is taken (the CTE runs first), then the row.
-        self._register_sql = (f"WITH locked AS (SELECT pg_advisory_xact_lock("
-                              f"{registration_lock_key(schema)})) INSERT INTO {listener} "
-                              f"(queue, pid) SELECT %s, %s FROM locked ON CONFLICT DO NOTHING")
-        self._unregister_sql = f"DELETE FROM {listener} WHERE queue = %s AND pid = %s"
-        # Without parameters, so composed as it is (no % to double).
-        self._sweep_sql = sql.SQL("DELETE FROM {} WHERE pid NOT IN "
-                                  "(SELECT pid FROM pg_stat_activity)").format(
-                                      sql.Identifier(schema, "listener"))
-        self._reap_sql = f"SELECT {qualified(schema, 'reap')}(%s, {qualified(schema, 'clock')}())"
+        self.statements = Queries(WAKEUP_FILE, schema)
         self._lock = threading.Lock()
         self._queues: dict[str, _Queue] = {}
         self._listening = threading.Event()    # set once LISTEN works, or polling was chosen
@@ -198,7 +205,7 @@ class Service:
         calls `registered`. Its commit comes after every writer that did not
         see it has committed.
         """
-        return self._register_sql, (queue, self.pid)
+        return self.statements.register, (queue, self.pid)
 
     def registered(self, queue: str, pid: int) -> None:
         with self._lock:
@@ -245,10 +252,10 @@ class Service:
                                      application_name="walqueue listener")
         if self.polling:
             return connection
-        connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-        pids = {connection.execute("SELECT pg_backend_pid()").fetchone()[0] for _ in range(2)}
+        connection.execute(self.statements.listen)
+        pids = {connection.execute(self.statements.backend_pid).fetchone()[0] for _ in range(2)}
         probe = f"probe {id(self)}"
-        connection.execute("SELECT pg_notify(%s, %s)", (self.channel, probe))
+        connection.execute(self.statements.probe, (probe,))
         received = any(notify.payload == probe
                        for notify in connection.notifies(timeout=PROBE_SECONDS, stop_after=1))
         if len(pids) != 1 or not received:
@@ -284,7 +291,7 @@ class Service:
                     self._unregister_idle(connection, now)
                 if now - last_sweep >= STALE_SWEEP_SECONDS:
                     last_sweep = now
-                    connection.execute(self._sweep_sql)
+                    connection.execute(self.statements.sweep)
             except psycopg.Error as error:
                 log.warning("walqueue listener on %s: %s; reconnecting", self.schema,
                             redacted(str(error), self.dsn))
@@ -301,14 +308,14 @@ class Service:
         with self._lock:
             queues = [queue for queue, state in self._queues.items() if state.reaping > 0]
         for queue in queues:
-            connection.execute(self._reap_sql, (queue,))
+            connection.execute(self.statements.reap, (queue,))
 
     def _unregister_idle(self, connection: psycopg.Connection, now: float) -> None:
         with self._lock:
             for queue, state in self._queues.items():
                 if state.registered and not state.waiters and now - state.idle_since > LINGER_SECONDS:
                     # Under the lock, so a waiter arriving now registers again after this.
-                    connection.execute(self._unregister_sql, (queue, self.pid))
+                    connection.execute(self.statements.unregister, (queue, self.pid))
                     state.registered = False
 
 
