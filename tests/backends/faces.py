@@ -51,6 +51,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.unit.frames import read_dir, wal_records
 from walqueue import Queue, validation
 
@@ -76,6 +78,7 @@ def daemon_async_client_class():
 
 # -- PostgreSQL's test clock: the one place that knows how it is set --------------------------
 
+_LISTENER_KEY = "_walqueue_conformance_listener"
 _CLOCK_SCHEMA_KEY = "walqueue_conformance_clock_schema"
 
 
@@ -98,11 +101,16 @@ def postgres_clock_schema(request) -> tuple[str, str]:
             schema.migrate_connection(connection, name)
             install_test_clock(connection, name)
         setattr(request.config, _CLOCK_SCHEMA_KEY, name)
-        # Every AsyncClient shares the process's listener (walqueue.pg.wakeup) from its first
-        # call; the last one to close stops it, a wait of up to half a second. Held here for
-        # the session, as a process with clients coming and going holds it, it starts once.
+    # Every AsyncClient shares the process's listener (walqueue.pg.wakeup) from its first
+    # call; the last one to close stops it, a wait of up to half a second. Held here for the
+    # test module, as a process with clients coming and going holds it, so it starts once a
+    # module; not for the session, whose later tests fork (tests/crash/test_process_death.py)
+    # and must not fork a process that runs another thread.
+    module = request.node.getparent(pytest.Module)
+    if not getattr(module, _LISTENER_KEY, False):
         service = wakeup.acquire(server.dsn, name)
-        request.config.add_cleanup(lambda: wakeup.release(service))
+        module.addfinalizer(lambda: wakeup.release(service))
+        setattr(module, _LISTENER_KEY, True)
     return server.dsn, name
 
 

@@ -14,6 +14,7 @@ process, fails here.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,10 @@ EXIT_CODE = 86
 
 def _die_at(directory: Path, crash_at: int, preallocate_bytes: int) -> int:
     """Forks a child that runs SCRIPT and `os._exit`s inside hook call `crash_at`."""
+    # A fork copies only this thread: a lock another thread held would stay held in the child.
+    # Tests before this one must leave no thread running (the conformance faces once left
+    # PostgreSQL's listener for the whole session).
+    assert threading.active_count() == 1, f"forking beside other threads: {threading.enumerate()}"
     pid = os.fork()
     if pid == 0:  # the child: no clean-up of any kind may run
         try:
