@@ -50,7 +50,7 @@ import stat
 import sys
 from dataclasses import asdict, dataclass, field
 
-from . import display
+from . import display, paths
 from .fs import Directory, ReadingFileSystem, open_at, read_descriptor
 from .recovery import RecoveryPlan, UnreadableFile, plan_recovery
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name
@@ -183,8 +183,9 @@ class VerifyReport:
         for name in self.queue_subdirectories:
             lines.append(f"  {name}/ holds a queue: walqueue-ctl verify "
                          f"{os.path.join(self.directory, name)}")
-        lines.append("next: give the queue directory itself, the DIRECTORY walqueued serves "
-                     "(e.g. /var/lib/walqueue, or /var/lib/walqueue/NAME for walqueued@NAME)")
+        lines.append(f"next: give the queue directory itself, the DIRECTORY walqueued serves "
+                     f"(e.g. {paths.PLAIN_QUEUE_DIRECTORY}, or {paths.template_queue_directory('NAME')} "
+                     f"for walqueued@NAME)")
         return _printable(lines)
 
     def to_json(self) -> dict:

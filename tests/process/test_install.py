@@ -74,6 +74,14 @@ def unit_value(path: Path, key: str) -> str:
     return found
 
 
+def install_key(checkout: Path) -> str:
+    """The KEY `scripts/install` installs `checkout` as (PREFIX/KEY)."""
+    result = subprocess.run([str(checkout / "scripts" / "install"), "--key"], capture_output=True,
+                            text=True, timeout=CTL_SECONDS)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
 def next_checkout(root: Path, version: str) -> Path:
     """A copy of this checkout whose version is `version`."""
     checkout = root / f"checkout-{version}"
@@ -93,7 +101,7 @@ def next_checkout(root: Path, version: str) -> Path:
 @pytest.mark.slow
 def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, workdir):
     paths = layout(workdir)
-    first = walqueue.__version__
+    first = install_key(REPO)
     result = install(REPO, workdir, *python_options())
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"installed walqueue {first}" in result.stdout
@@ -113,7 +121,9 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
             assert Path(pre[1]).is_file()
     assert (paths["sysusers"] / "walqueue.conf").read_text() == (REPO / "systemd" / "walqueue.sysusers").read_text()
     assert os.readlink(paths["bin"] / "walqueued") == f"{venv}/bin/walqueued"
-    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {first}\n"
+    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {walqueue.__version__}\n"
+    for command in ("walqueued", "walqueue-ctl", "walqueue-worker", "walqueue-scheduler"):
+        assert os.readlink(paths["bin"] / command) == f"{venv}/bin/{command}"  # operations.md's table
     if ANALYZE is not None:
         assert analyze_verify(paths["systemd"]) == (0, "")
 
@@ -124,8 +134,10 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
     assert installed_ctl(workdir, "--socket", socket_path, "put", "before-upgrade").returncode == 0
 
     # Upgrade: the next version goes beside the first while the old daemon serves on.
-    second = f"{first}.post1"
-    result = install(next_checkout(workdir, second), workdir, *python_options())
+    second = f"{walqueue.__version__}.post1"
+    second_checkout = next_checkout(workdir, second)
+    assert install_key(second_checkout) == second  # a tree without git: its version alone
+    result = install(second_checkout, workdir, *python_options())
     assert result.returncode == 0, result.stdout + result.stderr
     assert os.readlink(prefix / "current") == second
     assert (prefix / first / "bin" / "walqueued").exists()  # untouched, for a rollback
@@ -134,6 +146,10 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
     new = make_daemon(directory=directory, socket_path=socket_path, start=False)
     new.start(command=[str(paths["bin"] / "walqueued"), "serve", str(directory), "--socket", socket_path])
     assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {second}\n"
+    # The same checkout again while another is current: refused, naming the exact command.
+    refused = install(REPO, workdir, *python_options())
+    assert refused.returncode == 2 and "installed already" in refused.stderr
+    assert f"scripts/install --switch {first} --prefix {prefix}" in refused.stderr
     listed = installed_ctl(workdir, "--socket", socket_path, "tasks", "--json")
     assert [line.split('"task_id":"')[1].split('"')[0] for line in listed.stdout.splitlines()] == [
         "before-upgrade", "during-upgrade"]
@@ -142,12 +158,55 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
     result = install(REPO, workdir, "--switch", first)
     assert result.returncode == 0, result.stderr
     assert os.readlink(prefix / "current") == first
-    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {first}\n"
+    assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {walqueue.__version__}\n"
     assert new.terminate() == 0
 
+    # The same checkout again while it is current: nothing reinstalled, the links checked.
+    marker = prefix / first / "kept"  # gone if the venv were made again
+    marker.write_text("")
+    (paths["bin"] / "walqueue-worker").unlink()
     again = install(REPO, workdir, *python_options())
-    assert again.returncode == 2 and "installed already" in again.stderr
-    assert f"--switch {first}" in again.stderr
+    assert again.returncode == 0 and "current already" in again.stdout, again.stderr
+    assert marker.exists()
+    assert os.readlink(paths["bin"] / "walqueue-worker") == f"{venv}/bin/walqueue-worker"
+
+
+def fake_installed(prefix: Path, key: str) -> None:
+    """PREFIX/KEY as scripts/install leaves it, without its venv (no pip run)."""
+    shared = prefix / key / "share" / "walqueue"
+    (shared / "systemd").mkdir(parents=True)
+    (prefix / key / "bin").mkdir()
+    (prefix / key / "bin" / "walqueued").write_text("#!/bin/sh\n")
+    (prefix / key / "bin" / "walqueued").chmod(0o755)
+    for unit in (REPO / "systemd").glob("walqueue*.service"):
+        shutil.copy2(unit, shared / "systemd" / unit.name)
+    shutil.copy2(REPO / "systemd" / "walqueue.sysusers", shared / "walqueue.sysusers")
+
+
+def test_the_key_is_the_version_and_commit_of_a_git_checkout():
+    key = install_key(REPO)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, timeout=CTL_SECONDS).stdout.strip()
+    assert key.startswith(f"{walqueue.__version__}-{head}")
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
+                           text=True, timeout=CTL_SECONDS).stdout
+    assert ("-dirty-" in key) == bool(dirty.strip())
+
+
+def test_a_reinstall_of_an_installed_key_that_is_not_current_is_refused_with_the_switch_to_use(workdir):
+    prefix = layout(workdir)["prefix"]
+    key = install_key(REPO)
+    fake_installed(prefix, key)
+    fake_installed(prefix, "0.1.0")
+    (prefix / "current").symlink_to("0.1.0")
+    before = sorted(path.name for path in prefix.iterdir())
+    result = install(REPO, workdir)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"walqueue {key} is installed already ({prefix}/{key}), but not current" in result.stderr
+    assert (f"To make it current: scripts/install --switch {key} --prefix {prefix} --systemd-dir "
+            f"{layout(workdir)['systemd']}") in result.stderr
+    assert sorted(path.name for path in prefix.iterdir()) == before
+    assert os.readlink(prefix / "current") == "0.1.0"
 
 
 def test_install_refuses_what_would_not_work_before_making_anything(workdir):

@@ -23,6 +23,7 @@ from walqueue import (
     StaleLease,
     Unavailable,
     display,
+    paths,
 )
 from walqueue.client import DaemonUnavailable
 from walqueue.dsn import redacted
@@ -40,7 +41,7 @@ EXIT_DEST_NOT_EMPTY = 9
 EXIT_BACKUP_INCOMPLETE = 10
 EXIT_NO_QUEUE = 11
 
-DEFAULT_SOCKET = "/run/walqueue/walqueued.sock"  # where systemd/walqueued.service puts it
+DEFAULT_SOCKET = paths.PLAIN_SOCKET  # where systemd/walqueued.service puts it
 
 # Each code's meaning, pre-wrapped for --help: the whole table in the
 # group's help, each command's own codes in its help.

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from walqueue import __version__
+from walqueue import __version__, paths
 from walqueue.client import SOCKET_NAME, socket_path
 from walqueue.ctl.backends import Ctl, refuse_unable
 from walqueue.ctl.errors import (
@@ -29,7 +29,7 @@ DEFAULT_TIMEOUT_SECONDS = 30.0
 GROUP_EPILOG = exit_codes_help(tuple(EXIT_MEANINGS)) + """\
 \b
 Where the daemon is: --socket PATH, or --dir DIRECTORY (its walqueued.sock),
-or $WALQUEUE_SOCKET; default /run/walqueue/walqueued.sock.
+or $WALQUEUE_SOCKET; default """ + paths.PLAIN_SOCKET + """.
 A queue on PostgreSQL instead: --dsn URL (or $WALQUEUE_DSN) and --queue NAME
 (default "default"); needs walqueue[postgres]. verify, backup, compact,
 pause, resume, metrics and top are walqueued's alone and exit 2 there.

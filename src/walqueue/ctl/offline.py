@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import click
 
-from walqueue import display
+from walqueue import display, paths
 from walqueue.ctl.errors import (
     EXIT_CORRUPT,
     EXIT_FAILURE,
@@ -51,7 +51,7 @@ def verify(directory: str, as_json: bool) -> None:
             report = verify_directory(directory, progress=progress)
     except FileNotFoundError:
         raise CtlError(f"{display.name(directory)} does not exist; give the daemon's queue "
-                       f"directory (e.g. /var/lib/walqueue)", EXIT_UNREADABLE, "Unreadable") from None
+                       f"directory (e.g. {paths.PLAIN_QUEUE_DIRECTORY})", EXIT_UNREADABLE, "Unreadable") from None
     except OSError as exc:
         raise CtlError(f"cannot read {display.name(directory)}: {exc.strerror or exc}; run verify "
                        f"as a user in the daemon's group (the directory is 0750, files 0640)",

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 import walqueue
-from walqueue import display
+from walqueue import display, paths
 from walqueue.backend import is_postgres_target
 from walqueue.errors import Unavailable, WalQueueError
 
@@ -52,9 +52,9 @@ The schedule file (TOML; docs/scheduler.md):
 
 \b
 Examples:
-  walqueue-scheduler /run/walqueue/walqueued.sock /etc/walqueue/schedule.toml
+  walqueue-scheduler """ + paths.PLAIN_SOCKET + """ /etc/walqueue/schedule.toml
   walqueue-scheduler postgresql://scheduler@db/app schedule.toml --queue orders
-  walqueue-ctl --socket /run/walqueue/walqueued.sock schedule schedule.toml
+  walqueue-ctl --socket """ + paths.PLAIN_SOCKET + """ schedule schedule.toml
 """
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 import walqueue
-from walqueue import display
+from walqueue import display, paths
 from walqueue.backend import is_postgres_target
 from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, Unavailable
@@ -63,7 +63,7 @@ A handler's sys.exit(N) is never the worker's exit code: it fails the task.
 
 \b
 Examples:
-  walqueue-worker /run/walqueue/orders/walqueued.sock myapp.tasks:send_email --concurrency 4
+  walqueue-worker """ + paths.template_socket("orders") + """ myapp.tasks:send_email --concurrency 4
   walqueue-worker var/walqueue jobs:handle --max-tasks 100
   walqueue-worker postgresql://worker@db/app jobs:handle --queue orders
 
