@@ -85,7 +85,7 @@ def install_key(checkout: Path) -> str:
 def next_checkout(root: Path, version: str) -> Path:
     """A copy of this checkout whose version is `version`."""
     checkout = root / f"checkout-{version}"
-    checkout.mkdir()
+    checkout.mkdir()  # in /tmp, outside any git repository
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for name in ("src", "docs", "systemd", "scripts"):
         shutil.copytree(REPO / name, checkout / name, ignore=ignore)
@@ -101,8 +101,12 @@ def next_checkout(root: Path, version: str) -> Path:
 @pytest.mark.slow
 def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, workdir):
     paths = layout(workdir)
-    first = install_key(REPO)
-    result = install(REPO, workdir, *python_options())
+    # A copy without git, so that its KEY (its version alone) stays put while the checkout is
+    # edited; test_the_key_is_the_version_and_commit_of_a_git_checkout checks a git one's KEY.
+    first_checkout = next_checkout(workdir, walqueue.__version__)
+    first = install_key(first_checkout)
+    assert first == walqueue.__version__
+    result = install(first_checkout, workdir, *python_options())
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"installed walqueue {first}" in result.stdout
 
@@ -147,7 +151,7 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
     new.start(command=[str(paths["bin"] / "walqueued"), "serve", str(directory), "--socket", socket_path])
     assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {second}\n"
     # The same checkout again while another is current: refused, naming the exact command.
-    refused = install(REPO, workdir, *python_options())
+    refused = install(first_checkout, workdir, *python_options())
     assert refused.returncode == 2 and "installed already" in refused.stderr
     assert f"scripts/install --switch {first} --prefix {prefix}" in refused.stderr
     listed = installed_ctl(workdir, "--socket", socket_path, "tasks", "--json")
@@ -155,7 +159,7 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
         "before-upgrade", "during-upgrade"]
 
     # Rollback: switch the link back (the daemon restarts onto it).
-    result = install(REPO, workdir, "--switch", first)
+    result = install(first_checkout, workdir, "--switch", first)
     assert result.returncode == 0, result.stderr
     assert os.readlink(prefix / "current") == first
     assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {walqueue.__version__}\n"
@@ -165,7 +169,7 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
     marker = prefix / first / "kept"  # gone if the venv were made again
     marker.write_text("")
     (paths["bin"] / "walqueue-worker").unlink()
-    again = install(REPO, workdir, *python_options())
+    again = install(first_checkout, workdir, *python_options())
     assert again.returncode == 0 and "current already" in again.stdout, again.stderr
     assert marker.exists()
     assert os.readlink(paths["bin"] / "walqueue-worker") == f"{venv}/bin/walqueue-worker"
