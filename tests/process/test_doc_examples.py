@@ -8,16 +8,28 @@ it after. A block marked `output` right after an example is what that
 example must print, byte for byte.
 
 All examples share one working directory (with `.venv` linked to this
-environment, as in a checkout) and run in document order, README first, as
-a reader trying them one after another in one checkout would: two examples
-that used one directory for different tasks would meet each other's tasks
-here too.
+environment, as in a checkout, and HOME a directory in it) and run in
+document order, README first, as a reader trying them one after another in
+one checkout would: two examples that used one directory for different tasks
+would meet each other's tasks here too. An example with `daemon=DIR` runs
+with WALQUEUE_SOCKET set to that daemon's socket, as a reader who exported
+it would. Examples marked `pg` need PostgreSQL and run in tests/pg
+(test_doc_examples_pg.py).
+
+The documents a new user walks first (README.md, docs/operations.md,
+docs/postgres.md) hold no unmarked command: each `sh` or `python` block in
+them is an example, or says why it cannot run here with `not-run=REASON`,
+and each REASON is checked against the block (REASONS below): a `server`
+block must act on a server (units, /etc, /opt, ...), and its walqueue-ctl
+commands must parse as walqueue-ctl would parse them, its units exist in
+systemd/ and its scripts/install options be scripts/install's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,7 +37,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
+
+from walqueue.ctl import cli as ctl_cli
 
 from .daemon import REPO, Daemon, child_env
 
@@ -34,6 +49,9 @@ FENCE = re.compile(r"^(\s*)```(.*)$")
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Documents whose every Python block must be an example.
 ALL_PYTHON_RUNS = (REPO / "README.md", REPO / "docs" / "daemon.md")
+# Documents whose every sh and python block is an example or says why not (not-run=REASON).
+WALKED = (REPO / "README.md", REPO / "docs" / "operations.md", REPO / "docs" / "postgres.md")
+COMMAND_LANGUAGES = ("sh", "python")
 
 
 @dataclass
@@ -52,6 +70,11 @@ class Block:
     @property
     def daemon_directory(self) -> str | None:
         found = [word.split("=", 1)[1] for word in self.words if word.startswith("daemon=")]
+        return found[0] if found else None
+
+    @property
+    def not_run_reason(self) -> str | None:
+        found = [word.split("=", 1)[1] for word in self.words if word.startswith("not-run=")]
         return found[0] if found else None
 
 
@@ -80,7 +103,92 @@ def blocks(document: Path) -> list[Block]:
     return found
 
 
-EXAMPLES = [block for document in DOCUMENTS for block in blocks(document) if "run" in block.words]
+EXAMPLES = [block for document in DOCUMENTS for block in blocks(document)
+            if "run" in block.words and "pg" not in block.words]
+
+
+def commands(code: str) -> list[list[str]]:
+    """The simple commands of a shell block, each as its words (comments, redirections and
+    the variable assignments before a command left out; pipelines and lists split)."""
+    found = []
+    for line in code.splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        try:
+            words = list(lexer)
+        except ValueError:  # a quote spanning lines: a here-document or a long string
+            continue
+        current: list[str] = []
+        skip_next = False
+        for word in [*words, ";"]:
+            if skip_next:
+                skip_next = False
+            elif word in (";", "&&", "||", "|", "&", "if", "then", "fi", "!", "$("):
+                if current:
+                    found.append(current)
+                current = []
+            elif word in ("<", ">", ">>", "2>", "2>>") or word.endswith(">"):
+                skip_next = True
+            elif not current and re.fullmatch(r"\w+=\S*", word):
+                continue
+            else:
+                current.append(word)
+    return found
+
+
+def parse_as_walqueue_ctl(args: list[str]) -> None:
+    """Parse ARGS as walqueue-ctl would, without running the command (click.UsageError if wrong)."""
+    context = ctl_cli.make_context("walqueue-ctl", list(args))
+    protected = context._protected_args if hasattr(context, "_protected_args") else context.protected_args
+    rest = [*protected, *context.args]
+    name, command, rest = ctl_cli.resolve_command(context, rest)
+    command.make_context(name, rest, parent=context)
+
+
+SERVER_SIGNS = re.compile(r"\b(systemctl|journalctl|systemd-sysusers|systemd-tmpfiles)\b|scripts/install"
+                          r"|(^|\s)(/etc|/opt|/var/lib|/run|/var/backups)/", re.MULTILINE)
+
+
+def check_server_block(block: Block) -> None:
+    """It acts on a server: its units, /etc, /opt, /var/lib or /run. What can be checked here is."""
+    assert SERVER_SIGNS.search(block.code), f"{block.name} names nothing of a server"
+    units = {path.name for path in (REPO / "systemd").iterdir()}
+    install_help = subprocess.run([str(REPO / "scripts" / "install"), "--help"], capture_output=True,
+                                  text=True, timeout=EXAMPLE_SECONDS).stdout
+    for words in commands(block.code):
+        program, args = Path(words[0]).name, words[1:]
+        if program == "walqueue-ctl":
+            try:
+                parse_as_walqueue_ctl(args)
+            except click.ClickException as exc:
+                raise AssertionError(f"{block.name}: walqueue-ctl {' '.join(args)}: {exc}") from None
+        elif program in ("systemctl", "journalctl"):
+            for word in args:
+                unit = re.fullmatch(r"'?([\w-]+)(@[\w*-]*)?(\.service|\.socket)?'?", word)
+                if word.startswith("-") or unit is None or not unit.group(1).startswith("walqueue"):
+                    continue
+                template = unit.group(1) + ("@" if unit.group(2) else "")
+                assert any(name.startswith(template + ".") for name in units), f"{block.name}: {word}"
+        elif words[0] == "scripts/install":
+            for word in args:
+                if word.startswith("--"):
+                    assert word in install_help, f"{block.name}: scripts/install {word}"
+
+
+def check_scripts_block(block: Block) -> None:
+    """scripts/serve runs until Ctrl-C, scripts/test runs this suite: test_scripts.py runs both."""
+    runs = (REPO / "tests" / "process" / "test_scripts.py").read_text()
+    for words in commands(block.code):
+        assert words[0] in ("scripts/serve", "scripts/test"), f"{block.name}: {words}"
+        assert f'"scripts" / "{words[0].split("/")[1]}"' in runs, f"test_scripts.py does not run {words[0]}"
+
+
+# Why a block of a walked document cannot run here, and how that is checked.
+REASONS = {
+    "server": check_server_block,
+    "scripts": check_scripts_block,
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +197,7 @@ def checkout():
     path = Path(tempfile.mkdtemp(prefix="wq-docs-", dir="/tmp"))
     (path / ".venv").symlink_to(sys.prefix)
     (path / "daemons").mkdir()
+    (path / "home").mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -111,6 +220,9 @@ def test_the_example_runs_as_documented(example: Block, checkout: Path):
         directory.mkdir(parents=True, exist_ok=True)
     env = child_env()
     env["PATH"] = f"{Path(sys.prefix) / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["HOME"] = str(checkout / "home")
+    if daemon is not None:
+        env["WALQUEUE_SOCKET"] = str(checkout / example.daemon_directory / "walqueued.sock")
     command = ([sys.executable, "-c", example.code] if example.language == "python"
                else ["bash", "-euo", "pipefail", "-c", example.code])
     try:
@@ -125,3 +237,36 @@ def test_the_example_runs_as_documented(example: Block, checkout: Path):
         f"\ndaemon log:\n{daemon.log()}" if daemon else "")
     if example.expected_output is not None:
         assert result.stdout == example.expected_output
+
+
+WALKED_BLOCKS = [block for document in WALKED for block in blocks(document)
+                 if block.language in COMMAND_LANGUAGES]
+
+
+def test_every_command_block_of_the_walked_documents_runs_or_says_why_not():
+    assert len(WALKED_BLOCKS) >= 15
+    unmarked = [block.name for block in WALKED_BLOCKS
+                if "run" not in block.words and block.not_run_reason is None]
+    assert not unmarked, f"blocks neither run nor marked not-run=REASON: {unmarked}"
+    unknown = [block.name for block in WALKED_BLOCKS
+               if block.not_run_reason is not None and block.not_run_reason not in REASONS]
+    assert not unknown, f"not-run=REASON with a REASON not in {sorted(REASONS)}: {unknown}"
+
+
+NOT_RUN = [block for block in WALKED_BLOCKS if block.not_run_reason is not None]
+
+
+@pytest.mark.parametrize("block", NOT_RUN, ids=[block.name for block in NOT_RUN])
+def test_the_reason_a_block_is_not_run_holds(block: Block):
+    REASONS[block.not_run_reason](block)
+
+
+def test_a_wrong_command_in_a_server_block_is_caught():
+    # The checks can fail: a mistyped option, an unknown command, a unit that does not exist.
+    for code in ("walqueue-ctl stats --nope\nsystemctl status walqueued\n",
+                 "walqueue-ctl --socket /run/walqueue/walqueued.sock statz\n",
+                 "systemctl enable --now walqueue-workr@orders\n",
+                 "scripts/install --swich 0.2.0\n"):
+        block = Block(REPO / "docs" / "operations.md", 0, "sh", ["not-run=server"], code)
+        with pytest.raises(AssertionError):
+            check_server_block(block)
