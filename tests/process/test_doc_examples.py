@@ -41,6 +41,9 @@ import click
 import pytest
 
 from walqueue.ctl import cli as ctl_cli
+from walqueue.daemon import cli as daemon_cli
+from walqueue.schedule import cli as schedule_cli
+from walqueue.worker import cli as worker_cli
 
 from .daemon import REPO, Daemon, child_env
 
@@ -270,3 +273,55 @@ def test_a_wrong_command_in_a_server_block_is_caught():
         block = Block(REPO / "docs" / "operations.md", 0, "sh", ["not-run=server"], code)
         with pytest.raises(AssertionError):
             check_server_block(block)
+
+
+# The programs whose commands the prose names inline, `walqueue-ctl --dsn URL migrate`.
+PROGRAMS = {"walqueue-ctl": ctl_cli, "walqueued": daemon_cli.cli, "walqueue-worker": worker_cli.main,
+            "walqueue-scheduler": schedule_cli.main}
+INLINE = re.compile(r"`((?:\.venv/bin/)?(?:walqueue-ctl|walqueued|walqueue-worker|walqueue-scheduler)(?: [^`\n]*)?)`")
+
+
+def option_names(command: click.Command) -> set[str]:
+    return {name for parameter in command.params for name in parameter.opts + parameter.secondary_opts
+            } | {"--help", "-h"}
+
+
+def inline_problems(span: str) -> list[str]:
+    """What is wrong with a command named in prose: an unknown command, or an option it lacks.
+    Placeholders (URL, ID, [--queue NAME]) and missing arguments are the prose's business."""
+    words = [word.strip("[]()|.,;") for word in span.split()]
+    program = PROGRAMS[Path(words[0]).name]
+    problems = []
+    command = program
+    for word in words[1:]:
+        if isinstance(command, click.Group) and not word.startswith("-") and word in command.commands:
+            command = command.commands[word]
+        elif isinstance(command, click.Group) and re.fullmatch(r"[a-z][a-z-]+", word) and command is program \
+                and not any(word == name for name in ("URL", "DIR", "PATH", "NAME")) \
+                and words[words.index(word) - 1] not in option_names(program):
+            problems.append(f"{span}: no command {word!r}")
+            break
+        if word.startswith("--"):
+            name = word.split("=", 1)[0]
+            known = option_names(command) | (option_names(program) if command is not program else set())
+            if name not in known:
+                problems.append(f"{span}: no option {name}")
+    return problems
+
+
+def test_every_command_the_walked_documents_name_inline_is_a_real_command_with_real_options():
+    spans = [(document.name, match.group(1)) for document in WALKED
+             for match in INLINE.finditer(document.read_text())]
+    spans += [(block.name, line[2:]) for document in WALKED for block in blocks(document)
+              if block.language == "" for line in block.code.splitlines()
+              if re.match(r"\$ (walqueue|\.venv/bin/walqueue)", line)]
+    assert len(spans) > 30
+    problems = [problem for name, span in spans for problem in inline_problems(span)]
+    assert problems == []
+
+
+def test_a_wrong_inline_command_is_caught():
+    assert inline_problems("walqueue-ctl --dsn URL migrat")
+    assert inline_problems("walqueue-ctl reserve worker-1 --limt 10")
+    assert inline_problems("walqueued serve DIR --socket-mod 0660")
+    assert inline_problems("walqueue-ctl --dsn URL [--queue NAME] stats") == []
