@@ -3,7 +3,7 @@ beanstalkd (binlog, ``-f 0``: fsync on every write), Redis (``appendonly yes``,
 ``appendfsync always``) and a SQLite table (``journal_mode=WAL``,
 ``synchronous=FULL``) beside walqueued; and WALQueue on PostgreSQL
 (``walqueue.pg``) beside procrastinate on one PostgreSQL server with
-``fsync=on`` and ``synchronous_commit=on`` (issue 13). All measured in one run
+``fsync=on`` and ``synchronous_commit=on``. All measured in one run
 on the same machine and disk.
 
     .venv/bin/python scripts/bench_peers.py [--seconds 5] [--runs 3] [--clients 1,4,16]
@@ -526,7 +526,7 @@ OURS = tuple(REQUESTS_PER_CYCLE)
 PG_SYSTEMS = tuple(bench_pg.SYSTEMS)
 PG_PEER = "procrastinate defer+fetch+finish"
 PG_OURS = tuple(system for system in PG_SYSTEMS if system != PG_PEER)
-# One task per cycle, as procrastinate's fetch: the targets of issue 13 are judged on these.
+# One task per cycle, as procrastinate's fetch: the PostgreSQL targets are judged on these.
 PG_SINGLE = ("walqueue.pg put+reserve+ack", "walqueue.pg put+ack_and_reserve")
 assert set(PG_SINGLE) <= set(PG_OURS) and PG_PEER in PG_SYSTEMS
 ALL_SYSTEMS = (*SYSTEMS, *PG_SYSTEMS)
@@ -732,13 +732,13 @@ def pg_target_lines(cells: dict) -> list[str]:
 
 
 def pg_lines(cells: dict, systems: list[str], clients_list: list[int]) -> list[str]:
-    """The report's PostgreSQL section: bench_pg's figures, the ratios, issue 13's targets."""
+    """The report's PostgreSQL section: bench_pg's figures, the ratios, the targets."""
     pg = [system for system in systems if system in PG_SYSTEMS]
     if not pg:
         return []
     lines = [
         "",
-        "## WALQueue on PostgreSQL beside procrastinate (issue 13)",
+        "## WALQueue on PostgreSQL beside procrastinate",
         "",
         "Measured by `scripts/bench_pg.py`'s functions in this run: one PostgreSQL cluster "
         "(`fsync=on`, `synchronous_commit=on`, `full_page_writes=on`, Unix socket, "
@@ -791,7 +791,7 @@ def pg_lines(cells: dict, systems: list[str], clients_list: list[int]) -> list[s
                          f"{', '.join(target)} |")
     lines += [
         "",
-        "### Targets of issue 13, checked against this run",
+        "### Targets for PostgreSQL, checked against this run",
         "",
         "Judged on the fastest single-task variant (put+reserve+ack or put+ack_and_reserve); "
         "limit=10 is shown above, not judged.",
@@ -892,7 +892,7 @@ def write_report(out: Path, plot: Path | None, args, command: str, limits: dict,
                   f"{best[0]} reaches {best[1]['median'] / ceiling:.0%} of it (target >= 30 %)."]
     lines += [
         "",
-        "## Targets of issue 5, checked against this run",
+        "## Targets for walqueued beside its peers, checked against this run",
         "",
         *target_lines(cells, limits, clients_list),
         *pg_lines(cells, systems, clients_list),

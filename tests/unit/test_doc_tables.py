@@ -163,3 +163,10 @@ def test_the_units_table_names_every_file_in_systemd():
                 if table[0][0] == "file"]
     named = {name for row in table[1:] for name in re.findall(r"`([\w@.-]+)`", row[0])}
     assert named == {path.name for path in (REPO / "systemd").iterdir()}
+
+
+def test_the_docs_speak_of_the_software_not_of_issue_numbers():
+    files = [REPO / "README.md", *sorted(DOCS.glob("*.md")), *sorted((REPO / "systemd").iterdir())]
+    found = {str(file.relative_to(REPO)): re.findall(r"\bissues? \d+", file.read_text(), re.IGNORECASE)
+             for file in files}
+    assert {name: hits for name, hits in found.items() if hits} == {}
