@@ -111,7 +111,7 @@ def test_bench_peers_tiny_run_writes_walqueued_and_postgres_rows_and_cleans_up(t
             if line.startswith("| ") and " | 1 | " in line}
     assert "WALQueue (ack+next)" in rows and "walqueue.pg put+ack_and_reserve" in rows
     assert "failed" not in report
-    assert "## WALQueue on PostgreSQL beside procrastinate (issue 13)" in report
+    assert "## WALQueue on PostgreSQL beside procrastinate" in report
     assert "`walqueue.live`" in report and " dead, " in report  # n_dead_tup and size, after the run
     # No procrastinate and no 16-client cell here: each of issue 13's targets says so.
     assert report.count(": not measured in this run") == 3
