@@ -325,3 +325,57 @@ def test_a_wrong_inline_command_is_caught():
     assert inline_problems("walqueue-ctl reserve worker-1 --limt 10")
     assert inline_problems("walqueued serve DIR --socket-mod 0660")
     assert inline_problems("walqueue-ctl --dsn URL [--queue NAME] stats") == []
+
+
+def transcripts(document: Path) -> list[tuple[Block, str, str]]:
+    """The `$ COMMAND` transcripts of a document: (block, command, the output shown after it)."""
+    found = []
+    for block in blocks(document):
+        lines = block.code.splitlines()
+        if block.language == "" and lines and lines[0].startswith("$ "):
+            found.append((block, lines[0][2:], "\n".join(lines[1:])))
+    return found
+
+
+def test_every_script_a_walked_transcript_runs_exists_and_a_test_runs_it():
+    tests_text = "\n".join(path.read_text() for path in (REPO / "tests").rglob("*.py"))
+    scripts = [re.search(r"scripts/(\w+\.py)", command) for document in WALKED
+               for _, command, _ in transcripts(document)]
+    names = {match.group(1) for match in scripts if match}
+    assert names >= {"crash_proof.py", "soak.py", "disk_sizing.py"}
+    for name in names:
+        assert (REPO / "scripts" / name).is_file(), name
+        assert name in tests_text, f"no test runs scripts/{name}"
+
+
+def shape(text: str) -> list[str]:
+    """A report's lines without their figures: what must stay as the doc shows it."""
+    return [re.sub(r"\s+", " ", re.sub(r"[\d.,]+", "N", line)).strip() for line in text.splitlines()]
+
+
+def test_disk_sizing_prints_the_report_operations_md_shows():
+    # The transcript's run took minutes at 100,000 tasks; 200 tasks print the same report.
+    (transcript,) = [(command, output) for _, command, output in transcripts(REPO / "docs" / "operations.md")
+                     if "scripts/disk_sizing.py" in command]
+    command, output = transcript
+    args = shlex.split(command)[2:]
+    args[args.index("--tasks") + 1] = "200"
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "disk_sizing.py"), *args],
+                            capture_output=True, text=True, timeout=EXAMPLE_SECONDS, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert shape(result.stdout) == shape(output)
+
+
+def test_the_no_queue_transcript_of_operations_md_is_what_verify_prints(tmp_path):
+    (transcript,) = [(command, output) for _, command, output in transcripts(REPO / "docs" / "operations.md")
+                     if "NO QUEUE" in output]
+    command, output = transcript
+    directory = shlex.split(command)[-1]
+    queue = tmp_path / directory.lstrip("/") / "orders"
+    queue.mkdir(parents=True)
+    (queue / "LOCK").touch()  # a queue's file: verify names orders/ as a queue
+    result = subprocess.run([str(Path(sys.prefix) / "bin" / "walqueue-ctl"), "verify", f"{tmp_path}{directory}"],
+                            capture_output=True, text=True, timeout=EXAMPLE_SECONDS, env=child_env())
+    *shown, exit_line = output.splitlines()
+    assert exit_line == f"exit {result.returncode}"
+    assert (result.stdout + result.stderr).replace(str(tmp_path), "").splitlines() == shown
