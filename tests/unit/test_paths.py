@@ -176,3 +176,21 @@ def test_verify_names_the_template_queue_directory_in_its_next_hint(tmp_path):
     assert "NO QUEUE" in rendered and "orders/ holds a queue" in rendered
     assert f"{paths.template_queue_directory('NAME')} for walqueued@NAME" in rendered
     assert wrong_paths(rendered.replace(str(tmp_path), "")) == []
+
+
+def markdown_rows(document: str) -> list[list[str]]:
+    return [[cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+            for line in (REPO / "docs" / document).read_text().splitlines() if line.startswith("| ")]
+
+
+def test_the_path_tables_of_the_docs_say_what_the_module_says():
+    rows = {row[0]: row[1:] for row in markdown_rows("operations.md") if len(row) == 3}
+    assert rows["queue directory (`StateDirectory=`)"] == [
+        paths.PLAIN_QUEUE_DIRECTORY, paths.template_queue_directory("NAME")]
+    assert rows["socket (`ListenStream=`, `--socket`)"] == [paths.PLAIN_SOCKET, paths.template_socket("NAME")]
+    workers = {row[0]: row for row in markdown_rows("daemon.md") if row[0].startswith("walqueue-worker")}
+    plain, template = workers["walqueue-worker.service"], workers["walqueue-worker@NAME.service"]
+    assert (plain[2], plain[4]) == (paths.PLAIN_SOCKET, paths.PLAIN_WORKER_DIRECTORY)
+    assert (template[2], template[4]) == (paths.template_socket("NAME"), paths.template_worker_directory("NAME"))
+    assert plain[3] == f"{paths.CONFIGURATION_DIRECTORY}/worker.env"
+    assert template[3] == f"{paths.CONFIGURATION_DIRECTORY}/worker-NAME.env"
