@@ -170,3 +170,67 @@ def test_the_docs_speak_of_the_software_not_of_issue_numbers():
     found = {str(file.relative_to(REPO)): re.findall(r"\bissues? \d+", file.read_text(), re.IGNORECASE)
              for file in files}
     assert {name: hits for name, hits in found.items() if hits} == {}
+
+
+QUOTED_CONSTANT = re.compile(r"`([A-Z][A-Z0-9_]{3,})` \(([^)]*)\)")
+QUOTED_VALUE = re.compile(r"(\d[\d,]*(?:\.\d+)?)\s*(KiB|MiB|GiB)?(?:\s*([+/])\s*(\d[\d,]*(?:\.\d+)?))?")
+UNITS = {None: 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def code_constants() -> dict[str, list[float]]:
+    """Every numeric upper-case module constant of the package, by name (a name may recur)."""
+    import importlib
+    import pkgutil
+
+    import walqueue
+
+    found: dict[str, list[float]] = {}
+    for module_info in pkgutil.walk_packages(walqueue.__path__, "walqueue."):
+        try:
+            module = importlib.import_module(module_info.name)
+        except ImportError:  # an optional extra (psycopg, cronsim) that is not installed
+            continue
+        for name, value in vars(module).items():
+            if name.isupper() and isinstance(value, int | float) and not isinstance(value, bool):
+                found.setdefault(name, []).append(value)
+    return found
+
+
+def quoted_value(text: str) -> float | None:
+    """The figure a doc gives in `CONSTANT` (FIGURE ...): 1,024, 8 MiB, 0.25, 24 + 8, 16 MiB / 6."""
+    match = QUOTED_VALUE.match(text)
+    if not match:
+        return None
+    number, unit, operator, operand = match.groups()
+    value = float(number.replace(",", "")) * UNITS[unit]
+    if operator == "+":
+        value += float(operand.replace(",", ""))
+    elif operator == "/":
+        value = value // float(operand.replace(",", ""))
+    return value
+
+
+def wrong_quotes(text: str, constants: dict[str, list[float]]) -> tuple[int, list[str]]:
+    """(how many quotes of a constant were checked, those whose figure the code does not have)."""
+    checked, wrong = 0, []
+    for name, quoted in QUOTED_CONSTANT.findall(text):
+        value = quoted_value(quoted)
+        if name not in constants or value is None:
+            continue  # not a number of ours (`LOCK` (...)), or words (`OVERDRAFT_BYTES` (one largest frame))
+        checked += 1
+        if not any(abs(candidate - value) <= 1e-9 * max(1.0, abs(value)) for candidate in constants[name]):
+            wrong.append(f"{name} ({quoted}) but the code has {constants[name]}")
+    return checked, wrong
+
+
+def test_every_constant_the_docs_quote_has_the_value_they_give():
+    constants = code_constants()
+    total = 0
+    for document in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        checked, wrong = wrong_quotes(document.read_text(), constants)
+        total += checked
+        assert wrong == [], document.name
+    assert total >= 30
+    # The check can fail: a figure the code does not have is caught.
+    assert wrong_quotes("`TURN_WORK_SECONDS` (0.5) and `LARGE_FRAME_BYTES` (2 MiB)", constants)[1] != []
+    assert len(wrong_quotes("`TURN_WORK_SECONDS` (0.5) and `LARGE_FRAME_BYTES` (2 MiB)", constants)[1]) == 2
