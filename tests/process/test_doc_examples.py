@@ -379,3 +379,102 @@ def test_the_no_queue_transcript_of_operations_md_is_what_verify_prints(tmp_path
     *shown, exit_line = output.splitlines()
     assert exit_line == f"exit {result.returncode}"
     assert (result.stdout + result.stderr).replace(str(tmp_path), "").splitlines() == shown
+
+
+def healthy_queue(directory: Path) -> None:
+    """A queue as operations.md's `verify healthy` shows it: a snapshot at seq 8 (and one at 4
+    before it), then one segment of two frames; ready 3, leased 1, completed 2."""
+    from walqueue import Queue
+
+    with Queue(directory) as queue:
+        for number in range(1, 5):
+            queue.put(f"task-{number}", {"n": number})
+        queue.compact()                                            # snapshot at seq 4
+        queue.put("task-5", {"n": 5})
+        queue.put("task-6", {"n": 6})
+        first, second = queue.reserve("w1", now=100, lease_seconds=60, limit=2)
+        queue.ack(first, now=101)                                  # seq 8
+        queue.compact()                                            # snapshot at seq 8
+        queue.ack(second, now=102)                                 # seq 9
+        queue.reserve("w1", now=103, lease_seconds=60)             # seq 10
+
+
+def newest_segment(directory: Path) -> Path:
+    return sorted(directory.glob("wal-*.log"))[-1]
+
+
+def build_torn(directory: Path) -> None:
+    healthy_queue(directory)
+    segment = newest_segment(directory)
+    head = segment.read_bytes()[:20]  # the first 20 bytes of a frame: one torn in its write
+    with segment.open("ab") as file:
+        file.write(head)
+
+
+def build_zero(directory: Path) -> None:
+    healthy_queue(directory)
+    with newest_segment(directory).open("ab") as file:
+        file.write(bytes(64))
+
+
+def build_corrupt(directory: Path) -> None:
+    healthy_queue(directory)
+    segment = newest_segment(directory)
+    data = bytearray(segment.read_bytes())
+    data[-10] ^= 0x01  # inside the last frame: it fails its checksum, nothing valid follows
+    segment.write_bytes(bytes(data))
+
+
+def build_leftovers(directory: Path) -> None:
+    healthy_queue(directory)
+    (directory / "CURRENT.tmp").write_text("left by an interrupted compaction")
+    (directory / "notes.txt").write_text("not a queue file")
+    (directory / "snapshot-00000000000000000004.snap").write_bytes(b"an orphan")
+
+
+# The directories of operations.md's verify transcripts, built to show what each shows.
+VERIFY_DIRECTORIES = {"healthy": healthy_queue, "torn": build_torn, "zero": build_zero,
+                      "corrupt": build_corrupt, "leftovers": build_leftovers}
+VERIFY_TRANSCRIPTS = [(block, command, output) for block, command, output
+                      in transcripts(REPO / "docs" / "operations.md") if command.startswith("walqueue-ctl verify ")
+                      and shlex.split(command)[-1] in [*VERIFY_DIRECTORIES, "live"]]
+
+
+def shape_matches(shown: str, printed: str) -> bool:
+    """Whether a transcript's output has the printed report's shape; its `...` stands for any lines."""
+    pattern = "\n".join(".*" if line.strip() == "..." else re.escape(shape(line)[0])
+                         for line in shown.splitlines())
+    return re.fullmatch(pattern, "\n".join(shape(printed)), re.DOTALL) is not None
+
+
+@pytest.mark.parametrize("transcript", VERIFY_TRANSCRIPTS, ids=[block.name for block, _, _ in VERIFY_TRANSCRIPTS])
+def test_a_verify_transcript_of_operations_md_has_the_shape_verify_prints(transcript, tmp_path):
+    # The figures differ (the doc's queue had other payloads); the lines, verdicts, problem kinds
+    # and exit code are what verify prints for a directory built to show the same.
+    from walqueue import Queue
+
+    block, command, output = transcript
+    name = shlex.split(command)[-1]
+    builder = VERIFY_DIRECTORIES.get(name, healthy_queue)
+    builder(tmp_path / name)
+    ctl = [str(Path(sys.prefix) / "bin" / "walqueue-ctl"), *shlex.split(command)[1:]]
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run(ctl, capture_output=True, text=True, timeout=EXAMPLE_SECONDS,
+                              cwd=tmp_path, env=child_env())
+
+    if name == "live":  # beside a running owner: this process holds the queue open
+        with Queue(tmp_path / name):
+            result = verify()
+    else:
+        result = verify()
+    *shown, exit_line = output.splitlines()
+    assert exit_line == f"exit {result.returncode}", result.stdout + result.stderr
+    assert shape_matches("\n".join(shown), result.stdout), f"{block.name}:\n{result.stdout}"
+
+
+def test_every_verify_transcript_of_operations_md_is_checked():
+    shown = [shlex.split(command)[-1] for _, command, _ in transcripts(REPO / "docs" / "operations.md")
+             if command.startswith("walqueue-ctl verify ")]
+    checked = [shlex.split(command)[-1] for _, command, _ in VERIFY_TRANSCRIPTS]
+    assert sorted(set(shown) - set(checked)) == ["/var/lib/walqueue-queues"]  # the NO QUEUE test's
