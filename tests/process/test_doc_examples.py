@@ -291,21 +291,19 @@ def inline_problems(span: str) -> list[str]:
     Placeholders (URL, ID, [--queue NAME]) and missing arguments are the prose's business."""
     words = [word.strip("[]()|.,;") for word in span.split()]
     program = PROGRAMS[Path(words[0]).name]
-    problems = []
-    command = program
+    command, previous, problems = program, "", []
     for word in words[1:]:
-        if isinstance(command, click.Group) and not word.startswith("-") and word in command.commands:
-            command = command.commands[word]
-        elif isinstance(command, click.Group) and re.fullmatch(r"[a-z][a-z-]+", word) and command is program \
-                and not any(word == name for name in ("URL", "DIR", "PATH", "NAME")) \
-                and words[words.index(word) - 1] not in option_names(program):
-            problems.append(f"{span}: no command {word!r}")
-            break
-        if word.startswith("--"):
-            name = word.split("=", 1)[0]
-            known = option_names(command) | (option_names(program) if command is not program else set())
-            if name not in known:
-                problems.append(f"{span}: no option {name}")
+        if command is program and isinstance(program, click.Group) and not word.startswith("-"):
+            if word in program.commands:
+                command = program.commands[word]
+            elif re.fullmatch(r"[a-z][a-z-]+", word) and previous not in option_names(program):
+                problems.append(f"{span}: no command {word!r}")  # not an option's value: a command
+                break
+        elif word.startswith("--"):
+            known = option_names(command) | option_names(program)
+            if word.split("=", 1)[0] not in known:
+                problems.append(f"{span}: no option {word.split('=', 1)[0]}")
+        previous = word
     return problems
 
 
