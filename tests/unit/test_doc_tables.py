@@ -234,3 +234,12 @@ def test_every_constant_the_docs_quote_has_the_value_they_give():
     # The check can fail: a figure the code does not have is caught.
     assert wrong_quotes("`TURN_WORK_SECONDS` (0.5) and `LARGE_FRAME_BYTES` (2 MiB)", constants)[1] != []
     assert len(wrong_quotes("`TURN_WORK_SECONDS` (0.5) and `LARGE_FRAME_BYTES` (2 MiB)", constants)[1]) == 2
+
+
+def test_the_json_lines_front_ends_exit_codes_agree_with_the_readme():
+    from walqueue import cli
+
+    codes = {cli.EXIT_OK, cli.EXIT_USAGE, cli.EXIT_LOCKED, cli.EXIT_CORRUPT, cli.EXIT_REOPEN_FAILED}
+    readme = (REPO / "README.md").read_text()
+    sentence = readme[readme.index("Exit codes: 0 at end of input"):].split(".\n")[0]
+    assert {int(code) for code in re.findall(r"(?:: |, )(\d+) ", sentence)} == codes
