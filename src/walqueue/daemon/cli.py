@@ -115,7 +115,7 @@ Exit codes:
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(walqueue.__version__, "--version", prog_name="walqueued",
-                      message="%(prog)s %(version)s", help="Print the walqueue version and exit.")
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
 def cli() -> None:
     pass
 

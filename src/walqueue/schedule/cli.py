@@ -109,7 +109,8 @@ def choose_clock() -> Any:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr; info logs one line per put, catch-up, skip "
                                       "and conflict.")
-@click.version_option(walqueue.__version__, prog_name="walqueue-scheduler")
+@click.version_option(walqueue.__version__, "--version", prog_name="walqueue-scheduler",
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
 def main(target: str, schedule_file: str, queue: str | None, log_level: str) -> None:
     """Put the periodic tasks of SCHEDULE_FILE into the queue at TARGET.
 

@@ -145,7 +145,8 @@ def open_client(target: str, *, name: str, queue: str | None, asynchronous: bool
 @click.option("--queue", default=None, help="The queue's name, for a PostgreSQL TARGET (default: default).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr; info logs one line per task outcome.")
-@click.version_option(walqueue.__version__, prog_name="walqueue-worker")
+@click.version_option(walqueue.__version__, "--version", prog_name="walqueue-worker",
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
 def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, max_tasks: int | None,
          wait_seconds: float, name: str | None, stop_timeout_seconds: float, queue: str | None,
          log_level: str) -> None:
