@@ -501,6 +501,23 @@ def test_next_shows_the_reserve_order_without_leasing(run, queue, clock):
     assert run("next", "--limit", "0").exit_code == EXIT_USAGE
 
 
+def test_the_tasks_table_shows_times_in_utc_and_delayed_tasks_as_delayed(run, clock, monkeypatch):
+    """Issue 23: AVAILABLE_AT showed 0 or a raw epoch, and a delayed task "ready"."""
+    clock[0] = 1_764_700_000  # 2025-12-02T18:26:40Z
+    monkeypatch.setattr(output.time, "time", lambda: float(clock[0]))
+    run("put", "due")
+    run("put", "later", "--delay", "1500")
+    run("put", "idle")
+    run("reserve", "w", "--lease-seconds", "60")  # leases "due" ("due" < "idle", both due)
+    rows = {row.split()[0]: row for row in run("tasks").stdout.splitlines()[1:]}
+    assert rows["later"].split()[1:6] == ["delayed", "0/3", "2025-12-02T18:51:40Z", "(in", "25"]
+    assert rows["idle"].split()[1:4] == ["ready", "0/3", "-"]  # put without a delay: due since 0
+    assert "2025-12-02T18:27:40Z (in 1 min 0 s)" in rows["due"]  # its deadline
+    exact = {task["task_id"]: task for task in lines(run("tasks", "--json"))}
+    assert exact["later"]["status"] == "ready" and exact["later"]["available_at"] == clock[0] + 1500
+    assert exact["due"]["deadline"] == clock[0] + 60
+
+
 def test_the_next_table_says_when_a_task_is_due(run, clock, monkeypatch):
     monkeypatch.setattr(output.time, "time", lambda: 1000.0)
     run("put", "now", "--available-at", "999")

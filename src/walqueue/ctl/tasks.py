@@ -93,6 +93,9 @@ LISTING_JSON = "Print each task as a JSON line (TaskView's fields); errors as JS
 def tasks(ctl: Ctl, status: str | None, limit: int | None, as_json: bool) -> None:
     """List tasks in task_id order, as a table or (--json) one task per line.
 
+    The table shows times in UTC, with how far ahead they are ("(in 25
+    min)") by this machine's clock; a ready task not yet due is "delayed".
+    --json gives the exact fields (times as Unix seconds, status "ready").
     Completed tasks stay listed for ever (as tombstones without payload), so
     on a long-lived queue use --status or --limit.
     """
