@@ -172,6 +172,34 @@ def test_put_delay_and_available_at(run, queue, clock):
     assert both.exit_code == EXIT_USAGE and "not both" in both.stderr
 
 
+def test_put_at_takes_unix_seconds_or_an_iso_time_and_a_repeat_is_idempotent(run, queue, clock):
+    """Issue 23: `put ID --delay 60` twice is a KeyConflict; --at is the repeatable form."""
+    assert lines(run("put", "nightly", "--at", "2026-12-03T02:00:00Z")) == [{"task_id": "nightly"}]
+    clock[0] += 5  # a second run, later
+    assert run("put", "nightly", "--at", "2026-12-03T03:00:00+01:00").exit_code == 0  # same second
+    assert queue.get("nightly").available_at == 1796263200
+    assert run("put", "epoch", "--at", "5000").exit_code == 0
+    assert queue.get("epoch").available_at == 5000
+    for bad, says in (("2026-12-03T02:00:00", "no UTC offset"), ("tomorrow", "neither Unix seconds"),
+                      ("2026-12-03T02:00:00.5Z", "whole second")):
+        refused = run("put", "bad", "--at", bad)
+        assert refused.exit_code == EXIT_USAGE and says in refused.stderr, refused.stderr
+    assert queue.get("bad") is None
+    assert "not both" in run("put", "x", "--at", "1", "--delay", "1").stderr
+
+
+def test_a_repeated_put_with_delay_is_a_key_conflict_that_points_at_at(run, queue, clock):
+    assert run("put", "later", "--delay", "60").exit_code == 0
+    clock[0] += 1
+    again = run("put", "later", "--delay", "60")
+    assert again.exit_code == EXIT_KEY_CONFLICT
+    assert "part of the request's identity" in again.stderr and "--at" in again.stderr
+    error = json.loads(run("put", "later", "--delay", "60", "--json").stderr)
+    assert error["error"] == "KeyConflict" and "--at EPOCH" in error["message"]
+    help_text = " ".join(run("put", "--help").stdout.split())
+    assert "put again later is a key conflict (exit 6): use --at" in help_text
+
+
 @pytest.mark.parametrize("payload", ["not json", "[1, 2]", '"text"', "{"])
 def test_put_rejects_a_payload_that_is_not_a_json_object(run, queue, payload):
     result = run("put", "a", payload)

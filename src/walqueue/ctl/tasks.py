@@ -3,13 +3,20 @@ and bring dead ones back (revive)."""
 
 from __future__ import annotations
 
+import datetime
 import sys
 from typing import TextIO
 
 import click
 
 from walqueue.ctl.backends import Ctl
-from walqueue.ctl.errors import DAEMON_CODES, EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, CtlError, not_found
+from walqueue.ctl.errors import (
+    DAEMON_CODES,
+    EXIT_KEY_CONFLICT,
+    EXIT_NOT_FOUND,
+    CtlError,
+    not_found,
+)
 from walqueue.ctl.group import JSON_ALREADY, command, json_option, pass_ctl
 from walqueue.ctl.output import emit, parse_json_object, print_tasks
 
@@ -34,6 +41,46 @@ def payload_text(payload: str | None, stdin: TextIO | None) -> tuple[str, str]:
     return text, "the payload on stdin"
 
 
+# The largest time a task may be due at (SPEC §1: below 2**63).
+MAX_TIME = 2**63 - 1
+
+
+class MomentType(click.ParamType):
+    """--at: Unix seconds, or an ISO 8601 time with its UTC offset (2026-12-03T02:00:00Z)."""
+
+    name = "EPOCH|ISO8601"
+
+    def convert(self, value, parameter, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        text = value.strip()
+        if text.isdigit():
+            seconds = int(text)
+        else:
+            try:
+                moment = datetime.datetime.fromisoformat(text)
+            except ValueError:
+                self.fail(f"{value!r} is neither Unix seconds nor an ISO 8601 time "
+                          f"(e.g. 2026-12-03T02:00:00Z)", parameter, ctx)
+            if moment.tzinfo is None:
+                # A time without an offset means another hour on every machine with another
+                # zone, and a repeated put must name the same second everywhere.
+                self.fail(f"{value!r} has no UTC offset: add Z or e.g. +01:00", parameter, ctx)
+            seconds = int(moment.timestamp())
+            if seconds != moment.timestamp():
+                self.fail(f"{value!r} is not a whole second", parameter, ctx)
+        if not 0 <= seconds <= MAX_TIME:
+            self.fail(f"{value!r} is outside 0..{MAX_TIME} Unix seconds", parameter, ctx)
+        return seconds
+
+
+DELAY_CONFLICT_ADVICE = (
+    "A put with --delay is due at now + delay, and that time is part of the request's identity "
+    "(SPEC §2), so the same put a second later is a different request. To put a scheduled task "
+    "you may repeat, give the time itself: --at EPOCH or --at ISO8601 (e.g. "
+    "2026-12-03T02:00:00Z).")
+
+
 @command(*DAEMON_CODES, EXIT_KEY_CONFLICT, short_help='Put a task (idempotent by key).')
 @click.argument("task_id")
 @click.argument("payload", required=False, default=None, metavar="[PAYLOAD_JSON|-]")
@@ -41,29 +88,46 @@ def payload_text(payload: str | None, stdin: TextIO | None) -> tuple[str, str]:
               help="Idempotency key [default: the task id]. A key already used by a different "
                    "request is a key conflict (exit 6).")
 @click.option("--delay", type=click.IntRange(min=0), default=None,
-              help="Due this many seconds from now (computed once, so a retry keeps its identity).")
+              help="Due this many seconds from now. The due time is part of the identity, so "
+                   "running the same put again later is a key conflict (exit 6): use --at for a "
+                   "put you may repeat.")
+@click.option("--at", "at", type=MomentType(), default=None,
+              help="Due at this time: Unix seconds, or ISO 8601 with an offset "
+                   "(2026-12-03T02:00:00Z). Repeating the put is idempotent. Not with --delay.")
 @click.option("--available-at", type=click.IntRange(min=0), default=None,
-              help="Due at this Unix time (seconds). Not with --delay.")
+              help="Due at this Unix time (seconds), as --at EPOCH.")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="Leases after which a task that keeps failing (released or expired) is dead.")
 @json_option(JSON_ALREADY)
 @pass_ctl
 def put(ctl: Ctl, task_id: str, payload: str | None, key: str | None, delay: int | None,
-        available_at: int | None, max_attempts: int, as_json: bool) -> None:
+        at: int | None, available_at: int | None, max_attempts: int, as_json: bool) -> None:
     """Put a task; PAYLOAD_JSON is a JSON object ('-' reads it from stdin; default {}).
 
     Without PAYLOAD_JSON, a payload piped on stdin is read (`echo '{"to": 1}'
     | walqueue-ctl put ID`); a terminal or an empty stdin gives {}.
     Prints {"task_id": ...}. Putting the identical request again is a no-op
-    that prints the same id. Tasks are leased in (available_at, task_id)
+    that prints the same id; with --delay it is not identical a second later
+    (the due time is part of it), so repeatable scheduled puts use --at. Tasks are leased in (available_at, task_id)
     order, so ids that should run in arrival order must sort that way
     (zero-padded numbers, or time-ordered ids).
     """
-    if delay is not None and available_at is not None:
-        raise click.UsageError("give --delay or --available-at, not both")
+    given = [name for name, value in (("--delay", delay), ("--at", at),
+                                      ("--available-at", available_at)) if value is not None]
+    if len(given) > 1:
+        raise click.UsageError(f"give {' or '.join(given)}, not both" if len(given) == 2 else
+                               "give one of --delay, --at and --available-at")
+    due = at if at is not None else available_at
     value = parse_json_object(*payload_text(payload, sys.stdin))
-    task = ctl.client.put(task_id, value, key=key, available_at=available_at or 0,
-                          delay=delay, max_attempts=max_attempts)
+    try:
+        task = ctl.client.put(task_id, value, key=key, available_at=due or 0, delay=delay,
+                              max_attempts=max_attempts)
+    except CtlError as exc:
+        if exc.name != "KeyConflict" or delay is None:
+            raise
+        first_line = exc.format_message().splitlines()[0]
+        raise CtlError(f"{first_line}\n{DELAY_CONFLICT_ADVICE}", exc.exit_code, exc.name,
+                       exc.fields) from exc
     emit({"task_id": task})
 
 
