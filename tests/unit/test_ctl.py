@@ -31,7 +31,7 @@ from walqueue.ctl.errors import (
 from walqueue.daemon.recorder import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
-              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, errors.EXIT_NO_QUEUE}
+              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, errors.EXIT_NO_QUEUE, errors.EXIT_PAUSED}
 
 
 class FakeClient:
@@ -42,6 +42,7 @@ class FakeClient:
     def __init__(self, queue: Queue, clock: list[int], path: str, **options) -> None:
         self.queue, self.clock, self.path, self.options = queue, clock, path, options
         self.closed = False
+        self.paused = False
         FakeClient.instances.append(self)
 
     def put(self, task_id, payload, *, key=None, available_at=0, delay=None, max_attempts=3):
@@ -51,6 +52,8 @@ class FakeClient:
                               max_attempts=max_attempts)
 
     def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
+        if self.paused:
+            return []
         return self.queue.reserve(worker, now=self.clock[0], lease_seconds=lease_seconds, limit=limit)
 
     def ack(self, lease):
@@ -80,7 +83,11 @@ class FakeClient:
     def daemon_stats(self):
         recorder = Recorder(next_seq=1, now=0, recovery_seconds=0.25)
         return recorder.report(self.queue, now=self.clock[0], connections=1, parked_reserves=0,
-                               paused=False, compact_wal_bytes=1000, directory="/var/q")
+                               paused=self.paused, compact_wal_bytes=1000, directory="/var/q")
+
+    def pause(self):
+        self.paused = True
+        return True
 
     def close(self):
         self.closed = True
@@ -217,6 +224,29 @@ def test_put_with_a_conflicting_key_exits_6_and_says_what_to_do(run):
 def test_a_request_the_library_rejects_exits_2(run):
     result = run("put", "x" * 2000)
     assert result.exit_code == EXIT_USAGE and "Nothing was written" in result.stderr
+
+
+def test_reserve_while_paused_says_so_on_stderr_and_exits_12(run, queue, monkeypatch):
+    """Issue 23: a reserve from a paused daemon printed nothing and exited 0, like an empty queue."""
+    run("put", "a")
+    monkeypatch.setattr(FakeClient, "__init__", paused_init(FakeClient.__init__))
+    result = run("reserve", "w")
+    assert result.exit_code == errors.EXIT_PAUSED and result.stdout == ""
+    assert "paused" in result.stderr and "walqueue-ctl resume" in result.stderr
+    assert queue.get("a").status == "ready"
+    assert json.loads(run("reserve", "w", "--json").stderr)["error"] == "Paused"
+
+
+def paused_init(init):
+    def paused_client(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.paused = True
+    return paused_client
+
+
+def test_an_empty_reserve_from_a_running_daemon_exits_0(run):
+    result = run("reserve", "w")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
 
 
 def test_bad_options_are_usage_errors(run):
@@ -450,7 +480,7 @@ def help_codes(text: str) -> list[int]:
 
 def test_the_group_help_lists_every_exit_code_once(run):
     text = run("--help").stdout
-    assert help_codes(text) == list(errors.EXIT_MEANINGS) == list(range(12))
+    assert help_codes(text) == list(errors.EXIT_MEANINGS) == list(range(13))
     assert "_WALQUEUE_CTL_COMPLETE=bash_source" in text
 
 

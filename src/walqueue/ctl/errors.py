@@ -39,14 +39,15 @@ EXIT_UNREADABLE = 8
 EXIT_DEST_NOT_EMPTY = 9
 EXIT_BACKUP_INCOMPLETE = 10
 EXIT_NO_QUEUE = 11
+EXIT_PAUSED = 12
 
 DEFAULT_SOCKET = "/run/walqueue/walqueued.sock"  # where systemd/walqueued.service puts it
 
 # Each code's meaning, pre-wrapped for --help: the whole table in the
 # group's help, each command's own codes in its help.
 EXIT_MEANINGS = {
-    EXIT_OK: "success (also: reserve that leased nothing; verify of a healthy\n"
-             "     directory, torn tail included)",
+    EXIT_OK: "success (also: reserve that leased nothing from a queue that is not\n"
+             "     paused; verify of a healthy directory, torn tail included)",
     EXIT_FAILURE: "failure: the daemon could not make the request durable (a failed\n"
                   "     write; it reopened its queue; retry) or an unexpected error",
     EXIT_USAGE: "usage error or invalid input (bad option, malformed JSON, a request\n"
@@ -66,6 +67,8 @@ EXIT_MEANINGS = {
                             "     open as a queue): delete it and run backup again",
     EXIT_NO_QUEUE: "verify: the directory holds no queue (empty, or e.g. the parent of\n"
                    "     queue directories, which it names)",
+    EXIT_PAUSED: "reserve: the daemon is paused (walqueue-ctl pause), so it leased\n"
+                 "     nothing; walqueue-ctl resume hands out tasks again",
 }
 
 # The codes of a command that talks to the daemon, before its own.
