@@ -63,8 +63,9 @@ EXIT_MEANINGS = {
     EXIT_UNREADABLE: "verify or backup could not read the queue directory or one of its\n"
                      "     files (run as the daemon's user or a member of its group)",
     EXIT_DEST_NOT_EMPTY: "backup: DEST exists and is not an empty directory (nothing written)",
-    EXIT_BACKUP_INCOMPLETE: "backup: the copy failed half way; DEST is incomplete (it will not\n"
-                            "     open as a queue): delete it and run backup again",
+    EXIT_BACKUP_INCOMPLETE: "backup: the copy failed or was interrupted half way: DEST was\n"
+                            "     removed, or is incomplete (verify calls it an incomplete backup):\n"
+                            "     delete it and run backup again; verify: such a DEST",
     EXIT_NO_QUEUE: "verify: the directory holds no queue (empty, or e.g. the parent of\n"
                    "     queue directories, which it names)",
     EXIT_PAUSED: "reserve: the daemon is paused (walqueue-ctl pause), so it leased\n"
