@@ -260,3 +260,16 @@ def test_reserve_from_a_paused_daemon_says_so_and_exits_12(daemon):
     assert [lease["task_id"] for lease in json_lines(ctl(*s, "reserve", "w"))] == ["a"]
     empty = ctl(*s, "reserve", "w")
     assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+
+
+def test_walqueued_max_lease_seconds_bounds_reserve_and_touch(make_daemon):
+    """Issue 23 (SPEC §8b): a lease longer than --max-lease-seconds is refused, naming the bound."""
+    daemon = make_daemon("--max-lease-seconds", "60")
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "a").returncode == 0
+    refused = ctl(*s, "reserve", "w", "--lease-seconds", "61")
+    assert refused.returncode == EXIT_USAGE and "bound of 60 s" in refused.stderr, refused.stderr
+    (lease,) = json_lines(ctl(*s, "reserve", "w", "--lease-seconds", "60"))
+    longer = ctl(*s, "touch", "-", "--lease-seconds", "3600", input=json.dumps(lease) + "\n")
+    assert longer.returncode == EXIT_USAGE and "--max-lease-seconds" in longer.stderr
+    assert json_lines(ctl(*s, "get", "a"))[0]["deadline"] == lease["deadline"]  # nothing written

@@ -95,7 +95,7 @@ from .freeing import FreeingInSteps
 from .log import log
 from .metrics_http import MetricsEndpoint
 from .recorder import Recorder
-from .service import QueueService
+from .service import DEFAULT_MAX_LEASE_SECONDS, QueueService
 from .systemd import Notifier
 from .turn_timer import TurnTimer
 
@@ -223,6 +223,7 @@ class Loop:
         filesystem: FreeingInSteps | None = None,
         opened: Directory | None = None,
         child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS,
+        max_lease_seconds: int = DEFAULT_MAX_LEASE_SECONDS,
     ) -> None:
         freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
@@ -240,7 +241,7 @@ class Loop:
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
-        self.service = QueueService(queue, report=self.report,
+        self.service = QueueService(queue, report=self.report, max_lease_seconds=max_lease_seconds,
                                compact=lambda peer, request_id: self.compaction.request(peer, request_id))
         self.selector = Selector()
         self.commit = GroupCommit(
