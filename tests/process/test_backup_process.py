@@ -294,3 +294,19 @@ def test_a_backup_killed_half_way_leaves_a_dest_verify_calls_an_incomplete_backu
     verified = ctl("verify", dest)
     assert verified.returncode == 10, verified.stdout + verified.stderr
     assert "INCOMPLETE BACKUP" in verified.stdout and "evidence" not in verified.stdout
+
+
+def test_get_after_a_restore_says_what_the_restored_directory_holds(make_daemon, workdir):
+    """Issue 23: after a restore, `get` of a task put after the backup said only "was never put"."""
+    daemon = make_daemon()
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "before", "{}").returncode == 0
+    (backed_up,) = json_lines(ctl(*s, "backup", workdir / "copy", "--json"))
+    assert ctl(*s, "put", "after", "{}").returncode == 0
+    restored = make_daemon(directory=workdir / "copy", socket_path=str(workdir / "restored.sock"))
+    missing = ctl("--socket", restored.socket_path, "get", "after")
+    assert missing.returncode == 7, missing.stderr
+    message = " ".join(missing.stderr.split())
+    assert f"holds every task put up to seq {backed_up['seq']}" in message, message
+    assert str(workdir / "copy") in message and "restored from a backup" in message
+    assert "put it again" in message

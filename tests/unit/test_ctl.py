@@ -487,7 +487,7 @@ def test_the_group_help_lists_every_exit_code_once(run):
 @pytest.mark.parametrize("command, own", [
     ("put", {0, 1, 2, 3, 6}), ("get", {0, 1, 2, 3, 7}), ("ack", {0, 1, 2, 3, 5}),
     ("revive", {0, 1, 2, 3, 7}), ("force-release", {0, 1, 2, 3, 7}),
-    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 11}),
+    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 10, 11}), ("reserve", {0, 1, 2, 3, 12}),
 ])
 def test_each_command_help_lists_its_own_exit_codes(run, command, own):
     text = run(command, "--help").stdout

@@ -9,6 +9,8 @@ from typing import TextIO
 
 import click
 
+from walqueue import display
+from walqueue.backend import DAEMON_STATS
 from walqueue.ctl.backends import Ctl
 from walqueue.ctl.errors import (
     DAEMON_CODES,
@@ -136,11 +138,33 @@ def put(ctl: Ctl, task_id: str, payload: str | None, key: str | None, delay: int
 @json_option(JSON_ALREADY)
 @pass_ctl
 def get(ctl: Ctl, task_id: str, as_json: bool) -> None:
-    """Print one task as JSON (exit 7 if there is no such task)."""
+    """Print one task as JSON (exit 7 if there is no such task).
+
+    For walqueued, the error says what its directory holds (every task put
+    up to its last seq): after a restore, a task put after the backup's seq
+    is not there, and putting it again is safe.
+    """
     task = ctl.client.get(task_id)
     if task is None:
-        raise not_found(task_id, " (completed and dead tasks stay listed, so it was never put)")
+        raise not_found(task_id, what_the_queue_holds(ctl))
     emit(task)
+
+
+def what_the_queue_holds(ctl: Ctl) -> str:
+    """Why a task id is not found, as far as the backend can say it truly."""
+    never = " (completed and dead tasks stay listed, so it was never put)"
+    if DAEMON_STATS not in ctl.capabilities:
+        return never
+    try:
+        report = ctl.client.daemon_stats()
+    except CtlError:
+        return never  # the get was answered; the explanation is only a courtesy
+    started = datetime.datetime.fromtimestamp(int(report.start_time_seconds), datetime.UTC)
+    return (f" at {display.name(report.directory)}, which holds every task put up to seq "
+            f"{report.queue.last_seq}, completed and dead ones included (walqueued opened it at "
+            f"{started:%Y-%m-%dT%H:%M:%SZ}). So it was never put there, or, if that directory was "
+            f"restored from a backup, it was put after the backup's seq: put it again (an "
+            f"identical put is idempotent)")
 
 
 LIMIT_OPTION = click.option("--limit", type=click.IntRange(min=1), default=None,
