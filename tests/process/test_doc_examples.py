@@ -125,3 +125,27 @@ def test_the_example_runs_as_documented(example: Block, checkout: Path):
         f"\ndaemon log:\n{daemon.log()}" if daemon else "")
     if example.expected_output is not None:
         assert result.stdout == example.expected_output
+
+
+def test_the_readme_worker_example_run_twice_ends_and_sends_once(workdir):
+    """Issue 23: the README worker example waited for ever on its second run (the put is a
+    no-op, the task already completed). It ends now, and its first run logs its task."""
+    (example,) = [block for block in EXAMPLES if block.document.name == "README.md"
+                  and 'Worker(client, "mailer-1"' in block.code]
+    directory = workdir / example.daemon_directory
+    directory.mkdir(parents=True)
+    (workdir / "daemons").mkdir()
+    daemon = Daemon(workdir / "daemons", directory, str(directory / "walqueued.sock"))
+    runs = []
+    try:
+        daemon.start()
+        for _ in range(2):
+            runs.append(subprocess.run([sys.executable, "-c", example.code], capture_output=True,
+                                       text=True, cwd=workdir, env=child_env(),
+                                       timeout=EXAMPLE_SECONDS))
+    finally:
+        daemon.cleanup()
+    first, second = runs
+    assert (first.returncode, first.stdout) == (0, "sending to ada@example.com\n"), first.stderr
+    assert "task email-1 generation 1 attempt 1: done in" in first.stderr  # logged by default
+    assert (second.returncode, second.stdout) == (0, ""), second.stderr

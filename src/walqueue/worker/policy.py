@@ -60,7 +60,8 @@ handler that returns later finds its lease released and finishes nothing.
 Log lines (logger ``walqueue.worker``): one per task outcome, naming the
 task id (escaped by ``walqueue.display.name``), its generation and
 attempt; a handler's exception is logged with its traceback (its message
-escaped by ``walqueue.display.text``, so the outcome stays one line).
+escaped by ``walqueue.display.text``, so the outcome stays one line). A
+program that configured no logging gets them on stderr (``log_by_default``).
 
 What a backend must provide (``client``)
 ----------------------------------------
@@ -106,6 +107,41 @@ from walqueue.errors import InvalidRequest, QueueClosed, StaleLease, Unavailable
 from walqueue.values import Lease, TaskView
 
 log = logging.getLogger("walqueue.worker")
+DEFAULT_LOG_FORMAT = "%(asctime)s walqueue.worker %(levelname)s %(message)s"
+
+
+class DefaultLogHandler(logging.StreamHandler):
+    """The Worker's own stderr handler, for a program that configured no logging.
+
+    It steps aside for good once the program configures logging after all
+    (the root logger has a handler): from then on the lines go there, once.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            log.removeHandler(self)
+            if log.level == logging.INFO:
+                log.setLevel(logging.NOTSET)  # the level this handler set, back to the program's
+            return  # propagated to the root's handlers, which log it
+        super().emit(record)
+
+
+def log_by_default() -> None:
+    """Log the Worker's task lines on stderr where nothing else would (as `rq worker` does).
+
+    Without a handler anywhere, Python shows only warnings (its last-resort
+    handler), so a plain script saw no "done" line for its tasks. Only when
+    neither the root logger nor walqueue.worker has a handler: a program that
+    configured logging keeps exactly what it configured, and nothing is
+    logged twice.
+    """
+    if logging.getLogger().handlers or log.handlers:
+        return
+    handler = DefaultLogHandler()
+    handler.setFormatter(logging.Formatter(DEFAULT_LOG_FORMAT))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
 
 MAX_BACKOFF_SECONDS = 300
 RECONNECT_PAUSE_SECONDS = 1.0
@@ -289,6 +325,7 @@ class Policy:
         """Ready the counters of one run(); the shell starts the loops after this."""
         if max_tasks is not None:
             _check_count("max_tasks", max_tasks, minimum=0)
+        log_by_default()
         with self._state:
             self._max_tasks = max_tasks
             self._taken = 0
