@@ -54,6 +54,7 @@ dropped, and the daemon exits non-zero for its supervisor.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import selectors
 import signal
@@ -102,6 +103,8 @@ from .turn_timer import TurnTimer
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 DRAIN_SECONDS = 5.0
+# Connection ends that are no news: logged at DEBUG (any other reason is INFO).
+ORDINARY_CLOSES = ("closed by peer", "daemon stopping")
 # Work per turn is bounded in time, not only in count: once a turn has spent
 # this long reading (receiving and decoding) the connections it polled, the
 # rest are read first in the next turn; once it has spent this long applying
@@ -535,7 +538,8 @@ class Loop:
             self.connections[sock.fileno()] = conn
             self._awaiting_hello.append((self.clock.monotonic_seconds() + self.hello_timeout_seconds, conn))
             self._settle(conn)
-            log.info("connect %s", name)
+            # DEBUG: every walqueue-ctl call is a connection, and INFO is the operator's log.
+            log.debug("connect %s", name)
 
     def _close(self, conn: PeerConnection, reason: str) -> None:
         if conn.closed:
@@ -551,7 +555,9 @@ class Loop:
         self.connections.pop(conn.sock.fileno(), None)
         conn.sock.close()
         self.service.forget(conn)
-        log.info("disconnect %s (%s)", conn.name, reason)
+        # An ordinary close is DEBUG, as its connect was; a failed one says what went wrong.
+        log.log(logging.DEBUG if reason in ORDINARY_CLOSES else logging.INFO,
+                "disconnect %s (%s)", conn.name, reason)
 
     def _settle(self, conn: PeerConnection) -> None:
         """Register exactly the events the connection needs now, or close it."""
