@@ -87,7 +87,7 @@ def test_without_cronsim_both_tools_name_the_extra_to_install(files, program, mo
                              *args], cwd=files, capture_output=True, text=True, timeout=60,
                             env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2, result.stderr
-    assert "pip install 'walqueue[scheduler]'" in result.stderr
+    assert "pip install -e '.[scheduler]'" in result.stderr
 
 
 # -- walqueue-ctl schedule ----------------------------------------------------------------
