@@ -53,7 +53,8 @@ EXIT_MEANINGS = {
     EXIT_USAGE: "usage error or invalid input (bad option, malformed JSON, a request\n"
                 "     the queue rejects as InvalidRequest); nothing was written",
     EXIT_UNAVAILABLE: "the daemon is unavailable (not running, wrong socket, no permission,\n"
-                      "     or the connection broke before the answer)",
+                      "     or the connection broke before the answer); with --dsn also a\n"
+                      "     database that refuses the connection (no such database, bad login)",
     EXIT_CORRUPT: "corrupt: verify found corruption (the daemon would refuse to start),\n"
                   "     or the copy backup made does not verify",
     EXIT_STALE_LEASE: "stale lease: ack/release/touch with a lease that is not current",
@@ -152,6 +153,9 @@ def error_for(exc: BaseException, path: str, dsn: str | None = None) -> CtlError
     """
     message = display.text(str(exc) if dsn is None else redacted(str(exc), dsn))  # SPEC §8b
     name = type(exc).__name__
+    if dsn is not None and name == "DatabaseRefused":  # walqueue.pg.refusals: at once, no retry
+        return CtlError(f"{message}\nFix --dsn (or WALQUEUE_DSN), or the role's grants, and run "
+                        f"the command again.", EXIT_UNAVAILABLE, name)
     if dsn is not None and isinstance(exc, (Unavailable, ConnectionError)):
         return CtlError(f"{message}\nIs PostgreSQL running, and does --dsn (or WALQUEUE_DSN) "
                         f"name it, with a role that may use the walqueue schema?",

@@ -29,7 +29,7 @@ import walqueue
 from walqueue import display
 from walqueue.backend import is_postgres_target
 from walqueue.dsn import redacted
-from walqueue.errors import InvalidRequest, Unavailable
+from walqueue.errors import InvalidRequest, Unavailable, WalQueueError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -48,6 +48,16 @@ class Unreachable(click.ClickException):
         super().__init__(f"cannot reach {shown(target)}: {redacted(str(error), target)}")
 
 
+class Refused(click.ClickException):
+    """The service answered at start and refused the worker (e.g. no such database): one
+    line, at once; retrying would not help."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, target: str, error: BaseException) -> None:
+        super().__init__(f"{shown(target)} refused the worker: {redacted(str(error), target)}")
+
+
 def shown(target: str) -> str:
     """TARGET as the log and messages show it: without a DSN's password (SPEC §8b), escaped."""
     return display.name(redacted(target))
@@ -58,7 +68,8 @@ Exit codes:
      --stop-timeout), or --max-tasks tasks handled
   1  failure: the Worker ended on an error it does not retry (logged)
   2  usage: a bad option, or a handler that cannot be imported or called
-  3  the service (walqueued, PostgreSQL) could not be reached at start
+  3  the service (walqueued, PostgreSQL) could not be reached at start, or
+     refused the worker (no such database, a refused login: at once)
 A handler's sys.exit(N) is never the worker's exit code: it fails the task.
 
 \b
@@ -174,6 +185,8 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
         raise Unreachable(target, exc) from exc
     except InvalidRequest as exc:  # a DSN libpq cannot parse, a bad --queue name
         raise click.UsageError(redacted(str(exc), target)) from None
+    except WalQueueError as exc:  # PostgreSQL refused it (walqueue.pg.DatabaseRefused), a schema
+        raise Refused(target, exc) from None
     options = {"lease_seconds": lease_seconds, "wait": wait_seconds, "concurrency": concurrency,
                "stop_timeout_seconds": stop_timeout_seconds}
     runner = run_async if asynchronous else run_threads
