@@ -15,7 +15,7 @@ import pytest
 
 from tests.postgres import unique_name
 from tests.process.daemon import REPO, child_env
-from walqueue.pg import AsyncClient, Client, DatabaseRefused, DatabaseUnavailable
+from walqueue.pg import AsyncClient, Client, DatabaseRefused
 
 SECRET = "s3cretPW9"
 EXIT_SECONDS = 60.0
