@@ -25,11 +25,14 @@ from __future__ import annotations
 import psycopg
 
 from walqueue.dsn import redacted
+from walqueue.pg import pool_log
 from walqueue.pg.aio import AsyncClient
 from walqueue.pg.calls import DatabaseUnavailable, check_dsn, describe, schema_name
 from walqueue.pg.client import Client
 from walqueue.pg.refusals import DatabaseRefused, refusal
 from walqueue.pg.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, SchemaError, migrate_connection
+
+pool_log.install()  # the pool's warnings about walqueue's pools: one per outage
 
 __all__ = ["UNSUPPORTED_COMMANDS", "AsyncClient", "Client", "DatabaseRefused", "DatabaseUnavailable",
            "SCHEMA_VERSION", "SchemaError", "migrate"]

@@ -104,6 +104,7 @@ from typing import Any
 
 from walqueue import display
 from walqueue.errors import InvalidRequest, QueueClosed, StaleLease, Unavailable
+from walqueue.outage import Outage
 from walqueue.values import Lease, TaskView
 
 log = logging.getLogger("walqueue.worker")
@@ -283,6 +284,8 @@ class Policy:
         self.touch_interval_seconds = max(MIN_TOUCH_INTERVAL_SECONDS, lease_seconds / 3)
         # Held only between steps, never across one, so a plain lock serves threads and tasks alike.
         self._state = threading.Lock()
+        # A service that keeps failing is logged once when it starts and once when it heals.
+        self._outages = {"reserve": Outage(), "touch": Outage()}
         self._stopping = False
         self._stopped_at: float | None = None
         self._stop_event = clock.event()  # cuts pauses short
@@ -440,12 +443,12 @@ class Policy:
         try:
             leases = yield functools.partial(self.client.reserve, self.worker, lease_seconds=self.lease_seconds,
                                              limit=self._reserve_limit(), wait=self.wait)
+            self._service_worked("reserve")
             return self._keep_one(leases)
         except LOST_ANSWER as exc:
             if self._client_closed():
                 raise
-            log.warning("worker %s: reserve failed, trying again in %g s: %s",
-                        display.name(self.worker), RECONNECT_PAUSE_SECONDS, exc)
+            self._service_failed("reserve", f"trying again every {RECONNECT_PAUSE_SECONDS:g} s", exc)
             yield self._pause(RECONNECT_PAUSE_SECONDS)
             return []
         finally:
@@ -596,6 +599,7 @@ class Policy:
         lease, touch_at = held.lease, math.inf
         try:
             lease = yield functools.partial(self.client.touch, held.lease, lease_seconds=self.lease_seconds)
+            self._service_worked("touch")
             touch_at = self.clock.now() + self.touch_interval_seconds
         except StaleLease as lost:
             log.warning("task %s generation %d: lost the lease while the handler ran (%s); "
@@ -603,14 +607,32 @@ class Policy:
         except LOST_ANSWER as exc:
             if self._client_closed():
                 return False
-            log.warning("task %s generation %d: touch failed, trying again in %g s: %s",
-                        display.name(lease.task_id), lease.generation, self.touch_interval_seconds, exc)
+            log.debug("task %s generation %d: touch failed: %s", display.name(lease.task_id),
+                      lease.generation, exc)
+            self._service_failed("touch", f"trying each lease again every {self.touch_interval_seconds:g} s", exc)
             touch_at = self.clock.now() + self.touch_interval_seconds
         finally:
             with self._state:
                 held.lease, held.touch_at, held.touching = lease, touch_at, False
             held.touch_done.set()
         return True
+
+    def _service_failed(self, what: str, retrying: str, exc: BaseException) -> None:
+        """Log a failed `what` (reserve, touch): a warning for the first of an outage, DEBUG after."""
+        with self._state:
+            first = self._outages[what].failed(self.clock.now())
+        if first:
+            log.warning("worker %s: %s failed, %s: %s (logged again when it works)",
+                        display.name(self.worker), what, retrying, exc)
+        else:
+            log.debug("worker %s: %s failed again: %s", display.name(self.worker), what, exc)
+
+    def _service_worked(self, what: str) -> None:
+        with self._state:
+            healed = self._outages[what].healed(self.clock.now())
+        if healed is not None:
+            log.info("worker %s: %s works again after %d failed attempt(s) over %.0f s",
+                     display.name(self.worker), what, healed.failures, healed.seconds)
 
     # -- the run as a whole -------------------------------------------------------
 
