@@ -173,7 +173,8 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
     A handler that returns acks the task; one that raises (SystemExit from
     sys.exit() too) releases it with a delay of 1, 2, 4, ... seconds (capped
     at 300) until it runs out of attempts and is dead; the worker goes on. SIGTERM or SIGINT stops reserving; the tasks in
-    hand finish, or are released at --stop-timeout.
+    hand finish, or are released at --stop-timeout. A second SIGTERM or SIGINT
+    (Ctrl-C twice) releases them at once and exits.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s walqueue-worker[%(process)d] %(levelname)s %(message)s")
@@ -200,8 +201,15 @@ def _started(target: str, name: str, handler: Callable, options: dict) -> None:
 
 
 def _stopping(worker: Any, signal_number: int) -> None:
-    log.info("%s: taking no new task; the tasks in hand get %g s to finish",
-             signal.Signals(signal_number).name, worker.stop_timeout_seconds)
+    """The first SIGTERM/SIGINT stops taking tasks; a second one (Ctrl-C twice) forces the exit."""
+    name = signal.Signals(signal_number).name
+    if worker.stopping:
+        log.warning("%s again: forcing the stop; releasing the leases in hand now (their handlers "
+                    "are not waited for)", name)
+        worker.stop(force=True)
+        return
+    log.info("%s: taking no new task; the tasks in hand get %g s to finish (send it again, or "
+             "Ctrl-C again, to release them now)", name, worker.stop_timeout_seconds)
     worker.stop()
 
 

@@ -287,6 +287,7 @@ class Policy:
         # A service that keeps failing is logged once when it starts and once when it heals.
         self._outages = {"reserve": Outage(), "touch": Outage()}
         self._stopping = False
+        self._forced = False  # stop(force=True): the tasks in hand are given up now
         self._stopped_at: float | None = None
         self._stop_event = clock.event()  # cuts pauses short
         self._turn_taken = False
@@ -312,15 +313,24 @@ class Policy:
 
     # -- control ------------------------------------------------------------------
 
-    def stop(self) -> None:
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._stopping
+
+    def stop(self, *, force: bool = False) -> None:
         """Take no new task; ``run()`` returns after the tasks in hand (see ``stop_timeout_seconds``).
 
-        The thread Worker's ``stop()`` may be called from any thread or a
-        signal handler; the asyncio Worker's from its event loop.
+        With ``force`` (a second Ctrl-C, as Celery's cold shutdown), the
+        stop deadline is now: the leases in hand are released at once, as at
+        ``stop_timeout_seconds``, and ``run()`` returns without waiting for
+        their handlers. The thread Worker's ``stop()`` may be called from any
+        thread or a signal handler; the asyncio Worker's from its event loop.
         """
         if self._stopped_at is None:
             self._stopped_at = self.clock.now()
         self._stopping = True
+        self._forced = self._forced or force
         for event in (self._stop_event, self._turn_free, self._settled):
             event.set()
 
@@ -653,6 +663,9 @@ class Policy:
                 if self._running == 0:
                     return
                 self._settled.clear()
+            if self._forced:
+                yield from self._abandon()
+                return
             if not self._stopping or self.stop_timeout_seconds is None:
                 yield functools.partial(self.clock.wait, self._settled, None)
                 continue
@@ -673,8 +686,9 @@ class Policy:
                 yield functools.partial(self.clock.wait, held.touch_done, None)
             error = yield from self._finish(held.lease, "release")
             outcome = "released" if error is None else f"not released ({error}): due again when its lease expires"
-            log.warning("task %s generation %d: not done %g s after stop(); %s", display.name(held.lease.task_id),
-                        held.lease.generation, self.stop_timeout_seconds, outcome)
+            when = "at a forced stop" if self._forced else f"{self.stop_timeout_seconds:g} s after stop()"
+            log.warning("task %s generation %d: not done %s; %s", display.name(held.lease.task_id),
+                        held.lease.generation, when, outcome)
 
 
 def _log_acked(lease: Lease, seconds: float, error: BaseException | None) -> None:
