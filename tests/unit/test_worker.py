@@ -328,3 +328,19 @@ def test_a_program_that_configures_logging_gets_each_line_once(no_logging_config
     after = [line for line in capsys.readouterr().err.splitlines() if "task after" in line]
     assert after == ["ROOT task after generation 1 attempt 1: " + after[0].split(": ", 1)[1]]
     assert log.handlers == []  # it stepped aside
+
+
+def test_a_reserve_outage_is_one_warning_and_one_all_clear_however_many_retries():
+    """Issue 23: a restart under a worker logged a warning per retry (20 in 8 s)."""
+    clock = ManualClock(jump=True)
+    queue = MemoryQueue(clock)
+    queue.put("after")
+    queue.faults["reserve"] = ["down"] * 5
+    with LogWaiter() as logs:
+        Worker(MemoryClient(queue), "w", lambda lease: None, wait=0, touch=False, clock=clock).run(max_tasks=1)
+    failed = [m for m in logs.messages if "reserve failed," in m]
+    assert len(failed) == 1 and "logged again when it works" in failed[0], logs.messages
+    assert [m for m in logs.messages if "works again" in m] == [
+        "worker w: reserve works again after 5 failed attempt(s) over 5 s"]
+    assert sum("failed again" in m for m in logs.messages) == 4  # the retries: DEBUG
+    assert queue.tasks["after"]["status"] == "completed"
