@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m walqueue.verify DIRECTORY [--json]`: walqueue-ctl verify on the standard library alone.
 
     For a machine without the daemon layer's packages; same report, same
-    exit codes (0 opens, 4 corrupt, 8 unreadable, 11 no queue, 2 usage).
+    exit codes (0 opens, 4 corrupt, 8 unreadable, 10 incomplete backup, 11 no queue, 2 usage).
     """
     parser = argparse.ArgumentParser(
         prog="python -m walqueue.verify",
