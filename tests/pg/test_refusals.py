@@ -99,3 +99,13 @@ def test_walqueue_worker_with_a_mistyped_database_exits_3_with_one_message(postg
 ])
 def test_which_connection_failures_are_incurable(words, state):
     assert incurable_state(psycopg.OperationalError(f"connection failed: {words}")) == state
+
+
+def test_walqueue_scheduler_with_a_mistyped_database_exits_3_with_one_message(postgres, tmp_path):
+    dsn, _ = refused_dsns(postgres)["3D000"]
+    schedule = tmp_path / "schedule.toml"
+    schedule.write_text('[[task]]\nname = "tick"\nevery = 60\n')
+    result = run("walqueue.schedule.cli", dsn, str(schedule))
+    assert result.returncode == 3, result.stderr
+    assert "refused the scheduler" in result.stderr and "SQLSTATE 3D000" in result.stderr
+    assert "Traceback" not in result.stderr and "WARNING" not in result.stderr, result.stderr
