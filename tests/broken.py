@@ -117,6 +117,15 @@ def _copy_whole_file(source, target, length, source_path):
     _real_copy_file(source, target, os.fstat(source).st_size, source_path)
 
 
+def _unmark_before_publishing(source, target, length, source_path):
+    """A backup that removes its BACKUP-INCOMPLETE marker before CURRENT is in place, not after:
+    a copy that dies while writing CURRENT looks like a corrupt queue, not an unfinished backup."""
+    marker = os.path.join(os.path.dirname(target), backup_module.INCOMPLETE_BACKUP)
+    if os.path.basename(target) == backup_module.CURRENT_TMP and os.path.exists(marker):
+        os.unlink(marker)
+    _real_copy_file(source, target, length, source_path)
+
+
 def _seal_without_trim(self):
     """Rotation that syncs the preallocated segment but keeps its zeros: a sealed segment ends in zeros."""
     self.sync()
@@ -175,6 +184,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(ActiveSegment, "truncate", _keep_torn_tail),
     "backup_copies_current_file_sizes":
         lambda: mock.patch.object(backup_module, "_copy_file", _copy_whole_file),
+    "backup_unmarks_before_publishing":
+        lambda: mock.patch.object(backup_module, "_copy_file", _unmark_before_publishing),
     "seal_without_trim":
         lambda: mock.patch.object(ActiveSegment, "seal", _seal_without_trim),
     "prealloc_no_sync":

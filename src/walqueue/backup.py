@@ -13,20 +13,27 @@ holding its lock.
      overwritten or merged), outside the queue directory;
   2. open every source file (an unreadable one fails here, before DEST is
      touched; an open file stays readable even if it is deleted meanwhile);
-  3. create DEST (mode 0750) and fsync its parent, unless it existed;
+  3. create DEST (mode 0750) and fsync its parent, unless it existed; then
+     create the marker BACKUP-INCOMPLETE in it, fsynced, so that whatever
+     stops the copy (Ctrl-C, SIGKILL, a full disk) leaves a DEST that
+     `verify` calls an incomplete backup rather than a corrupt queue;
   4. copy the WAL segments, oldest first, then the snapshot: each created
      with O_EXCL and mode 0640, exactly its manifest length copied (the
      active segment may have grown, or be preallocated with zeros, past it),
      then fsynced;
   5. CURRENT last: written to CURRENT.tmp, fsynced, renamed to CURRENT;
-  6. fsync DEST.
+  6. remove the marker, then fsync DEST (a crash between 5 and 6 leaves a
+     whole copy still marked: a false alarm, never a false all-clear).
 
 Why this order: until step 5 DEST has no CURRENT while its first segment
 starts after seq 1, so opening or verifying a copy that stopped half way
 fails with a sequence gap (CorruptStore) instead of opening with fewer
 records. (A queue that was never written has no CURRENT; its copy is one
 empty segment, and a half copy of it is the same empty queue.) A failed copy
-is not cleaned up: BackupIncomplete says so and DEST must be deleted.
+is not cleaned up: BackupIncomplete says so and DEST must be deleted. An
+interrupted one (KeyboardInterrupt, i.e. Ctrl-C) removes what it wrote, and
+DEST too if it created it, before the KeyboardInterrupt goes on; if that
+cleanup is itself cut short, the marker stays.
 
 Standard library only (this is the library layer).
 """
@@ -45,6 +52,7 @@ from .fs import FILE_MODE
 from .queue import Queue
 from .snapshot import CURRENT, CURRENT_TMP, is_snapshot_name
 from .values import BackupManifest
+from .verify import INCOMPLETE_BACKUP
 from .wal import segment_first_seq
 
 COPY_CHUNK_BYTES = 1024 * 1024
@@ -171,8 +179,12 @@ def copy_manifest(manifest: BackupManifest, dest: str | os.PathLike) -> BackupRe
                 sources[name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
                 raise SourceUnreadable(f"cannot read {path}: {exc.strerror or exc}") from exc
+        created: list[str] = []
         try:
-            copied = _copy_files(manifest.directory, files, sources, dest, create)
+            copied = _copy_files(manifest.directory, files, sources, dest, create, created)
+        except KeyboardInterrupt:
+            _remove_partial(dest, created, create)
+            raise
         except OSError as exc:
             raise BackupIncomplete(
                 f"copying into {dest} failed: {exc}. {dest} is incomplete (it has no "
@@ -185,20 +197,49 @@ def copy_manifest(manifest: BackupManifest, dest: str | os.PathLike) -> BackupRe
 
 
 def _copy_files(source_dir: str, files: list[tuple[str, int]], sources: dict[str, int],
-                dest: str, create: bool) -> int:
+                dest: str, create: bool, created: list[str]) -> int:
+    """Steps 3-6; `created` gets the name of each file in DEST as it is created."""
     if create:
         os.mkdir(dest, DIRECTORY_MODE)
         os.chmod(dest, DIRECTORY_MODE)  # whatever the umask
         _fsync_directory(os.path.dirname(dest))
+    created.append(INCOMPLETE_BACKUP)
+    os.close(os.open(os.path.join(dest, INCOMPLETE_BACKUP),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
+    _fsync_directory(dest)  # the marker is on disk before any file it warns about
     total = 0
     for name, length in files:
         target = CURRENT_TMP if name == CURRENT else name
+        created.append(target)
         _copy_file(sources[name], os.path.join(dest, target), length, os.path.join(source_dir, name))
         total += length
     if files[-1][0] == CURRENT:
         os.rename(os.path.join(dest, CURRENT_TMP), os.path.join(dest, CURRENT))
+        created.append(CURRENT)
+        _fsync_directory(dest)  # CURRENT is published before the marker goes
+    os.unlink(os.path.join(dest, INCOMPLETE_BACKUP))
+    created.remove(INCOMPLETE_BACKUP)
     _fsync_directory(dest)
     return total
+
+
+def _remove_partial(dest: str, created: list[str], remove_dest: bool) -> None:
+    """Undo an interrupted copy: the files it created, the marker last, and DEST if it made
+    it. Best effort: whatever cannot be removed stays, and with it the marker."""
+    marker = INCOMPLETE_BACKUP in created
+    try:
+        for name in created:
+            if name != INCOMPLETE_BACKUP:
+                try:
+                    os.unlink(os.path.join(dest, name))
+                except FileNotFoundError:
+                    pass  # interrupted before it was created (or after CURRENT.tmp's rename)
+        if marker:
+            os.unlink(os.path.join(dest, INCOMPLETE_BACKUP))
+        if remove_dest:
+            os.rmdir(dest)  # only if empty: nothing but our own files was ever in it
+    except OSError:
+        pass
 
 
 def _copy_file(source: int, target: str, length: int, source_path: str) -> None:

@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 from .errors import CorruptStore, InvalidRequest
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+# How messages name that limit for a person (the exact number is in the code and SPEC §4).
+MAX_FRAME_TEXT = "16 MiB (MAX_FRAME_BYTES)"
 # After a damaged frame a reader that keeps going hashes at most this many
 # body bytes in all while searching for the next valid frame.
 MAX_RESYNC_HASH_BYTES = 256 * 1024 * 1024
@@ -84,6 +86,11 @@ def encode_frame(value: Any) -> bytes:
     return frame_of_body(canonical_json(value))
 
 
+def mebibytes(size: int) -> str:
+    """A byte count as a person reads it beside a limit: "20.0 MiB"."""
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
 def frame_of_body(body: bytes) -> bytes:
     """The frame holding `body`, which must be canonical JSON already.
 
@@ -91,7 +98,8 @@ def frame_of_body(body: bytes) -> bytes:
     """
     if len(body) > MAX_FRAME_BYTES:
         raise InvalidRequest(
-            f"transaction is {len(body)} bytes of JSON, above MAX_FRAME_BYTES={MAX_FRAME_BYTES}")
+            f"transaction is {len(body)} bytes ({mebibytes(len(body))}) of JSON, above the limit "
+            f"of {MAX_FRAME_TEXT} on one transaction")
     return _LENGTH.pack(len(body)) + body + _sha256(body).digest()
 
 

@@ -63,11 +63,16 @@ UNREADABLE = "unreadable"
 SEVERITIES = (CORRUPT, TORN_TAIL, NOTE, UNREADABLE)
 
 LOCK = "LOCK"
+# Written first and removed last by walqueue.backup: a directory holding it is a copy that
+# did not finish (interrupted, killed, or failed), not a damaged queue.
+INCOMPLETE_BACKUP = "BACKUP-INCOMPLETE"
 SOCKET_NAME = "walqueued.sock"  # the daemon's default socket lives in the directory
 
 EXIT_HEALTHY, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_NO_QUEUE = 0, 2, 4, 8, 11
+EXIT_INCOMPLETE_BACKUP = 10
 EXIT_CODES_TEXT = ("Exit codes: 0 the directory opens (a torn tail is reported, not an error), "
-                   "4 corrupt, 8 a file cannot be read, 11 the directory holds no queue, 2 usage.")
+                   "4 corrupt, 8 a file cannot be read, 10 an incomplete backup, 11 the directory "
+                   "holds no queue, 2 usage.")
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ class VerifyReport:
     `wal_bytes` is what `QueueStats.wal_bytes` would say right after open.
     `queue_found` is False for a directory holding none of a queue's files;
     `queue_subdirectories` then names its subdirectories that hold one.
+    `incomplete_backup` is True when the directory holds walqueue.backup's
+    marker: a copy that did not finish, whatever else is found in it.
     """
 
     directory: str
@@ -113,6 +120,7 @@ class VerifyReport:
     lock_holder: int | None = field(default=None)
     queue_found: bool = True
     queue_subdirectories: tuple[str, ...] = ()
+    incomplete_backup: bool = False
 
     @property
     def corrupt(self) -> bool:
@@ -124,14 +132,17 @@ class VerifyReport:
 
     @property
     def healthy(self) -> bool:
-        """A queue that opens (torn tails and notes are not errors)."""
-        return self.queue_found and not self.corrupt and not self.unreadable
+        """A queue that opens (torn tails and notes are not errors), and no half backup."""
+        return (self.queue_found and not self.corrupt and not self.unreadable
+                and not self.incomplete_backup)
 
     def by_severity(self, severity: str) -> list[Problem]:
         return [problem for problem in self.problems if problem.severity == severity]
 
     def exit_code(self) -> int:
         """The exit code of `walqueue-ctl verify` and `python -m walqueue.verify` for this report."""
+        if self.incomplete_backup:
+            return EXIT_INCOMPLETE_BACKUP
         if self.corrupt:
             return EXIT_CORRUPT
         if self.unreadable:
@@ -140,6 +151,8 @@ class VerifyReport:
 
     def render(self) -> str:
         """The human report `walqueue-ctl verify` prints (see docs/operations.md)."""
+        if self.incomplete_backup:
+            return self._render_incomplete_backup()
         if not self.queue_found:
             return self._render_no_queue()
         if self.corrupt:
@@ -175,6 +188,15 @@ class VerifyReport:
         if self.corrupt:
             lines.append("next: keep a copy of the directory as evidence; the daemon will not start "
                          "on it. See docs/operations.md, 'Reading verify output'.")
+        return _printable(lines)
+
+    def _render_incomplete_backup(self) -> str:
+        lines = [f"{self.directory}: INCOMPLETE BACKUP: walqueue-ctl backup did not finish this "
+                 f"copy (it was interrupted, killed, or failed; it holds {INCOMPLETE_BACKUP})",
+                 "  it is not a queue to restore: its files stop part way (a gap in seq, or no "
+                 "CURRENT)",
+                 "next: delete it and run walqueue-ctl backup again; the queue it was copied from "
+                 "is not affected"]
         return _printable(lines)
 
     def _render_no_queue(self) -> str:
@@ -252,8 +274,10 @@ def _verify(files: _ReadOnlyFiles, handle: Directory, directory: str, progress) 
         total_bytes += info.st_size
         if stat.S_ISDIR(info.st_mode):
             subdirectories.append(name)
+    incomplete = INCOMPLETE_BACKUP in names
     if not any(_is_queue_file(name) for name in names):
         return VerifyReport(
+            incomplete_backup=incomplete,
             directory=directory, problems=(), counts=None, last_seq=None, snapshot_seq=None,
             snapshot=None, segments=0, wal_bytes=0, total_bytes=total_bytes, queue_found=False,
             queue_subdirectories=tuple(name for name in subdirectories
@@ -272,6 +296,7 @@ def _verify(files: _ReadOnlyFiles, handle: Directory, directory: str, progress) 
         wal_bytes=plan.wal_bytes,
         total_bytes=total_bytes,
         lock_holder=_lock_holder(directory),
+        incomplete_backup=incomplete,
     )
 
 
@@ -311,7 +336,8 @@ def _notes(plan: RecoveryPlan, names: list[str]) -> list[Problem]:
         elif is_snapshot_name(name) and name != plan.snapshot_file:
             notes.append(Problem(NOTE, name, f"{name}: an orphan snapshot (CURRENT does not name "
                                  f"it); never authoritative, open deletes it"))
-        elif not _is_queue_file(name) and name != SOCKET_NAME and name not in at_fault:
+        elif (not _is_queue_file(name) and name not in (SOCKET_NAME, INCOMPLETE_BACKUP)
+              and name not in at_fault):
             notes.append(Problem(NOTE, name, f"{name}: not a queue file; open ignores it"))
     if plan.state is None and plan.last_applied is not None:
         first = plan.problems[0]
@@ -362,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m walqueue.verify DIRECTORY [--json]`: walqueue-ctl verify on the standard library alone.
 
     For a machine without the daemon layer's packages; same report, same
-    exit codes (0 opens, 4 corrupt, 8 unreadable, 11 no queue, 2 usage).
+    exit codes (0 opens, 4 corrupt, 8 unreadable, 10 incomplete backup, 11 no queue, 2 usage).
     """
     parser = argparse.ArgumentParser(
         prog="python -m walqueue.verify",

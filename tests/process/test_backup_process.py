@@ -233,3 +233,80 @@ def test_the_asyncio_client_pauses_resumes_and_begins_a_backup(daemon):
     manifest, lease = asyncio.run(scenario())
     assert manifest.seq == 1 and lease.task_id == "job"
 
+
+
+def half_way_backup(daemon, dest) -> subprocess.Popen:
+    """A real walqueue-ctl backup into `dest`, stopped after its first file (bounded wait)."""
+    import selectors
+
+    process = subprocess.Popen([sys.executable, "-m", "tests.process.interrupted_ctl", "--socket",
+                                daemon.socket_path, "backup", str(dest)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=child_env(), cwd=REPO)
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        ready = selector.select(timeout=STOP_SECONDS)
+    if not ready:
+        process.kill()
+        process.wait(timeout=STOP_SECONDS)
+        pytest.fail("walqueue-ctl backup never reached its first file")
+    line = process.stdout.readline()
+    assert line.startswith("copied "), (line, process.stderr.read() if process.poll() is not None else "")
+    return process
+
+
+def backed_up_queue(make_daemon):
+    daemon = make_daemon()
+    with Client(daemon.socket_path) as client:
+        for index in range(20):
+            client.put(f"t{index}", {"pad": "x" * 50})
+        client.compact()  # so the copy has several files: segments, a snapshot, CURRENT
+        client.put("after", {})
+    return daemon
+
+
+def test_ctrl_c_during_backup_removes_the_half_copied_dest_and_releases_the_pin(make_daemon, workdir):
+    """Issue 23: a Ctrl-C during backup left a DEST that verify called CORRUPT ("keep as evidence")."""
+    daemon = backed_up_queue(make_daemon)
+    dest = workdir / "copy"
+    process = half_way_backup(daemon, dest)
+    try:
+        assert dest.is_dir() and any(dest.iterdir())  # half copied
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=STOP_SECONDS)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=STOP_SECONDS)
+    assert process.returncode == 10, stderr
+    assert "backup interrupted" in stderr and "was removed" in stderr, stderr
+    assert not dest.exists()
+    assert json_lines(ctl("--socket", daemon.socket_path, "compact"))  # the pin is gone
+    assert ctl("--socket", daemon.socket_path, "backup", dest).returncode == 0  # and again works
+
+
+def test_a_backup_killed_half_way_leaves_a_dest_verify_calls_an_incomplete_backup(make_daemon, workdir):
+    daemon = backed_up_queue(make_daemon)
+    dest = workdir / "copy"
+    process = half_way_backup(daemon, dest)
+    process.kill()  # no cleanup can run: what is on disk stays
+    process.communicate(timeout=STOP_SECONDS)
+    verified = ctl("verify", dest)
+    assert verified.returncode == 10, verified.stdout + verified.stderr
+    assert "INCOMPLETE BACKUP" in verified.stdout and "evidence" not in verified.stdout
+
+
+def test_get_after_a_restore_says_what_the_restored_directory_holds(make_daemon, workdir):
+    """Issue 23: after a restore, `get` of a task put after the backup said only "was never put"."""
+    daemon = make_daemon()
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "before", "{}").returncode == 0
+    (backed_up,) = json_lines(ctl(*s, "backup", workdir / "copy", "--json"))
+    assert ctl(*s, "put", "after", "{}").returncode == 0
+    restored = make_daemon(directory=workdir / "copy", socket_path=str(workdir / "restored.sock"))
+    missing = ctl("--socket", restored.socket_path, "get", "after")
+    assert missing.returncode == 7, missing.stderr
+    message = " ".join(missing.stderr.split())
+    assert f"holds every task put up to seq {backed_up['seq']}" in message, message
+    assert str(workdir / "copy") in message and "restored from a backup" in message
+    assert "put it again" in message

@@ -15,6 +15,7 @@ from walqueue.ctl.errors import (
     EXIT_CORRUPT,
     EXIT_KEY_CONFLICT,
     EXIT_NOT_FOUND,
+    EXIT_PAUSED,
     EXIT_STALE_LEASE,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -245,3 +246,30 @@ def test_force_release_ends_a_lease_by_task_id_after_asking(daemon):
     assert (task["status"], task["attempts"], task["generation"]) == ("ready", 1, 1)
     # The worker that held it can no longer complete it.
     assert ctl(*s, "ack", "-", input=json.dumps(lease)).returncode == EXIT_STALE_LEASE
+
+
+def test_reserve_from_a_paused_daemon_says_so_and_exits_12(daemon):
+    """Issue 23: reserve while paused printed nothing and exited 0, like an empty queue."""
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "a").returncode == 0
+    assert json_lines(ctl(*s, "pause")) == [{"paused": True}]
+    held = ctl(*s, "reserve", "w")
+    assert (held.returncode, held.stdout) == (EXIT_PAUSED, "")
+    assert "paused" in held.stderr and "walqueue-ctl resume" in held.stderr
+    assert json_lines(ctl(*s, "resume")) == [{"paused": False}]
+    assert [lease["task_id"] for lease in json_lines(ctl(*s, "reserve", "w"))] == ["a"]
+    empty = ctl(*s, "reserve", "w")
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+
+
+def test_walqueued_max_lease_seconds_bounds_reserve_and_touch(make_daemon):
+    """Issue 23 (SPEC §8b): a lease longer than --max-lease-seconds is refused, naming the bound."""
+    daemon = make_daemon("--max-lease-seconds", "60")
+    s = ("--socket", daemon.socket_path)
+    assert ctl(*s, "put", "a").returncode == 0
+    refused = ctl(*s, "reserve", "w", "--lease-seconds", "61")
+    assert refused.returncode == EXIT_USAGE and "bound of 60 s" in refused.stderr, refused.stderr
+    (lease,) = json_lines(ctl(*s, "reserve", "w", "--lease-seconds", "60"))
+    longer = ctl(*s, "touch", "-", "--lease-seconds", "3600", input=json.dumps(lease) + "\n")
+    assert longer.returncode == EXIT_USAGE and "--max-lease-seconds" in longer.stderr
+    assert json_lines(ctl(*s, "get", "a"))[0]["deadline"] == lease["deadline"]  # nothing written

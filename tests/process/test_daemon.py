@@ -928,3 +928,16 @@ def test_large_frames_still_travel_both_ways(daemon):
         assert client.get("big").payload == big
         (lease,) = client.reserve("w")
         assert lease.payload == big
+
+
+def test_walqueue_ctl_calls_are_not_logged_at_info(make_daemon):
+    """Issue 23: the daemon logged INFO for every ctl connect and disconnect."""
+    from .test_ctl_process import ctl
+
+    daemon = make_daemon("--log-level", "info")  # after the harness's debug: the last one wins
+    for _ in range(3):
+        assert ctl("--socket", daemon.socket_path, "stats").returncode == 0
+    assert daemon.terminate() == 0  # every connection has been closed and logged by now
+    log = daemon.log()
+    assert "ready: serving" in log and "stopped" in log
+    assert not re.search(r"\b(dis)?connect\b", log), log

@@ -476,3 +476,27 @@ def test_every_verify_transcript_of_operations_md_is_checked():
              if command.startswith("walqueue-ctl verify ")]
     checked = [shlex.split(command)[-1] for _, command, _ in VERIFY_TRANSCRIPTS]
     assert sorted(set(shown) - set(checked)) == ["/var/lib/walqueue-queues"]  # the NO QUEUE test's
+
+
+def test_the_readme_worker_example_run_twice_ends_and_sends_once(workdir):
+    """Issue 23: the README worker example waited for ever on its second run (the put is a
+    no-op, the task already completed). It ends now, and its first run logs its task."""
+    (example,) = [block for block in EXAMPLES if block.document.name == "README.md"
+                  and 'Worker(client, "mailer-1"' in block.code]
+    directory = workdir / example.daemon_directory
+    directory.mkdir(parents=True)
+    (workdir / "daemons").mkdir()
+    daemon = Daemon(workdir / "daemons", directory, str(directory / "walqueued.sock"))
+    runs = []
+    try:
+        daemon.start()
+        for _ in range(2):
+            runs.append(subprocess.run([sys.executable, "-c", example.code], capture_output=True,
+                                       text=True, cwd=workdir, env=child_env(),
+                                       timeout=EXAMPLE_SECONDS))
+    finally:
+        daemon.cleanup()
+    first, second = runs
+    assert (first.returncode, first.stdout) == (0, "sending to ada@example.com\n"), first.stderr
+    assert "task email-1 generation 1 attempt 1: done in" in first.stderr  # logged by default
+    assert (second.returncode, second.stdout) == (0, ""), second.stderr

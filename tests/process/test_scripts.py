@@ -1,10 +1,14 @@
 """scripts/test and scripts/serve do what the README says they do."""
 
+import os
+import signal
 import subprocess
+
+import pytest
 
 from walqueue.client import Client
 
-from .daemon import REPO, child_env
+from .daemon import REPO, child_env, wait_until
 
 SCRIPT_SECONDS = 300.0  # scripts/test may (re)install the venv first
 
@@ -34,3 +38,46 @@ def test_scripts_serve_serves_the_directory_it_is_given(make_daemon, workdir):
     with Client(directory, timeout=20) as client:  # a directory means its walqueued.sock
         assert client.put("email-1", {}) == "email-1"
     assert daemon.terminate() == 0
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("to", ["the-script", "its-group"])
+def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to):
+    """Issue 23: Ctrl-C on scripts/test left the pytest processes running.
+
+    "its-group" is a terminal's Ctrl-C (the foreground group gets SIGINT); "the-script" is
+    SIGINT to the script alone (a supervisor, or `kill -INT`), which a foreground pytest
+    used to hold off until it ended by itself.
+    """
+    env = child_env({"WALQUEUE_INTERRUPT_DIR": str(workdir),
+                     "WALQUEUE_TEST_BESIDE": "tests/process/interruptible.py::test_beside -q -p no:cacheprovider",
+                     "WALQUEUE_TEST_INLINE": "tests/process/interruptible.py::test_inline -q -p no:cacheprovider"})
+    script = subprocess.Popen([str(REPO / "scripts" / "test")], cwd=REPO, env=env, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = []
+    try:
+        wait_until(lambda: all((workdir / name).exists() for name in ("beside", "inline")), SCRIPT_SECONDS,
+                   "both pytest processes running their test")
+        pids = [int((workdir / name).read_text()) for name in ("beside", "inline")]
+        if to == "the-script":
+            script.send_signal(signal.SIGINT)
+        else:
+            os.killpg(script.pid, signal.SIGINT)
+        output, _ = script.communicate(timeout=30)
+        assert script.returncode == 130, output
+        wait_until(lambda: not any(alive(pid) for pid in pids), 15, "the pytest processes gone")
+    finally:
+        for pid in [*pids, script.pid]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if script.poll() is None:
+            script.kill()
+            script.communicate(timeout=30)
+    assert "interrupted; stopping both pytest processes" in output

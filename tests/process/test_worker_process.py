@@ -186,3 +186,24 @@ def test_a_hung_async_handler_is_cancelled_and_released_at_the_stop_timeout(daem
         assert worker.exit_code() == 0
         assert client.get("hung").status == "ready"
 
+
+
+@pytest.mark.parametrize("handler", ["blocking", "hanging"], ids=["threads", "asyncio"])
+def test_a_second_ctrl_c_forces_the_exit_and_releases_the_leases_in_hand(daemon, workdir, start_worker,
+                                                                        started_fifo, handler):
+    """Issue 23: a second Ctrl-C on walqueue-worker waited out --stop-timeout (as Celery's does not)."""
+    with Client(daemon.socket_path) as client:
+        client.put("hung", {})
+        # A stop timeout far beyond the test's bounds: only the second Ctrl-C can end it in time.
+        worker = start_worker(daemon.socket_path, f"{HANDLERS}:{handler}", "--wait", 1,
+                              "--stop-timeout", 3600)
+        assert started_fifo.next_task() == "hung"
+        worker.proc.send_signal(signal.SIGINT)
+        worker.wait_for_line("SIGINT: taking no new task")
+        worker.proc.send_signal(signal.SIGINT)
+        assert worker.exit_code() == 0
+        task = client.get("hung")
+        assert (task.status, task.attempts, task.worker) == ("ready", 1, None)  # released, not expired
+    log = worker.log()
+    assert "SIGINT again: forcing the stop" in log
+    assert "task hung generation 1: not done at a forced stop; released" in log

@@ -385,5 +385,77 @@ def test_ctl_pause_and_resume_print_the_paused_state(fake):
 
 def test_ctl_help_documents_the_backup_exit_codes():
     text = CliRunner().invoke(cli, ["backup", "--help"]).output
-    for line in ("9  backup: DEST exists", "10  backup: the copy failed half way"):
+    for line in ("9  backup: DEST exists", "10  backup: the copy failed or was interrupted half way"):
         assert line in text
+
+
+def copy_then(stop: BaseException, after: str):
+    """A _copy_file that copies half of the file named `after...` and then raises `stop`."""
+    real_copy = backup_module._copy_file
+
+    def copy(source, target, length, source_path):
+        if os.path.basename(target).startswith(after):
+            real_copy(source, target, length // 2, source_path)
+            raise stop
+        real_copy(source, target, length, source_path)
+
+    return copy
+
+
+@pytest.mark.parametrize("failing", ["wal-", "snapshot-", "CURRENT"])
+def test_a_copy_killed_half_way_is_an_incomplete_backup_to_verify_not_a_corrupt_queue(tmp_path, failing):
+    """Issue 23: a backup stopped half way made verify say "CORRUPT ... keep as evidence"."""
+    from walqueue import InjectedCrash
+    from walqueue.ctl.offline import verify as verify_command
+
+    queue = busy_queue(tmp_path / "source")
+    manifest = queue.backup_manifest()
+    queue.close()
+    # InjectedCrash stands for SIGKILL or a power cut: no cleanup runs, what is on disk stays.
+    with mock.patch.object(backup_module, "_copy_file", copy_then(InjectedCrash("killed"), failing)):
+        with pytest.raises(InjectedCrash):
+            copy_manifest(manifest, tmp_path / "copy")
+    report = verify_directory(tmp_path / "copy")
+    assert report.incomplete_backup and not report.healthy
+    assert report.exit_code() == ctl_errors.EXIT_BACKUP_INCOMPLETE
+    text = report.render()
+    assert "INCOMPLETE BACKUP" in text and "run walqueue-ctl backup again" in text
+    assert "CORRUPT" not in text and "evidence" not in text
+    result = CliRunner().invoke(cli, ["verify", str(tmp_path / "copy")])
+    assert result.exit_code == ctl_errors.EXIT_BACKUP_INCOMPLETE and "INCOMPLETE BACKUP" in result.stdout
+    assert "10  " in verify_command.epilog
+    with pytest.raises(CorruptStore):  # and it still never opens as a queue
+        Queue(tmp_path / "copy")
+
+
+def test_a_finished_copy_carries_no_marker(tmp_path):
+    queue = busy_queue(tmp_path / "source")
+    copy_manifest(queue.backup_manifest(), tmp_path / "copy")
+    queue.close()
+    assert not (tmp_path / "copy" / "BACKUP-INCOMPLETE").exists()
+    assert verify_directory(tmp_path / "copy").healthy
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-dest", "empty-dest"])
+def test_a_ctrl_c_during_the_copy_removes_what_it_wrote(tmp_path, existing):
+    queue = busy_queue(tmp_path / "source")
+    manifest = queue.backup_manifest()
+    queue.close()
+    if existing:
+        (tmp_path / "copy").mkdir()
+    with mock.patch.object(backup_module, "_copy_file", copy_then(KeyboardInterrupt(), "snapshot-")):
+        with pytest.raises(KeyboardInterrupt):
+            copy_manifest(manifest, tmp_path / "copy")
+    if existing:
+        assert list((tmp_path / "copy").iterdir()) == []
+    else:
+        assert not (tmp_path / "copy").exists()
+
+
+def test_ctl_backup_interrupted_says_what_it_left_and_releases_the_pin(fake, tmp_path):
+    with mock.patch.object(backup_module, "_copy_file", copy_then(KeyboardInterrupt(), "wal-")):
+        result = CliRunner().invoke(cli, ["backup", str(tmp_path / "copy")])
+    assert result.exit_code == ctl_errors.EXIT_BACKUP_INCOMPLETE, result.output
+    assert "backup interrupted" in result.stderr and "was removed" in result.stderr
+    assert not (tmp_path / "copy").exists()
+    assert fake.calls == ["backup_begin", "backup_end"] and not fake.pinned

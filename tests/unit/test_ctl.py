@@ -31,7 +31,7 @@ from walqueue.ctl.errors import (
 from walqueue.daemon.recorder import Recorder
 
 EXIT_CODES = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_CORRUPT, EXIT_STALE_LEASE,
-              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, errors.EXIT_NO_QUEUE}
+              EXIT_KEY_CONFLICT, EXIT_NOT_FOUND, EXIT_UNREADABLE, errors.EXIT_NO_QUEUE, errors.EXIT_PAUSED}
 
 
 class FakeClient:
@@ -42,6 +42,7 @@ class FakeClient:
     def __init__(self, queue: Queue, clock: list[int], path: str, **options) -> None:
         self.queue, self.clock, self.path, self.options = queue, clock, path, options
         self.closed = False
+        self.paused = False
         FakeClient.instances.append(self)
 
     def put(self, task_id, payload, *, key=None, available_at=0, delay=None, max_attempts=3):
@@ -51,6 +52,8 @@ class FakeClient:
                               max_attempts=max_attempts)
 
     def reserve(self, worker, *, lease_seconds=30, limit=1, wait=0):
+        if self.paused:
+            return []
         return self.queue.reserve(worker, now=self.clock[0], lease_seconds=lease_seconds, limit=limit)
 
     def ack(self, lease):
@@ -80,7 +83,11 @@ class FakeClient:
     def daemon_stats(self):
         recorder = Recorder(next_seq=1, now=0, recovery_seconds=0.25)
         return recorder.report(self.queue, now=self.clock[0], connections=1, parked_reserves=0,
-                               paused=False, compact_wal_bytes=1000, directory="/var/q")
+                               paused=self.paused, compact_wal_bytes=1000, directory="/var/q")
+
+    def pause(self):
+        self.paused = True
+        return True
 
     def close(self):
         self.closed = True
@@ -172,6 +179,34 @@ def test_put_delay_and_available_at(run, queue, clock):
     assert both.exit_code == EXIT_USAGE and "not both" in both.stderr
 
 
+def test_put_at_takes_unix_seconds_or_an_iso_time_and_a_repeat_is_idempotent(run, queue, clock):
+    """Issue 23: `put ID --delay 60` twice is a KeyConflict; --at is the repeatable form."""
+    assert lines(run("put", "nightly", "--at", "2026-12-03T02:00:00Z")) == [{"task_id": "nightly"}]
+    clock[0] += 5  # a second run, later
+    assert run("put", "nightly", "--at", "2026-12-03T03:00:00+01:00").exit_code == 0  # same second
+    assert queue.get("nightly").available_at == 1796263200
+    assert run("put", "epoch", "--at", "5000").exit_code == 0
+    assert queue.get("epoch").available_at == 5000
+    for bad, says in (("2026-12-03T02:00:00", "no UTC offset"), ("tomorrow", "neither Unix seconds"),
+                      ("2026-12-03T02:00:00.5Z", "whole second")):
+        refused = run("put", "bad", "--at", bad)
+        assert refused.exit_code == EXIT_USAGE and says in refused.stderr, refused.stderr
+    assert queue.get("bad") is None
+    assert "not both" in run("put", "x", "--at", "1", "--delay", "1").stderr
+
+
+def test_a_repeated_put_with_delay_is_a_key_conflict_that_points_at_at(run, queue, clock):
+    assert run("put", "later", "--delay", "60").exit_code == 0
+    clock[0] += 1
+    again = run("put", "later", "--delay", "60")
+    assert again.exit_code == EXIT_KEY_CONFLICT
+    assert "part of the request's identity" in again.stderr and "--at" in again.stderr
+    error = json.loads(run("put", "later", "--delay", "60", "--json").stderr)
+    assert error["error"] == "KeyConflict" and "--at EPOCH" in error["message"]
+    help_text = " ".join(run("put", "--help").stdout.split())
+    assert "put again later is a key conflict (exit 6): use --at" in help_text
+
+
 @pytest.mark.parametrize("payload", ["not json", "[1, 2]", '"text"', "{"])
 def test_put_rejects_a_payload_that_is_not_a_json_object(run, queue, payload):
     result = run("put", "a", payload)
@@ -189,6 +224,29 @@ def test_put_with_a_conflicting_key_exits_6_and_says_what_to_do(run):
 def test_a_request_the_library_rejects_exits_2(run):
     result = run("put", "x" * 2000)
     assert result.exit_code == EXIT_USAGE and "Nothing was written" in result.stderr
+
+
+def test_reserve_while_paused_says_so_on_stderr_and_exits_12(run, queue, monkeypatch):
+    """Issue 23: a reserve from a paused daemon printed nothing and exited 0, like an empty queue."""
+    run("put", "a")
+    monkeypatch.setattr(FakeClient, "__init__", paused_init(FakeClient.__init__))
+    result = run("reserve", "w")
+    assert result.exit_code == errors.EXIT_PAUSED and result.stdout == ""
+    assert "paused" in result.stderr and "walqueue-ctl resume" in result.stderr
+    assert queue.get("a").status == "ready"
+    assert json.loads(run("reserve", "w", "--json").stderr)["error"] == "Paused"
+
+
+def paused_init(init):
+    def paused_client(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.paused = True
+    return paused_client
+
+
+def test_an_empty_reserve_from_a_running_daemon_exits_0(run):
+    result = run("reserve", "w")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
 
 
 def test_bad_options_are_usage_errors(run):
@@ -422,14 +480,14 @@ def help_codes(text: str) -> list[int]:
 
 def test_the_group_help_lists_every_exit_code_once(run):
     text = run("--help").stdout
-    assert help_codes(text) == list(errors.EXIT_MEANINGS) == list(range(12))
+    assert help_codes(text) == list(errors.EXIT_MEANINGS) == list(range(13))
     assert "_WALQUEUE_CTL_COMPLETE=bash_source" in text
 
 
 @pytest.mark.parametrize("command, own", [
     ("put", {0, 1, 2, 3, 6}), ("get", {0, 1, 2, 3, 7}), ("ack", {0, 1, 2, 3, 5}),
     ("revive", {0, 1, 2, 3, 7}), ("force-release", {0, 1, 2, 3, 7}),
-    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 11}),
+    ("tasks", {0, 1, 2, 3}), ("backup", {0, 1, 2, 3, 4, 8, 9, 10}), ("verify", {0, 1, 2, 4, 8, 10, 11}), ("reserve", {0, 1, 2, 3, 12}),
 ])
 def test_each_command_help_lists_its_own_exit_codes(run, command, own):
     text = run(command, "--help").stdout
@@ -499,6 +557,23 @@ def test_next_shows_the_reserve_order_without_leasing(run, queue, clock):
     reserved = [lease["task_id"] for lease in lines(run("reserve", "w", "--limit", "3"))]
     assert reserved == order[:3]  # exactly what next said reserve would hand out
     assert run("next", "--limit", "0").exit_code == EXIT_USAGE
+
+
+def test_the_tasks_table_shows_times_in_utc_and_delayed_tasks_as_delayed(run, clock, monkeypatch):
+    """Issue 23: AVAILABLE_AT showed 0 or a raw epoch, and a delayed task "ready"."""
+    clock[0] = 1_764_700_000  # 2025-12-02T18:26:40Z
+    monkeypatch.setattr(output.time, "time", lambda: float(clock[0]))
+    run("put", "due")
+    run("put", "later", "--delay", "1500")
+    run("put", "idle")
+    run("reserve", "w", "--lease-seconds", "60")  # leases "due" ("due" < "idle", both due)
+    rows = {row.split()[0]: row for row in run("tasks").stdout.splitlines()[1:]}
+    assert rows["later"].split()[1:6] == ["delayed", "0/3", "2025-12-02T18:51:40Z", "(in", "25"]
+    assert rows["idle"].split()[1:4] == ["ready", "0/3", "-"]  # put without a delay: due since 0
+    assert "2025-12-02T18:27:40Z (in 1 min 0 s)" in rows["due"]  # its deadline
+    exact = {task["task_id"]: task for task in lines(run("tasks", "--json"))}
+    assert exact["later"]["status"] == "ready" and exact["later"]["available_at"] == clock[0] + 1500
+    assert exact["due"]["deadline"] == clock[0] + 60
 
 
 def test_the_next_table_says_when_a_task_is_due(run, clock, monkeypatch):

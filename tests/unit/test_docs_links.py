@@ -87,3 +87,21 @@ def test_the_link_check_catches_a_missing_file_and_a_missing_heading():
             "[web](https://example.com/x#y)")
     assert broken_links(REPO / "README.md", text) == ["docs/nowhere.md",
                                                      "docs/operations.md#no-such-heading"]
+
+
+def test_no_page_or_message_tells_to_install_walqueue_from_an_index():
+    """Issue 23: `pip install 'walqueue[postgres]'` failed: the package is not on an index."""
+    index_install = re.compile(r"pip install ['\"]?walqueue\b")
+    sources = [*documents(), *sorted((REPO / "src" / "walqueue").rglob("*.py"))]
+    found = [f"{path.relative_to(REPO)}:{number}" for path in sources
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if index_install.search(line)]
+    assert not found, f"say how to install from the clone instead: {found}"
+
+
+def test_the_postgres_page_first_example_reserves_a_task_that_is_due():
+    """Issue 23: postgres.md's first example waited 5 s for its only task, put with delay=60."""
+    text = (REPO / "docs" / "postgres.md").read_text()
+    example = text.split("```python", 1)[1].split("```", 1)[0]
+    puts = [line for line in example.splitlines() if ".put(" in line]
+    assert any("delay=" not in line and "available_at=" not in line for line in puts), puts

@@ -18,6 +18,7 @@ import pytest
 from walqueue import protocol as p
 from walqueue.daemon import loop as loop_module
 from walqueue.daemon.descriptors import LOG_INTERVAL_SECONDS, SpareDescriptor
+from walqueue.daemon.service import DEFAULT_MAX_LEASE_SECONDS
 from walqueue.metrics import render_prometheus
 
 from .test_loop import Client, served  # noqa: F401 (a fixture)
@@ -187,7 +188,8 @@ def test_force_release_ends_current_leases_by_task_id_with_ordinary_release_reco
     operator = connect()
     operator.send(p.Put(id=1, task_id="a", payload={}), p.Put(id=2, task_id="b", payload={}, max_attempts=1),
                   p.Put(id=3, task_id="idle", payload={}),
-                  p.Reserve(id=4, worker="w1", lease_seconds=YEAR_SECONDS, limit=2))
+                  # The longest lease the daemon grants (SPEC §8b); a clock jump makes longer ones.
+                  p.Reserve(id=4, worker="w1", lease_seconds=DEFAULT_MAX_LEASE_SECONDS, limit=2))
     for request_id in (1, 2, 3):
         operator.answer(request_id)
     leases = {lease.task_id: lease for lease in operator.answer(4).leases}

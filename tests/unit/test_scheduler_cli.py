@@ -60,6 +60,13 @@ def test_an_unreachable_queue_at_start_exits_3(files):
     assert "cannot reach walqueued at" in result.output
 
 
+def test_a_dsn_libpq_cannot_parse_is_a_usage_error_not_a_traceback(files):
+    result = run_scheduler("postgresql://%zz@db/app", files / "good.toml")
+    assert result.exit_code == cli.EXIT_USAGE, result.output
+    assert "cannot parse the DSN" in result.output
+    assert isinstance(result.exception, SystemExit)  # a usage error, not an InvalidRequest traceback
+
+
 def test_a_bad_test_clock_is_a_usage_error(files, monkeypatch):
     monkeypatch.setenv("WALQUEUE_SCHEDULER_TEST_CLOCK", "soon")
     result = run_scheduler(files / "wq.sock", files / "good.toml")
@@ -87,7 +94,7 @@ def test_without_cronsim_both_tools_name_the_extra_to_install(files, program, mo
                              *args], cwd=files, capture_output=True, text=True, timeout=60,
                             env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2, result.stderr
-    assert "pip install 'walqueue[scheduler]'" in result.stderr
+    assert "pip install -e '.[scheduler]'" in result.stderr
 
 
 # -- walqueue-ctl schedule ----------------------------------------------------------------

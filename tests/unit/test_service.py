@@ -294,3 +294,40 @@ def test_every_request_type_but_the_hello_has_a_handler(harness):
     handled = set(harness.service._handlers) - {Refused}
     assert handled == set(p.Request.__args__) - {p.Hello}
     assert set(p.WRITING_REQUESTS) <= handled
+
+
+def test_a_lease_longer_than_the_daemons_bound_is_refused_naming_it_and_writes_nothing(harness):
+    """Issue 23: `--lease-seconds 99999999999` leased a task for 3,000 years (SPEC §8b)."""
+    from walqueue.daemon.service import DEFAULT_MAX_LEASE_SECONDS
+
+    assert DEFAULT_MAX_LEASE_SECONDS == 12 * 3600 == harness.service.max_lease_seconds
+    peer = FakePeer("w")
+    harness.turn(100, 0.0, (peer, p.Put(id=1, task_id="t", payload={})))
+    ((_, at_bound),) = harness.turn(100, 0.0, (peer, p.Reserve(id=2, worker="w", lease_seconds=43200)))
+    (lease,) = at_bound.leases
+    seq = harness.queue.stats().last_seq
+    over = [p.Reserve(id=3, worker="w", lease_seconds=43201),
+            p.Reserve(id=4, worker="w", lease_seconds=99999999999, wait=5),
+            p.Touch(id=5, task_id="t", worker="w", generation=lease.generation, lease_seconds=43201),
+            p.AckAndReserve(id=6, task_id="t", worker="w", generation=lease.generation,
+                            lease_seconds=43201)]
+    for request in over:
+        ((_, answer),) = harness.turn(101, 0.0, (peer, request))
+        assert answer.error == "InvalidRequest", (request, answer)
+        assert "43200 s" in answer.message and "--max-lease-seconds" in answer.message, answer.message
+    assert harness.queue.stats().last_seq == seq and not harness.service.parked
+    assert harness.queue.get("t").status == "leased"  # the refused ack_and_reserve acked nothing
+
+
+def test_the_lease_bound_is_the_daemons_option_and_the_library_keeps_its_own(tmp_path):
+    queue = Queue(tmp_path / "q")
+    service = QueueService(queue, compact=lambda *_: None, report=lambda now: None,
+                           max_lease_seconds=60)
+    peer = FakePeer("w")
+    service.begin_turn(100, 0.0)
+    with queue.batch():
+        service.handle(peer, p.Put(id=1, task_id="t", payload={}))
+        service.handle(peer, p.Reserve(id=2, worker="w", lease_seconds=61))
+    assert queue.get("t").status == "ready"
+    assert queue.reserve("w", now=100, lease_seconds=99999999999)  # §1's bounds only
+    queue.close()

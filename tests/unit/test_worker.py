@@ -269,3 +269,78 @@ def main_thread_joins_in_run() -> bool:
     while frame is not None and frame.f_back is not None and frame.f_back.f_code is not Worker.run.__code__:
         frame = frame.f_back
     return frame is not None and frame.f_code is threading.Thread.join.__code__
+
+
+@pytest.fixture
+def no_logging_configured(monkeypatch):
+    """Makes the program one that configured no logging, when called in the test's body:
+    no handler on the root logger or walqueue.worker (pytest adds its capture handlers to the
+    root for the call phase, after fixtures). Everything is put back afterwards."""
+    import logging
+
+    from walqueue.worker.policy import log
+
+    def configure_none():
+        monkeypatch.setattr(logging.getLogger(), "handlers", [])
+        monkeypatch.setattr(log, "handlers", [])
+        monkeypatch.setattr(log, "level", logging.NOTSET)
+        log.manager._clear_cache()
+        return log
+
+    yield configure_none
+    log.manager._clear_cache()
+
+
+def run_one_task(name):
+    clock = ManualClock(jump=True)
+    queue = MemoryQueue(clock)
+    queue.put(name)
+    Worker(MemoryClient(queue), "w", lambda lease: None, wait=0, touch=False, clock=clock).run(max_tasks=1)
+
+
+def test_a_worker_in_a_program_without_logging_logs_its_tasks_on_stderr(no_logging_configured, capsys):
+    """Issue 23: a plain script's Worker logged nothing for its tasks (only warnings reached stderr)."""
+    log = no_logging_configured()
+    run_one_task("email-1")
+    run_one_task("email-2")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" walqueue.worker INFO ", 1)[1] for line in lines if "done in" in line] == [
+        line.split(" walqueue.worker INFO ", 1)[1] for line in lines]  # nothing but the task lines
+    assert [line.split(": done in")[0].split("INFO ")[1] for line in lines] == [
+        "task email-1 generation 1 attempt 1", "task email-2 generation 1 attempt 1"]
+    assert len(log.handlers) == 1  # one handler, however many runs
+
+
+def test_a_program_that_configures_logging_gets_each_line_once(no_logging_configured, capsys):
+    import logging
+
+    log = no_logging_configured()
+    run_one_task("before")  # the Worker's default handler is in place now
+    root = logging.StreamHandler()  # the program configures logging after all (sys.stderr: capsys)
+    root.setFormatter(logging.Formatter("ROOT %(message)s"))
+    logging.getLogger().handlers.append(root)
+    logging.getLogger().setLevel(logging.INFO)
+    try:
+        run_one_task("after")
+    finally:
+        logging.getLogger().handlers.remove(root)
+        logging.getLogger().setLevel(logging.WARNING)
+    after = [line for line in capsys.readouterr().err.splitlines() if "task after" in line]
+    assert after == ["ROOT task after generation 1 attempt 1: " + after[0].split(": ", 1)[1]]
+    assert log.handlers == []  # it stepped aside
+
+
+def test_a_reserve_outage_is_one_warning_and_one_all_clear_however_many_retries():
+    """Issue 23: a restart under a worker logged a warning per retry (20 in 8 s)."""
+    clock = ManualClock(jump=True)
+    queue = MemoryQueue(clock)
+    queue.put("after")
+    queue.faults["reserve"] = ["down"] * 5
+    with LogWaiter() as logs:
+        Worker(MemoryClient(queue), "w", lambda lease: None, wait=0, touch=False, clock=clock).run(max_tasks=1)
+    failed = [m for m in logs.messages if "reserve failed," in m]
+    assert len(failed) == 1 and "logged again when it works" in failed[0], logs.messages
+    assert [m for m in logs.messages if "works again" in m] == [
+        "worker w: reserve works again after 5 failed attempt(s) over 5 s"]
+    assert sum("failed again" in m for m in logs.messages) == 4  # the retries: DEBUG
+    assert queue.tasks["after"]["status"] == "completed"

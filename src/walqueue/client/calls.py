@@ -32,6 +32,7 @@ import msgspec
 
 from walqueue import InvalidRequest, Lease, Unavailable, WalQueueError
 from walqueue import protocol as p
+from walqueue.codec import MAX_FRAME_TEXT, mebibytes
 
 # What walqueue.client exports of this module: a new call builder is added here alone.
 __all__ = [
@@ -122,9 +123,16 @@ def refused(path: str, exc: WalQueueError) -> DaemonUnavailable:
 def encode_request(request: p.Request) -> bytes:
     """One numbered request as a frame. Raises InvalidRequest if it cannot be encoded or is too large."""
     try:
-        return p.encode(request)
-    except (TypeError, OverflowError, ValueError, RecursionError, p.ProtocolError) as exc:
+        body = p.encode_value(request)
+    except (TypeError, OverflowError, ValueError, RecursionError) as exc:
         raise InvalidRequest(f"cannot send {type(request).__name__.lower()}: {exc}") from exc
+    if len(body) > p.MAX_BODY_BYTES:
+        # The wire's own bound is the frame limit plus room for the message around it; the
+        # limit a caller must keep to is the frame's, so the message names that one.
+        raise InvalidRequest(f"cannot send {type(request).__name__.lower()}: it is "
+                             f"{mebibytes(len(body))} encoded, and one transaction is at most "
+                             f"{MAX_FRAME_TEXT} of JSON; split it or make the payload smaller")
+    return p.frame(body)
 
 
 def last_words(message: Any) -> str | None:

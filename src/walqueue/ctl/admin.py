@@ -214,6 +214,8 @@ def backup(ctl: Ctl, dest: str, as_json: bool) -> None:
                        EXIT_UNREADABLE, type(exc).__name__) from None
     except BackupIncomplete as exc:
         raise CtlError(str(exc), EXIT_BACKUP_INCOMPLETE, type(exc).__name__) from None
+    except KeyboardInterrupt:
+        raise interrupted(dest) from None
     except BackupError as exc:  # a DEST inside the queue directory, or a bad manifest
         raise CtlError(f"{exc}\nNothing was written.", EXIT_USAGE, type(exc).__name__) from None
     finally:
@@ -229,6 +231,18 @@ def backup(ctl: Ctl, dest: str, as_json: bool) -> None:
     else:
         click.echo(f"backed up seq {result.seq} ({result.files} files, {result.bytes} bytes) "
                    f"into {display.name(result.directory)}; it verifies")
+
+
+def interrupted(dest: str) -> CtlError:
+    """What a Ctrl-C during the copy left in DEST (copy_manifest has cleaned up what it could)."""
+    if not os.path.lexists(dest):
+        left = f"the partial copy {display.name(dest)} was removed"
+    elif os.path.isdir(dest) and not os.listdir(dest):
+        left = f"{display.name(dest)} is empty again"
+    else:
+        left = (f"{display.name(dest)} is incomplete (verify says so): delete it")
+    return CtlError(f"backup interrupted: {left}; nothing was backed up. The queue itself is "
+                    f"not affected: run backup again.", EXIT_BACKUP_INCOMPLETE, "Interrupted")
 
 
 def end_backup(ctl: Ctl) -> None:

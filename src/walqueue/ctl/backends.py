@@ -117,7 +117,7 @@ def postgres_backend():
         import walqueue.pg as backend
     except ImportError as exc:
         raise CtlError(f"--dsn needs the PostgreSQL backend, which is not installed ({exc}): "
-                       f"pip install 'walqueue[postgres]'", EXIT_USAGE, "UsageError") from None
+                       f"from the clone, pip install -e '.[postgres]' (docs/postgres.md)", EXIT_USAGE, "UsageError") from None
     return backend
 
 

@@ -40,20 +40,22 @@ EXIT_UNREADABLE = 8
 EXIT_DEST_NOT_EMPTY = 9
 EXIT_BACKUP_INCOMPLETE = 10
 EXIT_NO_QUEUE = 11
+EXIT_PAUSED = 12
 
 DEFAULT_SOCKET = paths.PLAIN_SOCKET  # where systemd/walqueued.service puts it
 
 # Each code's meaning, pre-wrapped for --help: the whole table in the
 # group's help, each command's own codes in its help.
 EXIT_MEANINGS = {
-    EXIT_OK: "success (also: reserve that leased nothing; verify of a healthy\n"
-             "     directory, torn tail included)",
+    EXIT_OK: "success (also: reserve that leased nothing from a queue that is not\n"
+             "     paused; verify of a healthy directory, torn tail included)",
     EXIT_FAILURE: "failure: the daemon could not make the request durable (a failed\n"
                   "     write; it reopened its queue; retry) or an unexpected error",
     EXIT_USAGE: "usage error or invalid input (bad option, malformed JSON, a request\n"
                 "     the queue rejects as InvalidRequest); nothing was written",
     EXIT_UNAVAILABLE: "the daemon is unavailable (not running, wrong socket, no permission,\n"
-                      "     or the connection broke before the answer)",
+                      "     or the connection broke before the answer); with --dsn also a\n"
+                      "     database that refuses the connection (no such database, bad login)",
     EXIT_CORRUPT: "corrupt: verify found corruption (the daemon would refuse to start),\n"
                   "     or the copy backup made does not verify",
     EXIT_STALE_LEASE: "stale lease: ack/release/touch with a lease that is not current",
@@ -63,10 +65,13 @@ EXIT_MEANINGS = {
     EXIT_UNREADABLE: "verify or backup could not read the queue directory or one of its\n"
                      "     files (run as the daemon's user or a member of its group)",
     EXIT_DEST_NOT_EMPTY: "backup: DEST exists and is not an empty directory (nothing written)",
-    EXIT_BACKUP_INCOMPLETE: "backup: the copy failed half way; DEST is incomplete (it will not\n"
-                            "     open as a queue): delete it and run backup again",
+    EXIT_BACKUP_INCOMPLETE: "backup: the copy failed or was interrupted half way: DEST was\n"
+                            "     removed, or is incomplete (verify calls it an incomplete backup):\n"
+                            "     delete it and run backup again; verify: such a DEST",
     EXIT_NO_QUEUE: "verify: the directory holds no queue (empty, or e.g. the parent of\n"
                    "     queue directories, which it names)",
+    EXIT_PAUSED: "reserve: the daemon is paused (walqueue-ctl pause), so it leased\n"
+                 "     nothing; walqueue-ctl resume hands out tasks again",
 }
 
 # The codes of a command that talks to the daemon, before its own.
@@ -149,6 +154,9 @@ def error_for(exc: BaseException, path: str, dsn: str | None = None) -> CtlError
     """
     message = display.text(str(exc) if dsn is None else redacted(str(exc), dsn))  # SPEC §8b
     name = type(exc).__name__
+    if dsn is not None and name == "DatabaseRefused":  # walqueue.pg.refusals: at once, no retry
+        return CtlError(f"{message}\nFix --dsn (or WALQUEUE_DSN), or the role's grants, and run "
+                        f"the command again.", EXIT_UNAVAILABLE, name)
     if dsn is not None and isinstance(exc, (Unavailable, ConnectionError)):
         return CtlError(f"{message}\nIs PostgreSQL running, and does --dsn (or WALQUEUE_DSN) "
                         f"name it, with a role that may use the walqueue schema?",

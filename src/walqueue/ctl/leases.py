@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterator
 import click
 
 from walqueue import display
-from walqueue.backend import FORCE_RELEASE
+from walqueue.backend import DAEMON_STATS, FORCE_RELEASE, PAUSE
 from walqueue.ctl.backends import Ctl
 from walqueue.ctl.errors import (
     DAEMON_CODES,
     EXIT_FAILURE,
     EXIT_NOT_FOUND,
+    EXIT_PAUSED,
     EXIT_STALE_LEASE,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -28,7 +29,7 @@ from walqueue.ctl.group import JSON_ALREADY, command, json_option, pass_ctl
 from walqueue.ctl.output import emit, parse_json_object, table
 
 
-@command(*DAEMON_CODES, short_help='Lease due tasks for WORKER.')
+@command(*DAEMON_CODES, EXIT_PAUSED, short_help='Lease due tasks for WORKER.')
 @click.argument("worker")
 @click.option("--lease-seconds", type=click.IntRange(min=1), default=30, show_default=True,
               help="Lease length. The daemon's clock is whole seconds, so a lease of L seconds "
@@ -43,11 +44,25 @@ def reserve(ctl: Ctl, worker: str, lease_seconds: int, limit: int, wait: float, 
     """Lease up to --limit due tasks for WORKER; prints one lease JSON per line.
 
     Prints nothing (exit 0) when no task was due within --wait seconds.
-    Tasks are leased in (available_at, task_id) order; `next` shows that
-    order without leasing.
+    While the daemon is paused it leases nothing: reserve says so on stderr
+    and exits 12. Tasks are leased in (available_at, task_id) order; `next`
+    shows that order without leasing.
     """
-    for lease in ctl.client.reserve(worker, lease_seconds=lease_seconds, limit=limit, wait=wait):
+    leases = ctl.client.reserve(worker, lease_seconds=lease_seconds, limit=limit, wait=wait)
+    for lease in leases:
         emit(lease)
+    if not leases and paused(ctl):
+        raise CtlError("walqueued is paused, so this reserve leased nothing (tasks that are due "
+                       "stay ready); walqueue-ctl resume hands them out again", EXIT_PAUSED,
+                       "Paused")
+
+
+def paused(ctl: Ctl) -> bool:
+    """Whether the daemon is paused: asked only after a reserve that leased nothing, so
+    the common answer costs no extra round trip (a backend without pause never is)."""
+    if PAUSE not in ctl.capabilities or DAEMON_STATS not in ctl.capabilities:
+        return False
+    return ctl.client.daemon_stats().paused
 
 
 @dataclasses.dataclass(frozen=True)

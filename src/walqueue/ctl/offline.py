@@ -14,6 +14,7 @@ import click
 
 from walqueue import display, paths
 from walqueue.ctl.errors import (
+    EXIT_BACKUP_INCOMPLETE,
     EXIT_CORRUPT,
     EXIT_FAILURE,
     EXIT_NO_QUEUE,
@@ -27,7 +28,8 @@ from walqueue.ctl.output import emit
 from walqueue.verify import verify_directory
 
 
-@command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_NO_QUEUE,
+@command(EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_CORRUPT, EXIT_UNREADABLE, EXIT_BACKUP_INCOMPLETE,
+         EXIT_NO_QUEUE,
          short_help='Check a queue directory offline.', offline=True)
 @click.argument("directory", type=click.Path(file_okay=False))
 @json_option("Print the report as one JSON object; errors as JSON on stderr.")
@@ -38,8 +40,9 @@ def verify(directory: str, as_json: bool) -> None:
     seq continuity, records valid against the state) and lists every
     problem with its file and offset. Exit 0 when the directory would open
     (a torn tail is reported, not an error), 4 when it is corrupt, 8 when a
-    file cannot be read, 11 when it holds no queue (it names subdirectories
-    that do). On a terminal a progress bar on stderr shows the bytes read.
+    file cannot be read, 10 when it is a backup that did not finish (its
+    BACKUP-INCOMPLETE marker), 11 when it holds no queue (it names
+    subdirectories that do). On a terminal a progress bar on stderr shows the bytes read.
 
     Run it on a stopped daemon's directory or on a copy (a live daemon may be
     mid-append, which looks like a torn tail). `python -m walqueue.verify`

@@ -8,6 +8,7 @@ JSON keeps every value exact (`display.json_line`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import time
 from collections.abc import Callable
@@ -85,17 +86,37 @@ def _optional(value: Any, render: Callable[[Any], str] = str) -> str:
     return "-" if value is None else render(value)
 
 
+def moment_text(epoch: int | None, now: int) -> str:
+    """A Unix time as a person reads it: UTC to the second, and how far ahead it is.
+
+    None and 0 (a task put without a delay: due since the epoch) are "-"; a
+    time still ahead says "(in 25 min)". `--json` keeps the exact integer.
+    """
+    if not epoch:
+        return "-"
+    try:
+        text = datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # beyond the calendar datetime knows
+        text = str(epoch)
+    return f"{text} (in {top.duration_text(epoch - now)})" if epoch > now else text
+
+
+def status_text(task: Any, now: int) -> str:
+    """A task's status for a table: a ready task that is not yet due is "delayed"."""
+    return "delayed" if task.status == "ready" and task.available_at > now else task.status
+
+
 # How each column of a task table shows a TaskView (now: this machine's clock, in seconds).
 TASK_COLUMNS: dict[str, Callable[[Any, int], str]] = {
     "TASK_ID": lambda task, now: display.name(task.task_id),
     "KEY": lambda task, now: display.name(task.key),
-    "STATUS": lambda task, now: task.status,
+    "STATUS": status_text,
     "DUE": lambda task, now: top.due_text(task.available_at, now),
     "ATTEMPTS": lambda task, now: f"{task.attempts}/{task.max_attempts}",
     "GENERATION": lambda task, now: str(task.generation),
-    "AVAILABLE_AT": lambda task, now: str(task.available_at),
+    "AVAILABLE_AT": lambda task, now: moment_text(task.available_at, now),
     "WORKER": lambda task, now: _optional(task.worker, display.name),
-    "DEADLINE": lambda task, now: _optional(task.deadline),
+    "DEADLINE": lambda task, now: moment_text(task.deadline, now),
     "PAYLOAD": lambda task, now: payload_cell(task.payload),
 }
 

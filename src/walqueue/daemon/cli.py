@@ -49,6 +49,7 @@ from .metrics_textfile import DEFAULT_MODE as DEFAULT_TEXTFILE_MODE
 from .metrics_textfile import DESCRIPTORS as TEXTFILE_DESCRIPTORS
 from .metrics_textfile import MIN_INTERVAL_SECONDS as MIN_TEXTFILE_INTERVAL_SECONDS
 from .metrics_textfile import Textfile, TextfileError
+from .service import DEFAULT_MAX_LEASE_SECONDS
 from .systemd import SD_LISTEN_FDS_START, Notifier, activated_listener, open_reporting_progress
 
 SOCKET_NAME = "walqueued.sock"
@@ -115,7 +116,7 @@ Exit codes:
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(walqueue.__version__, "--version", prog_name="walqueued",
-                      message="%(prog)s %(version)s", help="Print the walqueue version and exit.")
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
 def cli() -> None:
     pass
 
@@ -144,6 +145,11 @@ def cli() -> None:
               show_default=True,
               help="Connections beyond this are answered with an error and closed. Lowered to fit "
                    "the open-file limit (RLIMIT_NOFILE), with a log line saying so.")
+@click.option("--max-lease-seconds", type=click.IntRange(min=1), default=DEFAULT_MAX_LEASE_SECONDS,
+              show_default=True, metavar="SECONDS",
+              help="The longest lease a reserve or touch may ask for (12 h by default); a longer "
+                   "one is refused as InvalidRequest naming this bound, and writes nothing. A "
+                   "handler that runs longer touches its lease.")
 @click.option("--hello-timeout", "hello_timeout_seconds", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULT_HELLO_TIMEOUT_SECONDS, show_default=True, metavar="SECONDS",
               help="Seconds a new connection has to send its hello before it is closed.")
@@ -183,7 +189,8 @@ def cli() -> None:
               type=click.FloatRange(min=0, min_open=True), default=CHILD_DEADLINE_FLOOR_SECONDS,
               hidden=True, help="TEST ONLY: the floor of a snapshot child's deadline, in seconds.")
 def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal_bytes: int,
-          compact_wal_ratio: float, max_connections: int, hello_timeout_seconds: float, log_level: str,
+          compact_wal_ratio: float, max_connections: int, max_lease_seconds: int,
+          hello_timeout_seconds: float, log_level: str,
           metrics_listen: str | None, metrics_allow_remote: bool, metrics_textfile: str | None,
           metrics_textfile_interval: float, metrics_textfile_mode: str, test_hook: str | None,
           test_child_hook: str | None, preallocate_wal_bytes: int,
@@ -236,7 +243,7 @@ def serve(directory: str, socket_path: str | None, socket_mode: str, compact_wal
                              max_connections=max_connections, hook=hook, child_hook=child_hook,
                              hello_timeout_seconds=hello_timeout_seconds,
                              preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
-                             metrics_textfile=textfile,
+                             metrics_textfile=textfile, max_lease_seconds=max_lease_seconds,
                              child_deadline_floor_seconds=child_deadline_floor_seconds))
 
 
@@ -328,7 +335,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                     compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
                     child_hook: Callable[[], None] | None = None,
                     metrics_textfile: Textfile | None = None,
-                    child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS) -> int:
+                    child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS,
+                    max_lease_seconds: int = DEFAULT_MAX_LEASE_SECONDS) -> int:
     """Open ``directory``, listen, serve until stopped; returns the exit code."""
     directory = os.path.abspath(directory)
     metrics_descriptors = ((0 if metrics_address is None else METRICS_DESCRIPTORS)
@@ -355,7 +363,8 @@ def serve_directory(directory: str, *, socket_path: str | None, mode: int, compa
                       hook=hook, notifier=notifier, hello_timeout_seconds=hello_timeout_seconds,
                       preallocate_wal_bytes=preallocate_wal_bytes, metrics_address=metrics_address,
                       metrics_textfile=metrics_textfile, compact_wal_ratio=compact_wal_ratio,
-                      child_hook=child_hook, child_deadline_floor_seconds=child_deadline_floor_seconds)
+                      child_hook=child_hook, child_deadline_floor_seconds=child_deadline_floor_seconds,
+                      max_lease_seconds=max_lease_seconds)
     finally:
         os.close(reached.fd)
         notifier.close()
@@ -365,7 +374,8 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
            compact_wal_bytes: int, max_connections: int, hook, notifier: Notifier,
            hello_timeout_seconds: float, preallocate_wal_bytes: int,
            metrics_address: tuple[str, int] | None, metrics_textfile: Textfile | None,
-           compact_wal_ratio: float, child_hook, child_deadline_floor_seconds: float) -> int:
+           compact_wal_ratio: float, child_hook, child_deadline_floor_seconds: float,
+           max_lease_seconds: int) -> int:
     """serve_directory once the directory is reached: recover, listen, run the loop."""
     if listener is None:
         try:
@@ -437,6 +447,7 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
         filesystem=filesystem,
         opened=reached,
         child_deadline_floor_seconds=child_deadline_floor_seconds,
+        max_lease_seconds=max_lease_seconds,
     )
     return loop.run()
 

@@ -54,6 +54,7 @@ dropped, and the daemon exits non-zero for its supervisor.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import selectors
 import signal
@@ -95,13 +96,15 @@ from .freeing import FreeingInSteps
 from .log import log
 from .metrics_http import MetricsEndpoint
 from .recorder import Recorder
-from .service import QueueService
+from .service import DEFAULT_MAX_LEASE_SECONDS, QueueService
 from .systemd import Notifier
 from .turn_timer import TurnTimer
 
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
 DRAIN_SECONDS = 5.0
+# Connection ends that are no news: logged at DEBUG (any other reason is INFO).
+ORDINARY_CLOSES = ("closed by peer", "daemon stopping")
 # Work per turn is bounded in time, not only in count: once a turn has spent
 # this long reading (receiving and decoding) the connections it polled, the
 # rest are read first in the next turn; once it has spent this long applying
@@ -223,6 +226,7 @@ class Loop:
         filesystem: FreeingInSteps | None = None,
         opened: Directory | None = None,
         child_deadline_floor_seconds: float = CHILD_DEADLINE_FLOOR_SECONDS,
+        max_lease_seconds: int = DEFAULT_MAX_LEASE_SECONDS,
     ) -> None:
         freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
@@ -240,7 +244,7 @@ class Loop:
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
                                  wall_clock=self.clock.wall_seconds, wal_bytes=queue.stats().wal_bytes)
-        self.service = QueueService(queue, report=self.report,
+        self.service = QueueService(queue, report=self.report, max_lease_seconds=max_lease_seconds,
                                compact=lambda peer, request_id: self.compaction.request(peer, request_id))
         self.selector = Selector()
         self.commit = GroupCommit(
@@ -534,7 +538,8 @@ class Loop:
             self.connections[sock.fileno()] = conn
             self._awaiting_hello.append((self.clock.monotonic_seconds() + self.hello_timeout_seconds, conn))
             self._settle(conn)
-            log.info("connect %s", name)
+            # DEBUG: every walqueue-ctl call is a connection, and INFO is the operator's log.
+            log.debug("connect %s", name)
 
     def _close(self, conn: PeerConnection, reason: str) -> None:
         if conn.closed:
@@ -550,7 +555,9 @@ class Loop:
         self.connections.pop(conn.sock.fileno(), None)
         conn.sock.close()
         self.service.forget(conn)
-        log.info("disconnect %s (%s)", conn.name, reason)
+        # An ordinary close is DEBUG, as its connect was; a failed one says what went wrong.
+        log.log(logging.DEBUG if reason in ORDINARY_CLOSES else logging.INFO,
+                "disconnect %s (%s)", conn.name, reason)
 
     def _settle(self, conn: PeerConnection) -> None:
         """Register exactly the events the connection needs now, or close it."""

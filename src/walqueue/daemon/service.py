@@ -64,6 +64,9 @@ from .log import log, one_line
 # Errors a request can cause without the Queue writing anything; the batch
 # goes on. Anything else raised inside a batch propagates to the commit.
 REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
+# SPEC §8b: the longest lease a reserve or touch may ask for (12 h, SQS's visibility limit),
+# unless `walqueued serve --max-lease-seconds` says otherwise. The library keeps §1's bounds.
+DEFAULT_MAX_LEASE_SECONDS = 43200
 # What encoding an answer can raise for a value msgpack cannot carry.
 ENCODING_ERRORS = (protocol.ProtocolError, TypeError, OverflowError)
 _Error = protocol.Error  # looked for in every answer (encode_answer): one global lookup
@@ -249,8 +252,10 @@ class QueueService:
     """
 
     def __init__(self, queue: Queue, *, compact: Callable[[Peer, int], None],
-                 report: Callable[[int], protocol.DaemonStats]) -> None:
+                 report: Callable[[int], protocol.DaemonStats],
+                 max_lease_seconds: int = DEFAULT_MAX_LEASE_SECONDS) -> None:
         self.queue = queue
+        self.max_lease_seconds = max_lease_seconds
         self.queue_epoch = 0  # bumped whenever the Queue is replaced after a failure
         self.parked = ParkedReserves()
         self.paused = False  # walqueue-ctl pause: every reserve leases nothing
@@ -507,8 +512,17 @@ class QueueService:
         if self.parked:
             self.serve_parked()
 
+    def _check_lease_bound(self, lease_seconds: object) -> None:
+        """InvalidRequest (nothing written) for a lease longer than this daemon allows (SPEC §8b)."""
+        if type(lease_seconds) is int and lease_seconds > self.max_lease_seconds:
+            raise InvalidRequest(
+                f"lease_seconds={lease_seconds} is above this daemon's bound of "
+                f"{self.max_lease_seconds} s (walqueued serve --max-lease-seconds): ask for a "
+                f"shorter lease and touch it while the work goes on")
+
     def _reserve(self, peer: Peer, request: protocol.Reserve) -> None:
         protocol.check_wait(request.wait)
+        self._check_lease_bound(request.lease_seconds)
         self._reserve_or_park(peer, request)
 
     def _ack_and_reserve(self, peer: Peer, request: protocol.AckAndReserve) -> None:
@@ -518,6 +532,7 @@ class QueueService:
         validation.integer(request.lease_seconds, "lease_seconds", minimum=1)
         validation.integer(request.limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
         validation.time_plus(self.now, request.lease_seconds, "lease_seconds")
+        self._check_lease_bound(request.lease_seconds)
         self._check_may_park(peer, request)
         # The request stands for the lease: ack/release/touch read only its
         # task_id, worker and generation, which identify a lease.
@@ -535,6 +550,7 @@ class QueueService:
             self.serve_parked()
 
     def _touch(self, peer: Peer, request: protocol.Touch) -> None:
+        self._check_lease_bound(request.lease_seconds)
         lease = self.queue.touch(request, now=self.now, lease_seconds=request.lease_seconds)
         self._answer(peer, request.id, [protocol.LeaseOk(id=request.id, lease=lease)])
 

@@ -5,7 +5,8 @@ Needs the extra walqueue[postgres] (psycopg 3 and psycopg-pool). Public names:
 - `Client(dsn, *, queue="default", schema="walqueue", migrate=True)` and
   `AsyncClient` (the same methods as coroutines): the library's API, with
   the database server's clock;
-- `DatabaseUnavailable` (a `walqueue.errors.Unavailable`), `SchemaError`;
+- `DatabaseUnavailable` (a `walqueue.errors.Unavailable`), `SchemaError`,
+  `DatabaseRefused` (a refusal no retry cures: raised at once);
 - `migrate(dsn, schema=...)`: create or upgrade the schema (what
   `walqueue-ctl --dsn URL migrate` runs);
 - `UNSUPPORTED_COMMANDS`: the walqueue-ctl commands that have no meaning on
@@ -24,12 +25,16 @@ from __future__ import annotations
 import psycopg
 
 from walqueue.dsn import redacted
+from walqueue.pg import pool_log
 from walqueue.pg.aio import AsyncClient
 from walqueue.pg.calls import DatabaseUnavailable, check_dsn, describe, schema_name
 from walqueue.pg.client import Client
+from walqueue.pg.refusals import DatabaseRefused, refusal
 from walqueue.pg.schema import DEFAULT_SCHEMA, SCHEMA_VERSION, SchemaError, migrate_connection
 
-__all__ = ["UNSUPPORTED_COMMANDS", "AsyncClient", "Client", "DatabaseUnavailable",
+pool_log.install()  # the pool's warnings about walqueue's pools: one per outage
+
+__all__ = ["UNSUPPORTED_COMMANDS", "AsyncClient", "Client", "DatabaseRefused", "DatabaseUnavailable",
            "SCHEMA_VERSION", "SchemaError", "migrate"]
 
 # walqueue-ctl --dsn: the daemon-only commands, and what to use on PostgreSQL.
@@ -56,8 +61,9 @@ def migrate(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> int:
     them). A newer schema this walqueue can use is left as it is (its
     version is returned). Raises SchemaError if the schema is newer and
     incompatible (walqueue.pg.schema) or the database is not UTF8,
-    DatabaseUnavailable if PostgreSQL cannot be reached, InvalidRequest if
-    libpq cannot parse `dsn`.
+    DatabaseUnavailable if PostgreSQL cannot be reached, DatabaseRefused if
+    it refuses the connection (no such database, a refused login),
+    InvalidRequest if libpq cannot parse `dsn`.
     """
     schema = schema_name(schema)
     check_dsn(dsn)
@@ -65,4 +71,7 @@ def migrate(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> int:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as connection:
             return migrate_connection(connection, schema).version
     except psycopg.OperationalError as error:
+        refused = refusal(error, dsn, describe(dsn))
+        if refused is not None:
+            raise refused from None
         raise DatabaseUnavailable(f"PostgreSQL at {describe(dsn)}: {redacted(str(error), dsn)}") from error

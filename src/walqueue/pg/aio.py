@@ -28,6 +28,7 @@ from walqueue.pg.api import (
     drive_async,
 )
 from walqueue.pg.calls import Call, DatabaseUnavailable
+from walqueue.pg.refusals import refusal
 
 
 class AsyncConnection(psycopg.AsyncConnection):
@@ -81,6 +82,7 @@ class AsyncClient(ClientApi):
                                        max_size=self._pool_size, kwargs=CONNECTION_KWARGS, open=False,
                                        timeout=self.connect_seconds, name=f"walqueue-async:{self.queue}")
             try:
+                await self._refuse_incurable()
                 await pool.open(wait=True, timeout=self.connect_seconds)
                 self._pool = pool  # for _execute, while the schema is checked
                 await drive_async(self._setting_up(), self)
@@ -97,6 +99,18 @@ class AsyncClient(ClientApi):
                 await pool.close()
                 raise QueueClosed(f"this walqueue.pg AsyncClient of queue {self.queue!r} is closed")
             self._ready = True
+
+    async def _refuse_incurable(self) -> None:
+        """As walqueue.pg.Client's: a refusal no retry cures is raised at once."""
+        try:
+            connection = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, connect_timeout=max(1, int(self.connect_seconds)))
+        except psycopg.Error as error:
+            refused = refusal(error, self.dsn, self.where)
+            if refused is not None:
+                raise refused from None
+            return
+        await connection.close()
 
     async def _execute(self, call: Call) -> list[tuple]:
         async with self._pool.connection(timeout=self.connect_seconds) as connection:

@@ -34,7 +34,7 @@ from psycopg.types.numeric import Int4, Int8
 
 from walqueue import validation
 from walqueue.backend import ACK_AND_RESERVE, FORCE_RELEASE
-from walqueue.codec import MAX_FRAME_BYTES, canonical_json
+from walqueue.codec import MAX_FRAME_BYTES, MAX_FRAME_TEXT, canonical_json, mebibytes
 from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
 from walqueue.pg import schema
@@ -189,8 +189,10 @@ def _put_requests(statements: Queries, queue: str, requests: list[dict],
     ids, unique = State().plan_put(requests) if len(requests) > 1 else (
         [requests[0]["task_id"]], requests)
     texts = [canonical_json(request["payload"]).decode("utf-8") for request in unique]
-    if sum(map(len, texts)) > MAX_FRAME_BYTES:
-        raise InvalidRequest(f"the payloads of this put total more than {MAX_FRAME_BYTES} bytes")
+    total = sum(map(len, texts))
+    if total > MAX_FRAME_BYTES:
+        raise InvalidRequest(f"the payloads of this put total {total} bytes ({mebibytes(total)}) of "
+                             f"JSON, above the limit of {MAX_FRAME_TEXT} on one transaction")
     columns = (
         [encode_name(request["task_id"]) for request in unique],
         [encode_name(request["key"]) for request in unique],

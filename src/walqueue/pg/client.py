@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from walqueue.pg.api import CONNECTION_KWARGS, ClientApi, Steps, drive
 from walqueue.pg.calls import Call, DatabaseUnavailable
+from walqueue.pg.refusals import refusal
 
 
 class Connection(psycopg.Connection):
@@ -51,6 +52,7 @@ class Client(ClientApi):
                                     max_size=self._pool_size, kwargs=CONNECTION_KWARGS, open=False,
                                     timeout=self.connect_seconds, name=f"walqueue:{self.queue}")
         try:
+            self._refuse_incurable()
             self._pool.open(wait=True, timeout=self.connect_seconds)
             drive(self._setting_up(), self)
             self._ready = True
@@ -61,6 +63,18 @@ class Client(ClientApi):
         except BaseException:
             self._close_now()
             raise
+
+    def _refuse_incurable(self) -> None:
+        """One connection first: a refusal no retry cures is raised now, not after
+        connect_seconds of the pool's attempts (walqueue.pg.refusals)."""
+        try:
+            psycopg.connect(self.dsn, autocommit=True,
+                            connect_timeout=max(1, int(self.connect_seconds))).close()
+        except psycopg.Error as error:
+            refused = refusal(error, self.dsn, self.where)
+            if refused is not None:
+                raise refused from None  # the cause would print the DSN's words again
+            # Anything else (a server not up yet): the pool waits for it, as before.
 
     def __enter__(self) -> Client:
         return self

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from walqueue.dsn import redacted
+from walqueue.outage import Outage
 from walqueue.pg.queries import Queries, channel
 
 log = logging.getLogger("walqueue.pg")
@@ -269,6 +270,7 @@ class Service:
     def _run(self) -> None:
         connection = None
         last_reap = last_sweep = 0.0
+        outage = Outage()  # one warning when the connection is lost, one line when it is back
         while not self._stop.is_set():
             try:
                 if connection is None or connection.closed or connection.broken:
@@ -277,6 +279,10 @@ class Service:
                             state.registered = False
                     self.pid = None
                     connection = self._connect()
+                    healed = outage.healed(time.monotonic())
+                    if healed is not None:
+                        log.info("walqueue listener on %s: reconnected after %d failed attempt(s) "
+                                 "over %.0f s", self.schema, healed.failures, healed.seconds)
                     self._listening.set()
                     self._wake_all()  # notifications may have been missed meanwhile
                 if self.polling:
@@ -293,8 +299,12 @@ class Service:
                     last_sweep = now
                     connection.execute(self.statements.sweep)
             except psycopg.Error as error:
-                log.warning("walqueue listener on %s: %s; reconnecting", self.schema,
-                            redacted(str(error), self.dsn))
+                said = " ".join(redacted(str(error), self.dsn).split())
+                if outage.failed(time.monotonic()):
+                    log.warning("walqueue listener on %s: %s; reconnecting every %g s (logged again "
+                                "when it is back)", self.schema, said, RECONNECT_SECONDS)
+                else:
+                    log.debug("walqueue listener on %s: %s; reconnecting", self.schema, said)
                 if connection is not None:
                     with contextlib.suppress(psycopg.Error):
                         connection.close()

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from walqueue import MAX_FRAME_BYTES, InvalidRequest
+from walqueue.codec import MAX_FRAME_TEXT
 from walqueue.protocol.messages import Put, PutMany, Request
 from walqueue.validation import Containers, count_containers
 
@@ -181,7 +182,7 @@ def early_refusal(prefix: bytes, length: int) -> str | None:
     items = fields.get("requests")
     if fields.get("type") == "put_many" and type(items) is int and items > MAX_PUT_MANY_ITEMS:
         return (f"put_many of {items} items refused before decoding: one transaction is one WAL frame "
-                f"of at most {MAX_FRAME_BYTES} bytes, which holds at most {MAX_PUT_MANY_ITEMS} tasks; "
+                f"of at most {MAX_FRAME_TEXT}, which holds at most {MAX_PUT_MANY_ITEMS} tasks; "
                 f"split it into several put_many calls")
     return None
 
@@ -365,7 +366,7 @@ def costly_put_refusal(request: Request, body: bytes, *, walked: bool, sized: bo
         if at_least > MAX_FRAME_BYTES:
             return (f"{kind.__struct_config__.tag} of {len(body)} bytes refused "
                     f"before validating: its payloads take at least {at_least} bytes of JSON, and one "
-                    f"transaction is one WAL frame of at most {MAX_FRAME_BYTES} bytes")
+                    f"transaction is one WAL frame of at most {MAX_FRAME_TEXT}")
     if walked:
         containers = Containers()
         for index, payload in enumerate(_payloads(request) if kind is Put else

@@ -22,7 +22,8 @@ import click
 import walqueue
 from walqueue import display, paths
 from walqueue.backend import is_postgres_target
-from walqueue.errors import Unavailable, WalQueueError
+from walqueue.dsn import redacted
+from walqueue.errors import InvalidRequest, Unavailable, WalQueueError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -37,7 +38,8 @@ Exit codes:
   1  failure: an error the scheduler does not retry (logged)
   2  usage: a bad option, a schedule file that cannot be read or is
      broken (the message names its line), or cronsim not installed
-  3  the queue (walqueued, PostgreSQL) could not be reached at start;
+  3  the queue (walqueued, PostgreSQL) could not be reached at start, or
+     refused the scheduler (no such database, a refused login: at once);
      once running, the scheduler retries with a back-off instead
 
 \b
@@ -109,7 +111,8 @@ def choose_clock() -> Any:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr; info logs one line per put, catch-up, skip "
                                       "and conflict.")
-@click.version_option(walqueue.__version__, prog_name="walqueue-scheduler")
+@click.version_option(walqueue.__version__, "--version", prog_name="walqueue-scheduler",
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
 def main(target: str, schedule_file: str, queue: str | None, log_level: str) -> None:
     """Put the periodic tasks of SCHEDULE_FILE into the queue at TARGET.
 
@@ -138,6 +141,11 @@ def main(target: str, schedule_file: str, queue: str | None, log_level: str) -> 
         client = open_client(target, queue)
     except Unavailable as error:
         raise Unreachable(f"cannot reach {target_label(target, queue)}: {display.text(str(error))}") from error
+    except InvalidRequest as error:  # a DSN libpq cannot parse, a bad --queue name
+        raise click.UsageError(display.text(redacted(str(error), target))) from None
+    except WalQueueError as error:  # PostgreSQL refused it at once (walqueue.pg.DatabaseRefused)
+        raise Unreachable(f"{target_label(target, queue)} refused the scheduler: "
+                          f"{display.text(str(error))}") from None
     try:
         scheduler = Scheduler(client, entries, clock=clock)
         for number in (signal.SIGTERM, signal.SIGINT):

@@ -43,7 +43,7 @@ try:
     from cronsim import CronSim, CronSimError
 except ImportError as error:  # an optional dependency: say which extra brings it
     raise ImportError(f"walqueue.schedule needs cronsim, which is not installed ({error}): "
-                      f"pip install 'walqueue[scheduler]'") from error
+                      f"from the clone, pip install -e '.[scheduler]' (docs/scheduler.md)") from error
 
 # Period starts the scheduler can name: from the epoch to the last second of
 # year 9999 (the key's YYYY has four digits).

@@ -29,7 +29,7 @@ import walqueue
 from walqueue import display, paths
 from walqueue.backend import is_postgres_target
 from walqueue.dsn import redacted
-from walqueue.errors import InvalidRequest, Unavailable
+from walqueue.errors import InvalidRequest, Unavailable, WalQueueError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -48,6 +48,16 @@ class Unreachable(click.ClickException):
         super().__init__(f"cannot reach {shown(target)}: {redacted(str(error), target)}")
 
 
+class Refused(click.ClickException):
+    """The service answered at start and refused the worker (e.g. no such database): one
+    line, at once; retrying would not help."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+    def __init__(self, target: str, error: BaseException) -> None:
+        super().__init__(f"{shown(target)} refused the worker: {redacted(str(error), target)}")
+
+
 def shown(target: str) -> str:
     """TARGET as the log and messages show it: without a DSN's password (SPEC §8b), escaped."""
     return display.name(redacted(target))
@@ -58,7 +68,8 @@ Exit codes:
      --stop-timeout), or --max-tasks tasks handled
   1  failure: the Worker ended on an error it does not retry (logged)
   2  usage: a bad option, or a handler that cannot be imported or called
-  3  the service (walqueued, PostgreSQL) could not be reached at start
+  3  the service (walqueued, PostgreSQL) could not be reached at start, or
+     refused the worker (no such database, a refused login: at once)
 A handler's sys.exit(N) is never the worker's exit code: it fails the task.
 
 \b
@@ -145,7 +156,8 @@ def open_client(target: str, *, name: str, queue: str | None, asynchronous: bool
 @click.option("--queue", default=None, help="The queue's name, for a PostgreSQL TARGET (default: default).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr; info logs one line per task outcome.")
-@click.version_option(walqueue.__version__, prog_name="walqueue-worker")
+@click.version_option(walqueue.__version__, "--version", prog_name="walqueue-worker",
+                      message="%(prog)s %(version)s", help="Print the version and exit.")
 def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, max_tasks: int | None,
          wait_seconds: float, name: str | None, stop_timeout_seconds: float, queue: str | None,
          log_level: str) -> None:
@@ -161,7 +173,8 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
     A handler that returns acks the task; one that raises (SystemExit from
     sys.exit() too) releases it with a delay of 1, 2, 4, ... seconds (capped
     at 300) until it runs out of attempts and is dead; the worker goes on. SIGTERM or SIGINT stops reserving; the tasks in
-    hand finish, or are released at --stop-timeout.
+    hand finish, or are released at --stop-timeout. A second SIGTERM or SIGINT
+    (Ctrl-C twice) releases them at once and exits.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s walqueue-worker[%(process)d] %(levelname)s %(message)s")
@@ -173,6 +186,8 @@ def main(target: str, handler: Callable, concurrency: int, lease_seconds: int, m
         raise Unreachable(target, exc) from exc
     except InvalidRequest as exc:  # a DSN libpq cannot parse, a bad --queue name
         raise click.UsageError(redacted(str(exc), target)) from None
+    except WalQueueError as exc:  # PostgreSQL refused it (walqueue.pg.DatabaseRefused), a schema
+        raise Refused(target, exc) from None
     options = {"lease_seconds": lease_seconds, "wait": wait_seconds, "concurrency": concurrency,
                "stop_timeout_seconds": stop_timeout_seconds}
     runner = run_async if asynchronous else run_threads
@@ -186,8 +201,15 @@ def _started(target: str, name: str, handler: Callable, options: dict) -> None:
 
 
 def _stopping(worker: Any, signal_number: int) -> None:
-    log.info("%s: taking no new task; the tasks in hand get %g s to finish",
-             signal.Signals(signal_number).name, worker.stop_timeout_seconds)
+    """The first SIGTERM/SIGINT stops taking tasks; a second one (Ctrl-C twice) forces the exit."""
+    name = signal.Signals(signal_number).name
+    if worker.stopping:
+        log.warning("%s again: forcing the stop; releasing the leases in hand now (their handlers "
+                    "are not waited for)", name)
+        worker.stop(force=True)
+        return
+    log.info("%s: taking no new task; the tasks in hand get %g s to finish (send it again, or "
+             "Ctrl-C again, to release them now)", name, worker.stop_timeout_seconds)
     worker.stop()
 
 

@@ -60,7 +60,8 @@ handler that returns later finds its lease released and finishes nothing.
 Log lines (logger ``walqueue.worker``): one per task outcome, naming the
 task id (escaped by ``walqueue.display.name``), its generation and
 attempt; a handler's exception is logged with its traceback (its message
-escaped by ``walqueue.display.text``, so the outcome stays one line).
+escaped by ``walqueue.display.text``, so the outcome stays one line). A
+program that configured no logging gets them on stderr (``log_by_default``).
 
 What a backend must provide (``client``)
 ----------------------------------------
@@ -103,9 +104,45 @@ from typing import Any
 
 from walqueue import display
 from walqueue.errors import InvalidRequest, QueueClosed, StaleLease, Unavailable
+from walqueue.outage import Outage
 from walqueue.values import Lease, TaskView
 
 log = logging.getLogger("walqueue.worker")
+DEFAULT_LOG_FORMAT = "%(asctime)s walqueue.worker %(levelname)s %(message)s"
+
+
+class DefaultLogHandler(logging.StreamHandler):
+    """The Worker's own stderr handler, for a program that configured no logging.
+
+    It steps aside for good once the program configures logging after all
+    (the root logger has a handler): from then on the lines go there, once.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            log.removeHandler(self)
+            if log.level == logging.INFO:
+                log.setLevel(logging.NOTSET)  # the level this handler set, back to the program's
+            return  # propagated to the root's handlers, which log it
+        super().emit(record)
+
+
+def log_by_default() -> None:
+    """Log the Worker's task lines on stderr where nothing else would (as `rq worker` does).
+
+    Without a handler anywhere, Python shows only warnings (its last-resort
+    handler), so a plain script saw no "done" line for its tasks. Only when
+    neither the root logger nor walqueue.worker has a handler: a program that
+    configured logging keeps exactly what it configured, and nothing is
+    logged twice.
+    """
+    if logging.getLogger().handlers or log.handlers:
+        return
+    handler = DefaultLogHandler()
+    handler.setFormatter(logging.Formatter(DEFAULT_LOG_FORMAT))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
 
 MAX_BACKOFF_SECONDS = 300
 RECONNECT_PAUSE_SECONDS = 1.0
@@ -247,7 +284,10 @@ class Policy:
         self.touch_interval_seconds = max(MIN_TOUCH_INTERVAL_SECONDS, lease_seconds / 3)
         # Held only between steps, never across one, so a plain lock serves threads and tasks alike.
         self._state = threading.Lock()
+        # A service that keeps failing is logged once when it starts and once when it heals.
+        self._outages = {"reserve": Outage(), "touch": Outage()}
         self._stopping = False
+        self._forced = False  # stop(force=True): the tasks in hand are given up now
         self._stopped_at: float | None = None
         self._stop_event = clock.event()  # cuts pauses short
         self._turn_taken = False
@@ -273,15 +313,24 @@ class Policy:
 
     # -- control ------------------------------------------------------------------
 
-    def stop(self) -> None:
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._stopping
+
+    def stop(self, *, force: bool = False) -> None:
         """Take no new task; ``run()`` returns after the tasks in hand (see ``stop_timeout_seconds``).
 
-        The thread Worker's ``stop()`` may be called from any thread or a
-        signal handler; the asyncio Worker's from its event loop.
+        With ``force`` (a second Ctrl-C, as Celery's cold shutdown), the
+        stop deadline is now: the leases in hand are released at once, as at
+        ``stop_timeout_seconds``, and ``run()`` returns without waiting for
+        their handlers. The thread Worker's ``stop()`` may be called from any
+        thread or a signal handler; the asyncio Worker's from its event loop.
         """
         if self._stopped_at is None:
             self._stopped_at = self.clock.now()
         self._stopping = True
+        self._forced = self._forced or force
         for event in (self._stop_event, self._turn_free, self._settled):
             event.set()
 
@@ -289,6 +338,7 @@ class Policy:
         """Ready the counters of one run(); the shell starts the loops after this."""
         if max_tasks is not None:
             _check_count("max_tasks", max_tasks, minimum=0)
+        log_by_default()
         with self._state:
             self._max_tasks = max_tasks
             self._taken = 0
@@ -403,12 +453,12 @@ class Policy:
         try:
             leases = yield functools.partial(self.client.reserve, self.worker, lease_seconds=self.lease_seconds,
                                              limit=self._reserve_limit(), wait=self.wait)
+            self._service_worked("reserve")
             return self._keep_one(leases)
         except LOST_ANSWER as exc:
             if self._client_closed():
                 raise
-            log.warning("worker %s: reserve failed, trying again in %g s: %s",
-                        display.name(self.worker), RECONNECT_PAUSE_SECONDS, exc)
+            self._service_failed("reserve", f"trying again every {RECONNECT_PAUSE_SECONDS:g} s", exc)
             yield self._pause(RECONNECT_PAUSE_SECONDS)
             return []
         finally:
@@ -559,6 +609,7 @@ class Policy:
         lease, touch_at = held.lease, math.inf
         try:
             lease = yield functools.partial(self.client.touch, held.lease, lease_seconds=self.lease_seconds)
+            self._service_worked("touch")
             touch_at = self.clock.now() + self.touch_interval_seconds
         except StaleLease as lost:
             log.warning("task %s generation %d: lost the lease while the handler ran (%s); "
@@ -566,14 +617,32 @@ class Policy:
         except LOST_ANSWER as exc:
             if self._client_closed():
                 return False
-            log.warning("task %s generation %d: touch failed, trying again in %g s: %s",
-                        display.name(lease.task_id), lease.generation, self.touch_interval_seconds, exc)
+            log.debug("task %s generation %d: touch failed: %s", display.name(lease.task_id),
+                      lease.generation, exc)
+            self._service_failed("touch", f"trying each lease again every {self.touch_interval_seconds:g} s", exc)
             touch_at = self.clock.now() + self.touch_interval_seconds
         finally:
             with self._state:
                 held.lease, held.touch_at, held.touching = lease, touch_at, False
             held.touch_done.set()
         return True
+
+    def _service_failed(self, what: str, retrying: str, exc: BaseException) -> None:
+        """Log a failed `what` (reserve, touch): a warning for the first of an outage, DEBUG after."""
+        with self._state:
+            first = self._outages[what].failed(self.clock.now())
+        if first:
+            log.warning("worker %s: %s failed, %s: %s (logged again when it works)",
+                        display.name(self.worker), what, retrying, exc)
+        else:
+            log.debug("worker %s: %s failed again: %s", display.name(self.worker), what, exc)
+
+    def _service_worked(self, what: str) -> None:
+        with self._state:
+            healed = self._outages[what].healed(self.clock.now())
+        if healed is not None:
+            log.info("worker %s: %s works again after %d failed attempt(s) over %.0f s",
+                     display.name(self.worker), what, healed.failures, healed.seconds)
 
     # -- the run as a whole -------------------------------------------------------
 
@@ -594,6 +663,9 @@ class Policy:
                 if self._running == 0:
                     return
                 self._settled.clear()
+            if self._forced:
+                yield from self._abandon()
+                return
             if not self._stopping or self.stop_timeout_seconds is None:
                 yield functools.partial(self.clock.wait, self._settled, None)
                 continue
@@ -614,8 +686,9 @@ class Policy:
                 yield functools.partial(self.clock.wait, held.touch_done, None)
             error = yield from self._finish(held.lease, "release")
             outcome = "released" if error is None else f"not released ({error}): due again when its lease expires"
-            log.warning("task %s generation %d: not done %g s after stop(); %s", display.name(held.lease.task_id),
-                        held.lease.generation, self.stop_timeout_seconds, outcome)
+            when = "at a forced stop" if self._forced else f"{self.stop_timeout_seconds:g} s after stop()"
+            log.warning("task %s generation %d: not done %s; %s", display.name(held.lease.task_id),
+                        held.lease.generation, when, outcome)
 
 
 def _log_acked(lease: Lease, seconds: float, error: BaseException | None) -> None:
