@@ -203,7 +203,11 @@ def _started(target: str, name: str, handler: Callable, options: dict) -> None:
 def _stopping(worker: Any, signal_number: int) -> None:
     """The first SIGTERM/SIGINT stops taking tasks; a second one (Ctrl-C twice) forces the exit."""
     name = signal.Signals(signal_number).name
-    if worker.stopping:
+    # Counted before anything else: a second signal can run this handler again while the first is
+    # still logging, before worker.stop() has made worker.stopping true.
+    first = not getattr(worker, "_signals_seen", 0)
+    worker._signals_seen = getattr(worker, "_signals_seen", 0) + 1
+    if not first or worker.stopping:
         log.warning("%s again: forcing the stop; releasing the leases in hand now (their handlers "
                     "are not waited for)", name)
         worker.stop(force=True)
