@@ -200,21 +200,27 @@ def _started(target: str, name: str, handler: Callable, options: dict) -> None:
              "asyncio" if is_async(handler) else "threads", options["concurrency"])
 
 
-def _stopping(worker: Any, signal_number: int) -> None:
-    """The first SIGTERM/SIGINT stops taking tasks; a second one (Ctrl-C twice) forces the exit."""
-    name = signal.Signals(signal_number).name
-    # Counted before anything else: a second signal can run this handler again while the first is
-    # still logging, before worker.stop() has made worker.stopping true.
-    first = not getattr(worker, "_signals_seen", 0)
-    worker._signals_seen = getattr(worker, "_signals_seen", 0) + 1
-    if not first or worker.stopping:
-        log.warning("%s again: forcing the stop; releasing the leases in hand now (their handlers "
-                    "are not waited for)", name)
-        worker.stop(force=True)
-        return
-    log.info("%s: taking no new task; the tasks in hand get %g s to finish (send it again, or "
-             "Ctrl-C again, to release them now)", name, worker.stop_timeout_seconds)
-    worker.stop()
+class _Stopping:
+    """The SIGTERM/SIGINT handler: the first stops taking tasks; a second one (Ctrl-C twice)
+    forces the exit."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.signals = 0
+
+    def __call__(self, signal_number: int) -> None:
+        # Counted before anything else: a second signal can run this handler again while the
+        # first is still logging, before worker.stop() has made worker.stopping true.
+        self.signals += 1
+        name = signal.Signals(signal_number).name
+        if self.signals > 1 or self.worker.stopping:
+            log.warning("%s again: forcing the stop; releasing the leases in hand now (their "
+                        "handlers are not waited for)", name)
+            self.worker.stop(force=True)
+            return
+        log.info("%s: taking no new task; the tasks in hand get %g s to finish (send it again, "
+                 "or Ctrl-C again, to release them now)", name, self.worker.stop_timeout_seconds)
+        self.worker.stop()
 
 
 def _ended(worker: Any, handled: int | None, error: BaseException | None, target: str) -> int:
@@ -238,8 +244,9 @@ def run_threads(client: Any, name: str, handler: Callable, options: dict, *, tar
         raise Unreachable(target, exc) from exc
     worker = Worker(client, name, handler, **options)
     # Worker.run() waits in timed joins, so stop() runs in the handler soon whichever thread got the signal.
+    stopping = _Stopping(worker)
     for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, lambda signal_number, frame: _stopping(worker, signal_number))
+        signal.signal(number, lambda signal_number, frame: stopping(signal_number))
     _started(target, name, handler, options)
     try:
         handled = worker.run(max_tasks=max_tasks)
@@ -262,8 +269,9 @@ def run_async(client: Any, name: str, handler: Callable, options: dict, *, targe
                 raise Unreachable(target, exc) from exc
             worker = Worker(client, name, handler, **options)
             loop = asyncio.get_running_loop()
+            stopping = _Stopping(worker)
             for number in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(number, _stopping, worker, number)
+                loop.add_signal_handler(number, stopping, number)
             _started(target, name, handler, options)
             try:
                 handled = await worker.run(max_tasks=max_tasks)
