@@ -12,7 +12,11 @@ WAIT_SECONDS = 300.0
 
 
 def announce_and_wait(name: str) -> None:
-    (Path(os.environ["WALQUEUE_INTERRUPT_DIR"]) / name).write_text(str(os.getpid()))
+    # Written whole, then renamed into place: the test reads the file as soon as it exists
+    # (CI once read it between its creation and its write, and found it empty).
+    directory = Path(os.environ["WALQUEUE_INTERRUPT_DIR"])
+    (directory / f".{name}").write_text(str(os.getpid()))
+    os.replace(directory / f".{name}", directory / name)
     threading.Event().wait(WAIT_SECONDS)
 
 

@@ -48,6 +48,16 @@ def alive(pid: int) -> bool:
     return True
 
 
+def kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        try:
+            os.kill(group, signal.SIGKILL)  # a process that had not made its group yet
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("to", ["the-script", "its-group"])
 def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to):
     """Issue 23: Ctrl-C on scripts/test left the pytest processes running.
@@ -74,9 +84,11 @@ def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to):
         assert script.returncode == 130, output
         wait_until(lambda: not any(alive(pid) for pid in pids), 15, "the pytest processes gone")
     finally:
-        for pid in [*pids, script.pid]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        # Each pytest leads a process group of its own, and the script leads its session: kill
+        # the groups, so that nothing they started holds the script's output pipe open.
+        for group in [*pids, script.pid]:
+            if alive(group):
+                kill_group(group)
         if script.poll() is None:
             script.kill()
             script.communicate(timeout=30)
