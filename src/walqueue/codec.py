@@ -34,6 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import speedups
 from .errors import CorruptStore, InvalidRequest
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -157,6 +158,57 @@ def scan_frames(data, name: str, problems: Problems | None = None, progress=None
                 start: int = 0, stop: re.Pattern | None = None):
     """Yield every complete, valid Frame of `data` from offset `start`, then return its Tail.
 
+    The compiled path (walqueue.speedups) walks the frames it can decide in
+    C and hands each other one to the pure reader below (`_scan_pure`), so
+    what is accepted and what is raised (class, message, offset) is the
+    reference's. Keeping going (`problems`) always reads the pure way.
+    """
+    if (speedups.COMPILED and problems is None
+            and (stop is None or stop is speedups.COMPILED_STOP)):
+        return (yield from _scan_compiled(data, name, progress, start, stop))
+    return (yield from _scan_pure(data, name, problems, progress, start=start, stop=stop))
+
+
+_COMPILED_BATCH = 4096   # frames the extension returns per call
+
+
+def _scan_compiled(data, name: str, progress, start: int, stop):
+    """scan_frames by the extension, each frame it declines read by `_scan_pure`."""
+    scan, size = speedups.speedups.scan, len(data)
+    offset = read = start
+    limit, end, entry = speedups.SCAN_LIMIT, speedups.SCAN_END, speedups.SCAN_ENTRY
+    while True:
+        frames, offset, code = scan(data, offset, stop is not None, _COMPILED_BATCH, Frame)
+        yield from frames
+        if code == limit:
+            if progress is not None:
+                progress(offset - read)
+                read = offset
+            continue
+        if code == end or code == entry:
+            if progress is not None:
+                progress((offset if code == entry else size) - read)
+            return Tail(offset, "clean" if code == end else "stopped")
+        # Declined: the reference reads this one frame (and raises, or ends, as it does).
+        if progress is not None:
+            progress(offset - read)
+            read = offset
+        pure = _scan_pure(data, name, None, None, start=offset, stop=stop, chunk_frames=1)
+        try:
+            frame = next(pure)
+        except StopIteration as stopped:
+            tail = stopped.value
+            if progress is not None:
+                progress((tail.offset if tail.kind == "stopped" else size) - read)
+            return tail
+        yield frame
+        offset = frame.end
+
+
+def _scan_pure(data, name: str, problems: Problems | None = None, progress=None, *,
+               start: int = 0, stop: re.Pattern | None = None, chunk_frames: int = 0):
+    """scan_frames in pure Python: the reference (see scan_frames).
+
     `name` identifies the buffer in errors. Use as a generator and read the
     Tail from StopIteration.value. Raises CorruptStore naming `name` and the
     offset of the first bad frame; every frame before it is yielded first.
@@ -171,6 +223,7 @@ def scan_frames(data, name: str, problems: Problems | None = None, progress=None
     size = len(data)
     offset = start
     read = start  # the bytes already told to `progress`
+    chunk_frames = chunk_frames or _CHUNK_FRAMES
     unpack = _LENGTH.unpack_from
     sha256 = _sha256
     while True:
@@ -182,7 +235,7 @@ def scan_frames(data, name: str, problems: Problems | None = None, progress=None
         problem: CorruptStore | Tail | None = None
         damaged_end = None  # the end of a bad frame whose length is intact
         follower = None     # a complete frame after a damaged length
-        while len(chunk) < _CHUNK_FRAMES:
+        while len(chunk) < chunk_frames:
             if offset >= size:
                 problem = Tail(offset, "clean")
                 break

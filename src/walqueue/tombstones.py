@@ -255,6 +255,25 @@ class _Block:
                 setattr(self, column, type(value)(value) if type(value) is bytearray
                         else array(value.typecode, value))
 
+    @classmethod
+    def packed(cls, names: bytes, bounds: bytes, identities: bytes, numbers: bytes, wide: bool,
+               hashes: bytes, hashed: bytes) -> _Block:
+        """A block of names in arrival = name order, from columns packed elsewhere (machine-order
+        uint32 bounds, hashes and hashed, numbers uint32 or, `wide`, int64), as `extend` builds it."""
+        block = cls()
+        block.names = bytearray(names)
+        block.name_bounds = _packed_array("I", bounds)
+        block.identities = bytearray(identities)
+        block.numbers = _packed_array("q" if wide else "I", numbers)
+        block.hashes = _packed_array("I", hashes)
+        block.hashed = _packed_array("I", hashed)
+        return block
+
+    def name_range(self, count: int) -> tuple[bytes, bytes]:
+        """The least and the greatest of the first `count` arrivals' names (count >= 1)."""
+        indexes = self.arrival_indexes(count)
+        return self.name(indexes[0]), self.name(indexes[-1])
+
     def columns(self, indexes) -> tuple[list[bytes], list[bytes], bytes, array]:
         """The columns of the given arrivals, in that order (to build a new block)."""
         names = [self.name(index) for index in indexes]
@@ -411,6 +430,31 @@ class TombstoneStore:
         """
         self._by_id.extend(task_ids, [b""] * len(task_ids), identities, numbers)
 
+    def packed_room(self) -> int:
+        """How many tombstones `append_packed` takes next: the room left in the last block."""
+        blocks = self._by_id.blocks
+        if not blocks or len(blocks[-1]) >= BLOCK_TOMBSTONES:
+            return BLOCK_TOMBSTONES
+        return BLOCK_TOMBSTONES - len(blocks[-1])
+
+    def append_packed(self, names: bytes, bounds: bytes, identities: bytes, numbers: bytes,
+                      wide: bool, hashes: bytes, hashed: bytes) -> None:
+        """`extend` for at most `packed_room()` tombstones given as one block's packed columns
+        (see _Block.packed), with no Python object per tombstone once the last block is full."""
+        index = self._by_id
+        block = _Block.packed(names, bounds, identities, numbers, wide, hashes, hashed)
+        count = len(block)
+        assert 0 < count <= self.packed_room()
+        if index.blocks and len(index.blocks[-1]) < BLOCK_TOMBSTONES:
+            # Fill the last block up the ordinary way (once: the blocks then stay aligned).
+            task_ids = [block.name(position) for position in range(count)]
+            self.extend(task_ids, block.identities, block.numbers)
+            return
+        index.blocks.append(block)
+        index.firsts.append(block.name(0))
+        index.count += count
+        index.last = block.name(count - 1)
+
     def frozen(self) -> _Frozen:
         """The tombstones there are now, to walk in task id order while more are added."""
         return _Frozen([(block, len(block)) for block in self._by_id.blocks])
@@ -428,31 +472,46 @@ class _Frozen:
             for index in block.arrival_indexes(count):
                 yield block.name(index), _tombstone(block, index)
 
+    def blocks(self) -> list[tuple[_Block, int]]:
+        """The blocks in name order, each with how many of its arrivals are in the frozen store."""
+        return self._blocks
+
     def bodies(self) -> Iterator[tuple[bytes, bytes]]:
         """(task id as UTF-8, the canonical JSON of its snapshot entry) in task id order."""
-        template = _ENTRY_TEMPLATE
         for block, count in self._blocks:
-            names, name_bounds = bytes(block.names), block.name_bounds
-            value_bounds = block.value_bounds
-            values = b"" if value_bounds is None else bytes(block.values)
-            plain = (_NEEDS_ESCAPE.search(names) is None
-                     and _NEEDS_ESCAPE.search(values) is None)
-            hexes = binascii.hexlify(block.identities)
-            numbers = block.numbers
-            for index in block.arrival_indexes(count):
-                name = names[name_bounds[index]:name_bounds[index + 1]]
-                key = name if value_bounds is None else (
-                    values[value_bounds[index]:value_bounds[index + 1]] or name)
-                if plain:
-                    name_json, key_json = b'"' + name + b'"', b'"' + key + b'"'
-                else:
-                    name_json, key_json = _json_string(name), _json_string(key)
-                first = NUMBERS * index
-                attempts, max_attempts, generation, available_at = numbers[first:first + NUMBERS]
-                yield name, template % (attempts, available_at, generation,
-                                        hexes[2 * IDENTITY_BYTES * index:
-                                              2 * IDENTITY_BYTES * (index + 1)],
-                                        key_json, max_attempts, name_json)
+            yield from block_bodies(block, count)
+
+
+def block_bodies(block: _Block, count: int) -> Iterator[tuple[bytes, bytes]]:
+    """(task id, snapshot entry) of a block's first `count` arrivals, in task id order."""
+    template = _ENTRY_TEMPLATE
+    names, name_bounds = bytes(block.names), block.name_bounds
+    value_bounds = block.value_bounds
+    values = b"" if value_bounds is None else bytes(block.values)
+    plain = (_NEEDS_ESCAPE.search(names) is None
+             and _NEEDS_ESCAPE.search(values) is None)
+    hexes = binascii.hexlify(block.identities)
+    numbers = block.numbers
+    for index in block.arrival_indexes(count):
+        name = names[name_bounds[index]:name_bounds[index + 1]]
+        key = name if value_bounds is None else (
+            values[value_bounds[index]:value_bounds[index + 1]] or name)
+        if plain:
+            name_json, key_json = b'"' + name + b'"', b'"' + key + b'"'
+        else:
+            name_json, key_json = _json_string(name), _json_string(key)
+        first = NUMBERS * index
+        attempts, max_attempts, generation, available_at = numbers[first:first + NUMBERS]
+        yield name, template % (attempts, available_at, generation,
+                                hexes[2 * IDENTITY_BYTES * index:
+                                      2 * IDENTITY_BYTES * (index + 1)],
+                                key_json, max_attempts, name_json)
+
+
+def _packed_array(typecode: str, packed: bytes) -> array:
+    column = array(typecode)
+    column.frombytes(packed)
+    return column
 
 
 def _utf8(name: str) -> bytes:
