@@ -37,6 +37,6 @@ class OptionalBuildExt(build_ext):
 extensions = []
 if os.environ.get("WALQUEUE_NO_EXTENSIONS") != "1":
     extensions.append(Extension("walqueue._speedups", ["src/walqueue/_speedups.c"],
-                                extra_compile_args=["-O2", "-std=c99", "-Wall"]))
+                                extra_compile_args=["-O3", "-std=c99", "-Wall"]))
 
 setup(ext_modules=extensions, cmdclass={"build_ext": OptionalBuildExt})

@@ -217,12 +217,17 @@ typedef struct {
 
 static PyObject *parse_value(Parser *ps);
 
-static int hexval(unsigned char c)
+/* The value of a lowercase hex digit, -1 for any other byte (canonical hex is lowercase). */
+static signed char HEX[256];
+
+static void init_hex(void)
 {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;   /* canonical escapes are lowercase */
+    memset(HEX, -1, sizeof HEX);
+    for (int c = '0'; c <= '9'; c++) HEX[c] = (signed char)(c - '0');
+    for (int c = 'a'; c <= 'f'; c++) HEX[c] = (signed char)(c - 'a' + 10);
 }
+
+static inline int hexval(unsigned char c) { return HEX[c]; }
 
 /* Parse a string at ps->p (on its opening quote). On success returns the str and, when
  * `raw`/`raw_size` are given, the unescaped UTF-8 bytes (valid until the next call). */
@@ -929,6 +934,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     const char *sha = "portable";
+    init_hex();
 #ifdef HAVE_SHA_NI
     if (cpu_has_sha_ni()) {
         sha256_blocks = sha256_blocks_ni;
