@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import validation
+from . import cancel as cancelling
+from . import listing, validation
 from .codec import FRAME_OVERHEAD_BYTES, encode_frame
 from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
 from .fs import Directory, OsFileSystem, open_lock
@@ -39,7 +40,7 @@ from .snapshot import (
     write_snapshot,
 )
 from .state import LEASED, MAX_EXPIRE_IDS, Task
-from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
+from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, WorkerView, copy_json
 from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment
 
 LOCK = "LOCK"
@@ -205,7 +206,7 @@ class Queue:
 
     def _reserve(self, worker: str, now: int, lease_seconds: int, limit: int) -> list[Task]:
         self._check_open()
-        validation.name(worker, "worker")
+        cancelling.check_worker(validation.name(worker, "worker"))
         validation.integer(now, "now")
         validation.integer(lease_seconds, "lease_seconds", minimum=1)
         validation.integer(limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
@@ -296,6 +297,24 @@ class Queue:
             self._append({"now": now, "op": "revive", "seq": self._next_seq(), "task_ids": unique})
         return unique
 
+    def cancel(self, task_id: str, *, now: int) -> None:
+        """Complete a dead task, or a ready one due at `now`, without leasing it to anyone
+        (SPEC §8b; walqueue.cancel): its revive (if dead), reserve and ack by the worker
+        `walqueue:cancel`, in one batch. A completed task: nothing happens.
+
+        Raises InvalidRequest, writing nothing, for a task not yet due, leased or unknown.
+        """
+        self._check_open()
+        validation.name(task_id, "task_id")
+        validation.time_plus(validation.integer(now, "now"), cancelling.CANCEL_LEASE_SECONDS, "now")
+        task = self._state.get(task_id)
+        view = None if task is None else _view_of(task)
+        if cancelling.check(task_id, view, now):
+            with self.batch():
+                for record in cancelling.records(view, now):
+                    record["seq"] = self._next_seq()
+                    self._append(record)
+
     # -- public API: reads ----------------------------------------------
 
     def get(self, task_id: str) -> TaskView | None:
@@ -304,15 +323,27 @@ class Queue:
         task = self._state.get(task_id)
         return None if task is None else _view_of(task)
 
-    def tasks(self, status: str | None = None) -> Iterator[TaskView]:
-        """The tasks (optionally of one status) in task_id order.
+    def tasks(self, status: str | None = None, *, after: str | None = None,
+              limit: int | None = None) -> Iterator[TaskView]:
+        """The tasks (optionally of one status) in task_id order; with `after`, only those
+        whose id is greater; with `limit`, at most that many (walqueue.listing: O(limit)).
 
         The order is fixed when called; each view reflects the task when the
-        iterator reaches it.
+        iterator reaches it (a page's views: the tasks when called).
         """
         self._check_open()
         validation.status(status)
-        return map(_view_of, self._state.in_order(status))
+        if after is None and limit is None:
+            return map(_view_of, self._state.in_order(status))
+        after, limit = listing.check_page(after, limit)
+        return iter(list(map(_view_of, self._state.page(status, after, limit))))
+
+    def workers(self) -> list[WorkerView]:
+        """Every worker that holds a lease, with how many, by name (SPEC §8b; `connected` is
+        False: a library has no connections)."""
+        self._check_open()
+        return [WorkerView(worker, leases, False)
+                for worker, leases in listing.lease_holders(self._state.live_index, self._state.tasks)]
 
     def stats(self) -> QueueStats:
         self._check_open()

@@ -70,6 +70,7 @@ from typing import Any
 from . import validation
 from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
+from .listing import LiveIndex, page
 from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
@@ -154,6 +155,7 @@ class State:
         self.tasks: dict[str, Task] = {}       # the live tasks: ready, leased, dead
         self.task_id_by_key: dict[str, str] = {}
         self.tombstones = TombstoneStore()     # the completed tasks
+        self.live_index = LiveIndex()          # the live task ids by status, sorted (listing.py)
         self.counts = dict.fromkeys(validation.STATUSES, 0)
         self.last_seq = 0
         self._ready: list[tuple[int, str]] = []
@@ -465,6 +467,7 @@ class State:
                         READY, 0, max_attempts, 0, available_at, None, None, payload, seq)
             self.tasks[task_id] = task
             self.task_id_by_key[task.key] = task_id
+            self.live_index.add(task_id, READY)
             self.counts[READY] += 1
             heapq.heappush(self._ready, (available_at, task_id))
             fifo.append(seq)
@@ -501,6 +504,7 @@ class State:
         counts = self.counts
         for task in targets:
             task.status = LEASED
+            self.live_index.move(task.task_id, READY, LEASED)
             task.attempts += 1
             task.generation += 1
             task.worker = worker
@@ -524,6 +528,7 @@ class State:
         self._past_half.discard(task.task_id)
         del self.tasks[task.task_id]
         del self.task_id_by_key[task.key]
+        self.live_index.remove(task.task_id, LEASED)
         self.tombstones.add(task.task_id, task.key, identity, task.attempts, task.max_attempts,
                             task.generation, task.available_at)
         self.counts[LEASED] -= 1
@@ -570,6 +575,7 @@ class State:
         for task in targets:
             task.pin_identity()  # already pinned when it died; kept for the invariant
             task.status = READY
+            self.live_index.move(task.task_id, DEAD, READY)
             task.attempts = 0
             task.available_at = now
             task.ready_seq = seq
@@ -647,6 +653,7 @@ class State:
             heapq.heappush(self._ready, (task.available_at, task.task_id))
             self._ready_fifo.append(seq)
             self._ready_fifo.append(task.task_id)
+        self.live_index.move(task.task_id, LEASED, task.status)
         self.counts[task.status] += 1
 
     def _tidy(self, heap: list, status: str) -> None:
@@ -685,6 +692,13 @@ class State:
             return map(self.get, live)   # a live task may be a tombstone when reached
         return (self.get(item) if type(item) is str else _task_of(item)
                 for item in _merged(live, self.tombstones.frozen()))
+
+    def page(self, status: str | None, after: str | None, limit: int | None) -> list[Task]:
+        """A page of in_order(status): the tasks after the id `after`, at most `limit`
+        (walqueue.listing; O(log n + limit)). Taken at once: the Tasks as they are now."""
+        tasks = self.tasks
+        return [tasks[item] if type(item) is str else _task_of(item)
+                for item in page(self.live_index, self.tombstones, status, after, limit)]
 
     def entries(self) -> Iterator[dict]:
         """Every task as a snapshot entry (a dict), in task_id order."""
@@ -746,6 +760,7 @@ class State:
         self.tasks[task_id] = Task(task_id, key, identity, status, attempts, max_attempts,
                                    generation, available_at, deadline, worker, payload)
         self.task_id_by_key[key] = task_id
+        self.live_index.add(task_id, status)
         self.counts[status] += 1
         if status == READY:
             self._ready.append((available_at, task_id))

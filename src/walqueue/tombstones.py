@@ -411,6 +411,30 @@ class TombstoneStore:
         """
         self._by_id.extend(task_ids, [b""] * len(task_ids), identities, numbers)
 
+    def after(self, name: bytes | None) -> Iterator[tuple[bytes, Tombstone]]:
+        """(task id as UTF-8, Tombstone) of the ids greater than `name` (all for None), in order.
+
+        A page's walk (walqueue.listing): it starts by bisection, so a page of
+        k costs O(log n + k + BLOCK_TOMBSTONES), never O(n). It reads the
+        store as it is: take what you need before the next `add`.
+        """
+        index = self._by_id
+        blocks = index.blocks
+        if name is None:
+            position, rank = 0, 0
+        else:
+            position = max(bisect_right(index.firsts, name) - 1, 0)
+            if not blocks:
+                return
+            rank, found = blocks[position].search(name)
+            if found >= 0:
+                rank += 1
+        for block in blocks[position:]:
+            arrivals = block.arrival_indexes()
+            for arrival in arrivals[rank:]:
+                yield block.name(arrival), _tombstone(block, arrival)
+            rank = 0
+
     def frozen(self) -> _Frozen:
         """The tombstones there are now, to walk in task id order while more are added."""
         return _Frozen([(block, len(block)) for block in self._by_id.blocks])

@@ -294,8 +294,15 @@ class Face:
     def get(self, task_id):
         return self._call("get", task_id)
 
-    def tasks(self, status=None):
-        return self._call("tasks", status)
+    def tasks(self, status=None, **page):
+        return self._call("tasks", status, **page)
+
+    # SPEC §8b's calls (tests/unit/test_semantics_steer.py).
+    def cancel(self, task_id, *, now):
+        return self._call_at(now, "cancel", task_id)
+
+    def workers(self):
+        return self._call("workers")
 
     def stats(self):
         return self._call("stats")

@@ -60,6 +60,7 @@ from walqueue import (
 )
 
 from .log import log, one_line
+from .steering import SteeringRequests, WorkerNames
 
 # Errors a request can cause without the Queue writing anything; the batch
 # goes on. Anything else raised inside a batch propagates to the commit.
@@ -242,8 +243,9 @@ def unsendable_answer(peer: Peer, request_id: int | None, exc: Exception) -> byt
     return encode_answer(peer, [error])
 
 
-class QueueService:
-    """One Queue served to many peers; see the module docstring.
+class QueueService(SteeringRequests):
+    """One Queue served to many peers; see the module docstring (and walqueue.daemon.steering
+    for cancel, workers and listing in pages).
 
     ``compact(peer, request_id)`` takes a ``compact`` request, which the
     compactor (walqueue.daemon.compaction) answers through `answer` once a
@@ -268,7 +270,9 @@ class QueueService:
         self._report = report
         self._turn_requests: list[tuple[Peer, int]] = []
         self._turn_outbox_start = 0
+        self.worker_names = WorkerNames()  # the worker names open connections used (SPEC §8b)
         self._handlers: dict[type, Callable] = {
+            **self._steering_handlers(),
             protocol.Put: self._put,
             protocol.PutMany: self._put_many,
             protocol.Reserve: self._reserve,
@@ -312,6 +316,10 @@ class QueueService:
             log.debug("request %d from %s: %s: %s", request.id, peer.name, type(exc).__name__,
                       one_line(str(exc)))
             self._answer(peer, request.id, [protocol.error_to_wire(request.id, exc)])
+        else:
+            worker = getattr(request, "worker", None)
+            if worker is not None:
+                self.worker_names.note(peer, worker)
 
     def fail_turn(self, message: str) -> int:
         """Answer every request of this turn's failed batch with QueueClosed ``message``.
@@ -414,6 +422,7 @@ class QueueService:
     def forget(self, peer: Peer) -> None:
         """Drop everything the service holds for a closed peer: its waits, its backup pin."""
         self.drop_waits(peer)
+        self.worker_names.forget(peer)
         if self.backup_holder is peer:
             self.backup_holder = None
             log.warning("backup pin released: %s closed before ending its backup", peer.name)
@@ -493,6 +502,8 @@ class QueueService:
             encoded = unsendable_answer(peer, request_id, exc)
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
+
+    _chunked = staticmethod(chunked)
 
     def _answer_leases(self, peer: Peer, request_id: int, leases: list[protocol.Raw]) -> None:
         self._answer(peer, request_id, chunked(request_id, leases, protocol.Leases))
