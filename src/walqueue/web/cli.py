@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -71,6 +72,20 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise click.BadParameter(f"{value!r}: port {port_text!r} is not a number in 0..65535")
     return str(address), int(port_text)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port), bound here so that port 0 is known before serving."""
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 def target_label(target: str, queue: str | None) -> str:
@@ -153,18 +168,27 @@ def main(target: str, listen: str, allow_writes: bool, certificate: str | None, 
     except Unavailable as error:
         client.close()
         raise Unreachable(f"cannot reach {target_label(target, queue)}: {display.text(str(error))}") from error
+    try:
+        listener = bind(host, port)
+    except OSError as error:
+        client.close()
+        raise click.UsageError(f"cannot listen on {listen}: {error.strerror or error}") from None
+    port = listener.getsockname()[1]  # the one chosen, for --listen HOST:0
     scheme = "https" if certificate is not None else "http"
     source = Source(client)
     config = uvicorn.Config(
         create_app(source, Settings(origin=Origin(scheme, host, port), allow_writes=allow_writes,
                                     passwords=passwords)),
-        host=host, port=port, log_level=log_level, access_log=log_level == "debug",
+        log_level=log_level, access_log=log_level == "debug",
         ssl_certfile=certificate, ssl_keyfile=key, **server_options())
     server = uvicorn.Server(config)
-    log.info("serving %s for %s at %s://%s:%d (%s)", "read-write" if allow_writes else "read-only",
+    log.info("serving %s for %s at %s://%s:%d/ (%s)", "read-write" if allow_writes else "read-only",
              target_label(target, queue), scheme, f"[{host}]" if ":" in host else host, port,
              "passwords required" if passwords else "no passwords: loopback only")
-    server.run()
+    try:
+        server.run(sockets=[listener])
+    finally:
+        listener.close()
     sys.exit(EXIT_OK)
 
 

@@ -17,7 +17,7 @@ The rules (docs/web.md, "Security"):
   DNS rebinding.
 * Every page is sent with SECURITY_HEADERS: a Content-Security-Policy that
   allows only our own script and style files (no inline script, no
-  eval), no framing, no referrer, no MIME sniffing.
+  eval), no framing, no referrer to other sites, no MIME sniffing.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # so a form's POST carries its Origin (not "null")
     "Cache-Control": "no-store",
 }
 REALM = "walqueue-web"
