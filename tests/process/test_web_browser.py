@@ -115,8 +115,10 @@ def post_without_token(url, fields):
 def check_overview_follows(browser, client, server):
     """The figures change in place: a mark set on the page survives the refresh."""
     browser.get(server.url + "/")
-    ready = int(text_of(browser, "count-ready"))
     browser.execute_script("window.notReloaded = true;")
+    ready = client.stats().ready  # the page may show figures up to a second old: awaited
+    wait_until(lambda: text_of(browser, "count-ready") == str(ready), LIVE_SECONDS,
+               f"the overview to show {ready} ready tasks")
     client.put("live-1", {})
     client.put("live-2", {})
     wait_until(lambda: text_of(browser, "count-ready") == str(ready + 2), LIVE_SECONDS,
@@ -159,7 +161,7 @@ def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
                                  for number in range(start, start + BATCH)])
         filler = threading.Thread(target=fill)
         filler.start()
-        server = web(daemon.socket_path, "--allow-writes")
+        server = web(daemon.socket_path, "--allow-writes", "--sample-seconds", "0.5")
         filler.join(120)
         assert not filler.is_alive()
         client.put(HOSTILE, {"note\u202e": "<b>bold?</b>"})

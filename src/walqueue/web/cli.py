@@ -124,10 +124,13 @@ def open_client(target: str, queue: str | None) -> Any:
 @click.option("--queue", default=None, help="The queue's name, for a PostgreSQL TARGET (default: default).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Log level on stderr; info logs every write.")
+@click.option("--sample-seconds", type=click.FloatRange(min=0.1), default=None, hidden=True,
+              help="How often the overview's history is sampled (tests; default 10).")
 @click.version_option(walqueue.__version__, "--version", prog_name="walqueue-web",
                       message="%(prog)s %(version)s", help="Print the version and exit.")
 def main(target: str, listen: str, allow_writes: bool, certificate: str | None, key: str | None,
-         password_file: str | None, queue: str | None, log_level: str) -> None:
+         password_file: str | None, queue: str | None, log_level: str,
+         sample_seconds: float | None) -> None:
     """Serve a dashboard of the queue at TARGET: counts and rates, tasks, dead tasks, leases,
     workers; with --allow-writes also revive, force-release and cancel.
 
@@ -141,6 +144,7 @@ def main(target: str, listen: str, allow_writes: bool, certificate: str | None, 
 
         from walqueue.web.app import Settings, create_app
         from walqueue.web.bounds import server_options
+        from walqueue.web.samples import SAMPLE_SECONDS
         from walqueue.web.security import Origin, SecurityError, check_listen, read_passwords
         from walqueue.web.source import Source
     except ImportError as error:
@@ -178,7 +182,8 @@ def main(target: str, listen: str, allow_writes: bool, certificate: str | None, 
     source = Source(client)
     config = uvicorn.Config(
         create_app(source, Settings(origin=Origin(scheme, host, port), allow_writes=allow_writes,
-                                    passwords=passwords)),
+                                    passwords=passwords,
+                                    sample_seconds=sample_seconds or SAMPLE_SECONDS)),
         log_level=log_level, access_log=log_level == "debug",
         ssl_certfile=certificate, ssl_keyfile=key, **server_options())
     server = uvicorn.Server(config)

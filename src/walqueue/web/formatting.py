@@ -64,6 +64,8 @@ def relative(at: int | float | None, now: float) -> str:
     """"in 3 min", "2 h 5 min ago" or "now", from `now`."""
     if at is None:
         return "-"
+    if at <= 0:
+        return "due"
     difference = at - now
     if abs(difference) < 1:
         return "now"

@@ -31,6 +31,7 @@ from .source import MAX_PAGE_SIZE, STATUSES, Outcome, PagingUnsupported, Source
 
 log = logging.getLogger("walqueue.web")
 SVG_TYPE = "image/svg+xml"
+NOT_COUNTED = "\u2013"  # a figure the backend does not count (the page says so)
 
 
 def templates() -> Jinja2Templates:
@@ -74,7 +75,7 @@ def figures(source: Source) -> dict[str, str]:
     delayed = getattr(stats, "delayed", None)
     shown: dict[str, str] = {
         "ready": formatting.number(stats.ready),
-        "delayed": formatting.number(delayed) if delayed is not None else "not counted",
+        "delayed": formatting.number(delayed) if delayed is not None else NOT_COUNTED,
         "leased": formatting.number(stats.leased),
         "completed": formatting.number(stats.completed),
         "dead": formatting.number(stats.dead),
@@ -96,7 +97,7 @@ def figures(source: Source) -> dict[str, str]:
 async def overview(request: Request) -> Response:
     source = _source(request)
     shown = await source.run(figures, source)
-    return _render(request, "overview.html", figures=shown,
+    return _render(request, "overview.html", figures=shown, not_counted=NOT_COUNTED,
                    compactions=list(reversed(source.history.compactions)))
 
 
