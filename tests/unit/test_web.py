@@ -313,3 +313,22 @@ def test_a_connection_that_sends_no_request_head_is_closed_at_the_deadline(monke
         server.should_exit = True
         thread.join(10)
         listener.close()
+
+
+def test_the_command_line_refuses_what_it_cannot_serve_safely(tmp_path):
+    from click.testing import CliRunner
+
+    import walqueue
+    from walqueue.web import cli
+
+    runner = CliRunner()
+    version = runner.invoke(cli.main, ["--version"], prog_name="walqueue-web")
+    assert version.exit_code == 0 and version.output == f"walqueue-web {walqueue.__version__}\n"
+    remote = runner.invoke(cli.main, [str(tmp_path / "q"), "--listen", "0.0.0.0:8765"])
+    assert remote.exit_code == cli.EXIT_USAGE and "--certificate and --password-file" in remote.output
+    bad = runner.invoke(cli.main, [str(tmp_path / "q"), "--listen", "localhost"])
+    assert bad.exit_code == cli.EXIT_USAGE and "HOST:PORT" in bad.output
+    nobody = runner.invoke(cli.main, [str(tmp_path / "nothing.sock")])
+    assert nobody.exit_code == cli.EXIT_UNAVAILABLE and "cannot reach walqueued" in nobody.output
+    queue = runner.invoke(cli.main, [str(tmp_path / "q"), "--queue", "orders"])
+    assert queue.exit_code == cli.EXIT_USAGE and "--queue names a queue on PostgreSQL" in queue.output

@@ -149,7 +149,7 @@ def main(target: str, listen: str, allow_writes: bool, certificate: str | None, 
         from walqueue.web.source import Source
     except ImportError as error:
         raise click.UsageError(f"walqueue-web needs the extra walqueue[web] ({error}): "
-                               f"pip install 'walqueue[web]'") from None
+                               f"from the clone, pip install -e '.[web]' (docs/web.md)") from None
     host, port = parse_listen(listen)
     if key is not None and certificate is None:
         raise click.UsageError("--key goes with --certificate")
