@@ -110,9 +110,8 @@ def test_a_hostile_id_is_shown_escaped_and_its_link_leads_to_it(hostile):
     backend = FakeBackend([task(hostile, "dead", payload={"note": hostile, "<b>": 1})])
     with client_for(backend, allow_writes=True) as client:
         listing = client.get("/dead")
-        for raw in ("<script>", "\x1b", "\u202e", "\x00", "\n" + "break"):
-            assert raw not in listing.text.replace("\n<", "<") or raw not in hostile
-        assert "<script>alert" not in listing.text
+        for raw in ("<script>alert", "\x1b", "\u202e", "\x00", "line\nbreak"):
+            assert raw not in listing.text
         link = re.search(r'<td class="id"><a href="([^"]+)">', listing.text).group(1)
         page = client.get(html.unescape(link))
         assert page.status_code == 200
@@ -292,7 +291,7 @@ def test_a_connection_that_sends_no_request_head_is_closed_at_the_deadline(monke
         while not server.started:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as silent:
             silent.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1")  # never finished
             started = time.monotonic()
             assert silent.recv(100) == b""  # closed by the server
@@ -332,3 +331,27 @@ def test_the_command_line_refuses_what_it_cannot_serve_safely(tmp_path):
     assert nobody.exit_code == cli.EXIT_UNAVAILABLE and "cannot reach walqueued" in nobody.output
     queue = runner.invoke(cli.main, [str(tmp_path / "q"), "--queue", "orders"])
     assert queue.exit_code == cli.EXIT_USAGE and "--queue names a queue on PostgreSQL" in queue.output
+
+
+# Each check above must go red on a plausible broken variant (tests/broken_web.py).
+BROKEN = [
+    ("names_unescaped", lambda: test_a_hostile_id_is_shown_escaped_and_its_link_leads_to_it("abc\u202edcba")),
+    ("no_autoescape", lambda: test_a_hostile_id_is_shown_escaped_and_its_link_leads_to_it(HOSTILE[0])),
+    ("csrf_always_valid", test_a_post_without_a_valid_csrf_token_is_refused),
+    ("whole_listing", test_the_listing_is_paged_by_cursor_and_never_reads_the_whole_queue),
+]
+
+
+@pytest.mark.parametrize("variant, check", BROKEN, ids=[variant for variant, _ in BROKEN])
+def test_each_check_goes_red_on_its_broken_variant(variant, check):
+    from tests import broken_web
+
+    with broken_web.active(variant), pytest.raises(AssertionError):
+        check()
+
+
+def test_the_head_deadline_check_goes_red_without_the_deadline(monkeypatch):
+    from tests import broken_web
+
+    with broken_web.active("no_head_deadline"), pytest.raises((AssertionError, TimeoutError)):
+        test_a_connection_that_sends_no_request_head_is_closed_at_the_deadline(monkeypatch)
