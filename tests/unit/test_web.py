@@ -355,3 +355,21 @@ def test_the_head_deadline_check_goes_red_without_the_deadline(monkeypatch):
 
     with broken_web.active("no_head_deadline"), pytest.raises((AssertionError, TimeoutError)):
         test_a_connection_that_sends_no_request_head_is_closed_at_the_deadline(monkeypatch)
+
+
+def test_the_plot_draws_the_rates_the_sampler_saw():
+    clock = [NOW]
+    backend = FakeBackend([task("a")])
+    source = Source(backend, clock=lambda: clock[0])
+    settings = Settings(origin=Origin("http", "127.0.0.1", 8765), sample_seconds=None)
+    with TestClient(create_app(source, settings), base_url=BASE) as client:
+        assert "no samples yet" in client.get("/plot.svg").text
+        for step in range(1, 4):
+            source.history.add(source.read_sample())
+            for number in range(10):
+                backend.add(task(f"b{step}-{number}"))
+            clock[0] += 10
+        drawing = client.get("/plot.svg")
+    assert drawing.headers["content-type"].startswith("image/svg+xml")
+    assert drawing.text.count("<polyline") == 2 and "no samples yet" not in drawing.text
+    assert [rate.puts for rate in source.history.rates()] == [1.0, 1.0]

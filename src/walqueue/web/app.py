@@ -145,7 +145,7 @@ def create_app(source: Source, settings: Settings) -> Starlette:
 async def _sample_forever(source: Source, seconds: float) -> None:
     while True:
         try:
-            await source.run(source.sample)
+            source.history.add(await source.run(source.read_sample))
         except Unavailable as exc:
             log.warning("no sample of the queue's counts: %s", exc)
         except Exception:  # the sampler must not die of one bad answer; the pages show errors

@@ -102,8 +102,9 @@ class Source:
                 self._overview = Overview(now, stats, daemon)
             return self._overview
 
-    def sample(self) -> Sample:
-        """Take one sample of the history (the sampler calls it every SAMPLE_SECONDS)."""
+    def read_sample(self) -> Sample:
+        """One sample for the history (the sampler reads one every SAMPLE_SECONDS, on the pool,
+        and adds it on the event loop, the only thread that touches the history)."""
         overview = self.overview()
         stats, daemon = overview.stats, overview.daemon
         sample = Sample(
@@ -115,7 +116,6 @@ class Source:
             compactions=getattr(daemon, "compactions_total", None),
             last_compaction_seconds=getattr(daemon, "last_compaction_seconds", None),
             last_compaction_pause_seconds=getattr(daemon, "last_compaction_pause_seconds", None))
-        self.history.add(sample)
         return sample
 
     def page(self, status: str | None, prefix: str, after: str | None, size: int) -> Page:
