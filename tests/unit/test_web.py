@@ -373,3 +373,13 @@ def test_the_plot_draws_the_rates_the_sampler_saw():
     assert drawing.headers["content-type"].startswith("image/svg+xml")
     assert drawing.text.count("<polyline") == 2 and "no samples yet" not in drawing.text
     assert [rate.puts for rate in source.history.rates()] == [1.0, 1.0]
+
+
+def test_selected_dead_tasks_can_be_cancelled_from_the_dead_page():
+    backend = FakeBackend([task("d1", "dead"), task("d2", "dead")])
+    with client_for(backend, allow_writes=True) as client:
+        page = client.get("/dead").text
+        assert 'formaction="/cancel"' in page
+        answer = client.post("/cancel", data={"csrf": csrf_of(page), "task_id": ["d1"]})
+        assert answer.status_code == 200
+    assert backend.get("d1").status == "completed" and backend.get("d2").status == "dead"
