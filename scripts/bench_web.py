@@ -9,8 +9,10 @@ daemon's other clients. Not a test (docs/web.md quotes its output).
    --ready ready ones through the library (batches of 1,000, one fsync each),
    then walqueued serves it and walqueue-web serves walqueued. Each page is
    fetched --rounds times a run, one of each per round, the rounds at least
-   1.05 s apart so that every overview is read afresh from the daemon (the
-   web process reuses its figures for up to 1 s). Printed: each page's
+   1.05 s apart so that each round's `/` reads the figures afresh from the
+   daemon (the web process reuses them for up to 1 s: `/overview.json`,
+   fetched right after, shows that reuse, as a second browser open in the
+   same second would see it). Printed: each page's
    p50 and p99 (the median over --runs runs of each run's figure), against
    the target of 200 ms.
 2. Bystanders. A bystander process runs put, reserve and ack cycles for
