@@ -7,9 +7,13 @@ PostgreSQL.
 
 import json
 
-from tests.unit.test_ctl import FakeClient, clock, lines, queue, run  # noqa: F401  (fixtures)
+from tests.unit import test_ctl
+from tests.unit.test_ctl import FakeClient, lines
 from walqueue.ctl.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from walqueue.ctl.output import PAGE_TASKS
+
+# test_ctl.py's fixtures: the fake daemon, its queue and its clock.
+run, queue, clock = test_ctl.run, test_ctl.queue, test_ctl.clock
 
 
 def test_cancel_completes_ready_and_dead_tasks_and_prints_their_ids(run, queue):
