@@ -165,6 +165,26 @@ def _init_reaching_the_path_again(self, directory, *, opened=None, **options):
     _real_queue_init(self, directory, **options)
 
 
+def _cancel_in_two_batches(self, task_id, *, now):
+    """Cancel whose revive is its own batch, made durable before the reserve and ack are
+    written: two fsyncs where SPEC §8b says one batch, and a crash between them leaves the
+    dead task durably ready, for a worker to run, after the cancel was asked for."""
+    from walqueue import cancel as cancelling
+    from walqueue.queue import _view_of
+
+    self._check_open()
+    task = self._state.get(task_id)
+    view = None if task is None else _view_of(task)
+    if cancelling.check(task_id, view, now):
+        records = cancelling.records(view, now)
+        for group in (records[:-2], records[-2:]):
+            if group:
+                with self.batch():
+                    for record in group:
+                        record["seq"] = self._next_seq()
+                        self._append(record)
+
+
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
@@ -196,6 +216,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     # The check before issue 20: whoever may replace a link on the way is not asked about.
     "walk_trusts_every_link":
         lambda: mock.patch.object(directory_module, "_judge_link", lambda chain, name, link: []),
+    "cancel_in_two_batches":
+        lambda: mock.patch.object(Queue, "cancel", _cancel_in_two_batches),
     "plain_tombstones_unchecked":
         lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
                                   _trust_plain_tombstones),

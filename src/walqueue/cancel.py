@@ -16,6 +16,14 @@ single writer. Worker names starting with RESERVED_WORKER_PREFIX are the
 queue's own (`check_worker`), so no client's lease can ever be mistaken for
 a cancel's, nor a cancel's for a client's.
 
+Three records are not one transaction: a crash between them (the crash matrix
+finds every such point) leaves the task revived (ready), or leased by
+CANCEL_WORKER. The caller got no answer and cancels again, which must then
+finish the job: a ready task is cancelled as any other, and a task leased by
+CANCEL_WORKER is an interrupted cancel, finished by the ack alone while its
+lease lasts (CANCEL_LEASE_SECONDS, long enough for the retry after a restart;
+no worker can be handed the task meanwhile).
+
 Readings (docs/spec.md):
   - completed: nothing happens, nothing is written (cancelling twice is harmless,
     so a lost answer may be retried);
@@ -35,8 +43,9 @@ from .values import TaskView
 
 RESERVED_WORKER_PREFIX = "walqueue:"
 CANCEL_WORKER = "walqueue:cancel"
-# The cancel's lease is acked in the same batch; one second is the least a lease may last.
-CANCEL_LEASE_SECONDS = 1
+# The cancel's lease is acked in the same batch; it lasts only if a crash interrupts the cancel,
+# and then holds the task for the cancel that is retried (see the header).
+CANCEL_LEASE_SECONDS = 60
 
 
 def reserved_worker(worker: str) -> bool:
@@ -60,6 +69,12 @@ def refusal(task_id: str, task: TaskView | None, now: int) -> str | None:
     if task.status == "ready" and task.available_at > now:
         return (f"task {task_id!r} is ready but not due until {task.available_at} (now={now}); "
                 f"it can be cancelled from then on")
+    if task.status == "leased" and task.worker == CANCEL_WORKER:
+        if now < task.deadline:
+            return None  # an interrupted cancel: finished by its ack
+        return (f"task {task_id!r} is held by the lease of a cancel that was interrupted; it "
+                f"ended at {task.deadline} (now={now}), and once the lease is reaped (the next "
+                f"reserve, or within a second on walqueued) the task can be cancelled again")
     if task.status == "leased":
         return (f"task {task_id!r} is leased by {task.worker!r} (generation {task.generation}, "
                 f"deadline {task.deadline}); it can be cancelled once that lease ends "
@@ -79,7 +94,11 @@ def check(task_id: str, task: TaskView | None, now: int) -> bool:
 
 
 def records(task: TaskView, now: int) -> list[dict]:
-    """The records that cancel `task` (dead, or ready and due at `now`), without their "seq"."""
+    """The records that cancel `task` (dead, ready and due at `now`, or held by an interrupted
+    cancel), without their "seq"."""
+    if task.status == "leased":  # CANCEL_WORKER's: the interrupted cancel's last record
+        return [{"generation": task.generation, "now": now, "op": "ack", "task_id": task.task_id,
+                 "worker": CANCEL_WORKER}]
     planned = []
     if task.status == "dead":
         planned.append({"now": now, "op": "revive", "task_ids": [task.task_id]})

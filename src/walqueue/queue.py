@@ -306,7 +306,8 @@ class Queue:
         """
         self._check_open()
         validation.name(task_id, "task_id")
-        validation.time_plus(validation.integer(now, "now"), cancelling.CANCEL_LEASE_SECONDS, "now")
+        validation.time_plus(validation.integer(now, "now"), cancelling.CANCEL_LEASE_SECONDS,
+                             "the cancel's lease (now + 60)")
         task = self._state.get(task_id)
         view = None if task is None else _view_of(task)
         if cancelling.check(task_id, view, now):

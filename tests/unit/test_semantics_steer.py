@@ -140,19 +140,6 @@ def test_cancel_is_written_as_revive_reserve_and_ack_by_the_reserved_worker(q):
         ["d"], ["d"], ["d"], ["r"], ["r"]]
 
 
-def test_a_library_cancel_is_one_batch_with_one_fsync(tmp_path):
-    from walqueue import Queue
-
-    phases = []
-    with Queue(tmp_path / "q", hook=phases.append) as queue:
-        queue.put("d", {}, max_attempts=1)
-        (lease,) = queue.reserve("w", now=1, lease_seconds=10)
-        queue.release(lease, now=2)
-        del phases[:]
-        queue.cancel("d", now=3)
-    assert phases == ["wal.before_write", "wal.after_write"] * 3 + ["wal.after_sync"]
-
-
 # -- workers ---------------------------------------------------------------------------
 
 

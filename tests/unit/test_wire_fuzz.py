@@ -106,6 +106,10 @@ requests = st.one_of(
     st.builds(p.BackupEnd, id=integers),
     st.builds(p.DaemonStatsReq, id=integers),
     st.builds(p.ForceRelease, id=integers, task_ids=st.lists(texts, max_size=3)),
+    st.builds(p.Cancel, id=integers, task_id=texts),
+    st.builds(p.Workers, id=integers),
+    st.builds(p.TasksPage, id=integers, status=st.sampled_from([None, "ready", "completed", "bogus"]),
+              after=st.none() | texts, limit=integers),
 )
 
 lease_values = st.builds(p.WireLease, task_id=texts, worker=texts, generation=integers, deadline=integers,

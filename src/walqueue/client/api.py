@@ -159,7 +159,7 @@ class ClientApi:
         (SPEC §8b): page on with ``after=`` the last id. With ``after`` alone
         the client asks for pages of PAGE_TASKS until the last, so the answer
         is not one moment's state (a task may move between pages). Without
-        either it is one listing, as before. A daemon older than 0.3 knows no
+        either it is one listing, as before. A daemon older than the paged listing knows no
         pages: InvalidRequest, and it closes the connection.
         """
         if after is None and limit is None:
