@@ -28,7 +28,12 @@ from .web_server import WebServer
 pytest.importorskip("starlette")
 webdriver = pytest.importorskip("selenium.webdriver")
 
-from selenium.common.exceptions import NoAlertPresentException, WebDriverException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
@@ -93,6 +98,15 @@ def text_of(browser, element_id):
     return browser.find_element(By.ID, element_id).text
 
 
+def shown_text(browser, selector):
+    """The text of the element at `selector` now, or None while a click's page is still coming
+    (the old page's element may be found and then go stale)."""
+    try:
+        return browser.find_element(By.CSS_SELECTOR, selector).text
+    except (NoSuchElementException, StaleElementReferenceException):
+        return None
+
+
 def shown_ids(browser):
     """The ids of a listing page, read in one call (one WebDriver call per element is slow)."""
     return browser.execute_script('return [...document.querySelectorAll("td.id a")].map(a => a.textContent);')
@@ -132,7 +146,7 @@ def check_revive_click(browser, client, server, task_id):
            if display.name(task_id) in row.text]
     assert row, browser.page_source
     row[0].find_element(By.CSS_SELECTOR, 'button[name="one"]').click()
-    wait_until(lambda: "revive: 1 task" in browser.find_element(By.TAG_NAME, "main").text, 10,
+    wait_until(lambda: "revive: 1 task" in (shown_text(browser, "main") or ""), 10,
                "the revive's answer")
     assert client.get(task_id).status == "ready"
 
@@ -145,6 +159,17 @@ def check_hostile_id(browser, server):
     assert title == display.name(HOSTILE) and "\u202e" not in title and "<script>" in title
     scripts = browser.execute_script("return [...document.scripts].map(s => s.src);")
     assert scripts == [server.url + "/static/live.js"]
+
+
+def check_links_of_odd_ids(browser, server, task_ids):
+    """Ids a URL could mistake for something else (dot segments, percent signs) reach their page."""
+    for task_id in task_ids:
+        browser.get(server.url + "/tasks?prefix=" + urllib.parse.quote(task_id, safe=""))
+        (link,) = [link for link in browser.find_elements(By.CSS_SELECTOR, "td.id a")
+                   if link.text == display.name(task_id)]
+        link.click()
+        wait_until(lambda: shown_text(browser, "h1 .id") == display.name(task_id), 10,  # noqa: B023
+                   f"the page of {task_id!r}")
 
 
 def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
@@ -167,6 +192,9 @@ def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
         client.put(HOSTILE, {"note\u202e": "<b>bold?</b>"})
         held = client.reserve("worker-a", lease_seconds=600, limit=2)
         assert len(held) == 2
+        odd_ids = ["..", ".", "%2e%2E", "a/../b?c#d"]
+        for task_id in odd_ids:
+            client.put(task_id, {})
 
         check_overview_follows(browser, client, server)
         stats = client.stats()
@@ -212,6 +240,7 @@ def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
 
         check_hostile_id(browser, server)
         screenshot(browser, "hostile-id")
+        check_links_of_odd_ids(browser, server, odd_ids)
     finally:
         client.close()
 

@@ -125,6 +125,7 @@ def create_app(source: Source, settings: Settings) -> Starlette:
         Route("/plot.svg", pages.plot),
         Route("/tasks", pages.tasks),
         Route("/tasks/{task_id:task_id}", pages.task),
+        Route("/task", pages.task),
         Route("/dead", pages.dead),
         Route("/dead/revive", pages.revive, methods=["POST"]),
         Route("/leases", pages.leases),

@@ -31,6 +31,14 @@ def url_part(value: str) -> str:
     return quote(value, safe="", errors="surrogatepass")
 
 
+def task_url(task_id: str) -> str:
+    """The URL of a task's page: /tasks/ID, or /task?id=ID for the ids `.` and `..`, which a
+    browser would take for a path's dot segments even percent-encoded."""
+    if task_id in (".", ".."):
+        return "/task?id=" + url_part(task_id)
+    return "/tasks/" + url_part(task_id)
+
+
 def from_url_part(value: str) -> str:
     """The id a form sent as `url_part(id)` (forms carry ids encoded: HTML would turn a NUL in a
     value into U+FFFD, and browsers rewrite line breaks)."""
@@ -93,5 +101,5 @@ def number(value: Any) -> str:
     return str(value)
 
 
-FILTERS = {"name": name, "text": text, "url_part": url_part, "payload_text": payload_text, "duration": duration,
+FILTERS = {"name": name, "text": text, "task_url": task_url, "url_part": url_part, "payload_text": payload_text, "duration": duration,
            "local_time": local_time, "milliseconds": milliseconds, "number": number}

@@ -156,7 +156,10 @@ async def leases(request: Request) -> Response:
 
 
 async def task(request: Request) -> Response:
-    task_id = request.path_params["task_id"]
+    """/tasks/ID, or /task?id=ID (formatting.task_url)."""
+    task_id = request.path_params.get("task_id") or request.query_params.get("id")
+    if not task_id:
+        return _error(request, 400, "which task? /tasks/ID or /task?id=ID")
     source = _source(request)
     view = await source.run(source.task, task_id)
     if view is None:
