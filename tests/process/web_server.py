@@ -17,7 +17,7 @@ from .daemon import child_env
 
 START_SECONDS = 20.0
 STOP_SECONDS = 10.0
-_SERVING = re.compile(r"serving .* at (http://127\.0\.0\.1:\d+)/")
+_SERVING = re.compile(r"serving .* at (https?://127\.0\.0\.1:\d+)/")
 
 
 class WebServer:
