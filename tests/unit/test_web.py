@@ -388,3 +388,19 @@ def test_selected_dead_tasks_can_be_cancelled_from_the_dead_page():
         answer = client.post("/cancel", data={"csrf": csrf_of(page), "task_id": ["d1"]})
         assert answer.status_code == 200
     assert backend.get("d1").status == "completed" and backend.get("d2").status == "dead"
+
+
+def test_a_queue_out_of_reach_is_a_503_page_that_says_so():
+    from walqueue.errors import Unavailable
+
+    class Down(FakeBackend):
+        def daemon_stats(self):
+            raise Unavailable("walqueued at /q: connection refused")
+
+        def tasks(self, status=None, *, after=None, limit=None):
+            raise Unavailable("walqueued at /q: connection refused")
+
+    with client_for(Down([task("a")])) as client:
+        for path in ("/", "/overview.json", "/tasks"):
+            answer = client.get(path)
+            assert answer.status_code == 503 and "cannot be reached" in answer.text, path
