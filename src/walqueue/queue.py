@@ -48,7 +48,6 @@ PHASES = (
     "snapshot.after_write", "current.after_write", "current.after_publish",
     "compact.after_delete", "recover.after_truncate",
 )
-_PUT_FIELDS = ("task_id", "payload", "key", "available_at", "max_attempts")
 
 
 class Queue:
@@ -144,8 +143,7 @@ class Queue:
         key or task id is taken by a different request.
         """
         self._check_open()
-        request = _put_request(task_id, payload, key, available_at, max_attempts, "")
-        return self._put([request])[0]
+        return self._put([validation.put_request(task_id, payload, key, available_at, max_attempts)])[0]
 
     def put_many(self, requests: Iterable[PutRequest | Mapping]) -> list[str]:
         """Put several tasks in one transaction: all new tasks, or nothing.
@@ -154,10 +152,7 @@ class Queue:
         Returns one id per request, in request order.
         """
         self._check_open()
-        if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
-            raise validation.InvalidRequest("requests must be a list of PutRequest or mappings")
-        containers = validation.Containers()
-        return self._put([_put_request_of(item, index, containers) for index, item in enumerate(requests)])
+        return self._put(validation.put_requests(requests))
 
     # walqueued's entries (not part of SPEC's API): the same checks, errors and
     # records as put/put_many, minus the payload copy. Each request is any
@@ -168,16 +163,16 @@ class Queue:
     def put_without_copy(self, request: Any) -> str:
         """put() of ``request``'s fields, storing its payload without a copy (see above)."""
         self._check_open()
-        return self._put([_put_request(request.task_id, request.payload, request.key, request.available_at,
-                                       request.max_attempts, "", copy=False)])[0]
+        return self._put([validation.put_request(request.task_id, request.payload, request.key,
+                                                 request.available_at, request.max_attempts, copy=False)])[0]
 
     def put_many_without_copy(self, requests: list) -> list[str]:
         """put_many() of ``requests``' fields, storing their payloads without a copy (see above)."""
         self._check_open()
         containers = validation.Containers()
-        return self._put([_put_request(item.task_id, item.payload, item.key, item.available_at,
-                                       item.max_attempts, f"requests[{index}].", copy=False,
-                                       containers=containers)
+        return self._put([validation.put_request(item.task_id, item.payload, item.key, item.available_at,
+                                                 item.max_attempts, where=f"requests[{index}].", copy=False,
+                                                 containers=containers)
                           for index, item in enumerate(requests)])
 
     def _put(self, requests: list[dict]) -> list[str]:
@@ -727,48 +722,6 @@ def _take_lock(directory: Directory, path: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _put_request(task_id, payload, key, available_at, max_attempts, where: str, *, copy: bool = True,
-                 containers: validation.Containers | None = None) -> dict:
-    """A validated put request, shaped like a task of a put record.
-
-    Without ``copy`` a payload that is plain JSON already is kept as it is
-    (validation.plain_json); any other goes through the full check and copy.
-    Its objects and arrays count against ``containers``, the request's (a
-    put_many passes the same one for every item; None: a request of its own).
-    """
-    task_id = validation.name(task_id, f"{where}task_id")
-    available_at = validation.integer(available_at, f"{where}available_at")
-    key = task_id if key is None else validation.name(key, f"{where}key")
-    max_attempts = validation.integer(max_attempts, f"{where}max_attempts", minimum=1)
-    if containers is None:
-        containers = validation.Containers()
-    if not copy and (count := validation.plain_json(payload, containers.limit())):
-        containers.spend(count)
-    else:
-        payload = validation.payload(payload, f"{where}payload", containers)
-    return {"available_at": available_at, "key": key, "max_attempts": max_attempts, "payload": payload,
-            "task_id": task_id}
-
-
-def _put_request_of(item: Any, index: int, containers: validation.Containers | None = None) -> dict:
-    where = f"requests[{index}]."
-    if isinstance(item, PutRequest):
-        fields = {name: getattr(item, name) for name in _PUT_FIELDS}
-    elif isinstance(item, Mapping):
-        unknown = set(item) - set(_PUT_FIELDS)
-        if unknown:
-            raise validation.InvalidRequest(f"{where[:-1]} has unknown fields {sorted(map(str, unknown))}")
-        missing = {"task_id", "payload"} - set(item)
-        if missing:
-            raise validation.InvalidRequest(f"{where[:-1]} is missing {sorted(missing)}")
-        fields = {"key": None, "available_at": 0, "max_attempts": 3, **item}
-    else:
-        raise validation.InvalidRequest(
-            f"{where[:-1]} must be a PutRequest or a mapping, not {type(item).__name__}")
-    return _put_request(fields["task_id"], fields["payload"], fields["key"],
-                        fields["available_at"], fields["max_attempts"], where, containers=containers)
 
 
 def _lease_of(task: Task) -> Lease:
