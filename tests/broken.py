@@ -17,12 +17,12 @@ from unittest import mock
 
 from walqueue import backup as backup_module
 from walqueue import directory as directory_module
+from walqueue import engine as engine_module
 from walqueue import fs as fs_module
-from walqueue import queue as queue_module
 from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
 from walqueue.codec import encode_frame
-from walqueue.queue import Queue
+from walqueue.engine import Engine
 from walqueue.state import COMPLETED, LEASED, READY, State, Task
 from walqueue.wal import ActiveSegment
 
@@ -156,26 +156,26 @@ def _patched_open_flags():
         yield
 
 
-_real_queue_init = Queue.__init__
+_real_engine_init = Engine.__init__
 
 
 def _init_reaching_the_path_again(self, directory, *, opened=None, **options):
-    """A Queue that reaches its directory by its path again, ignoring the descriptor it was
+    """An Engine that reaches its directory by its path again, ignoring the descriptor it was
     given, as walqueued's Queue did before issue 20: a link flipped in between redirects it."""
-    _real_queue_init(self, directory, **options)
+    _real_engine_init(self, directory, **options)
 
 
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
     "compaction_deletes_before_publishing":
-        lambda: mock.patch.object(Queue, "_compaction_steps", _delete_before_publishing),
+        lambda: mock.patch.object(Engine, "_compaction_steps", _delete_before_publishing),
     "snapshot_drops_lease_state":
         lambda: mock.patch.object(Task, "entry", _entry_without_lease),
     "snapshot_drops_tombstones":
-        lambda: mock.patch.object(queue_module, "write_snapshot", _write_snapshot_without_tombstones),
+        lambda: mock.patch.object(engine_module, "write_snapshot", _write_snapshot_without_tombstones),
     "stale_ack_appends_a_frame":
-        lambda: mock.patch.object(Queue, "_append", _append_before_checking),
+        lambda: mock.patch.object(Engine, "_append", _append_before_checking),
     "reap_forgets_the_old_deadline":
         lambda: mock.patch.object(State, "_commit_expire", _expire_at_now),
     "lease_valid_at_its_deadline":
@@ -192,7 +192,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
     "opens_follow_links": _patched_open_flags,
     "queue_reaches_the_path_again":
-        lambda: mock.patch.object(Queue, "__init__", _init_reaching_the_path_again),
+        lambda: mock.patch.object(Engine, "__init__", _init_reaching_the_path_again),
     # The check before issue 20: whoever may replace a link on the way is not asked about.
     "walk_trusts_every_link":
         lambda: mock.patch.object(directory_module, "_judge_link", lambda chain, name, link: []),
