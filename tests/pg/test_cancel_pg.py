@@ -70,3 +70,28 @@ def test_a_cancelled_task_keeps_its_row_in_task_so_its_key_stays_taken(postgres,
     assert rows == (1, 0, 1)
     with pytest.raises(InvalidRequest, match="reserved"):
         client.reserve("walqueue:cancel")
+
+
+@pytest.mark.parametrize("status", [None, "dead", "completed"])
+def test_a_page_is_an_index_scan_stopped_by_its_limit_not_a_sort_of_every_row(postgres, make_client, status):
+    """2,000 ready tasks, 1,000 completed, 20 dead: a page of the few dead ones reads the index
+    of migration 2 (the status is in its condition, not a filter over every live row)."""
+    from walqueue.pg import calls
+
+    client = make_client()
+    client.put_many([{"task_id": f"t{i:05d}", "payload": {}} for i in range(3000)])
+    for lease in client.reserve("w", limit=1000):
+        client.ack(lease)
+    client.put_many([{"task_id": f"d{i:02d}", "payload": {}, "max_attempts": 1} for i in range(20)])
+    with psycopg.connect(postgres.dsn, autocommit=True) as connection:
+        connection.execute("UPDATE walqueue.live SET status = 'dead', attempts = 1 "
+                           "WHERE queue = %s AND task_id < 't'::bytea", (client.queue,))
+        connection.execute("ANALYZE walqueue.task, walqueue.live, walqueue.completed")
+        call = calls.tasks_page_call(calls.statements("walqueue"), client.queue, status,
+                                     after="d05" if status == "dead" else "t01000", limit=10)
+        plan = "\n".join(row[0] for row in connection.execute("EXPLAIN " + call.statement, call.params))
+    assert "Index" in plan and "Sort" not in plan and "Seq Scan" not in plan, plan
+    if status == "dead":
+        assert "live_status_task" in plan, plan
+    assert [task.task_id for task in client.tasks(status, after="d05", limit=3)] == (
+        ["d06", "d07", "d08"] if status != "completed" else ["t00000", "t00001", "t00002"])
