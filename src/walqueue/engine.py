@@ -285,7 +285,9 @@ class Engine:
         self.check_open()
         validation.status(status)
         after, limit = listing.check_page(after, limit)
-        return self._state.page(status, after, limit)
+        state = self._state
+        return [state.tasks[item] if type(item) is str else state.get(item.task_id)
+                for item in listing.page(state.live_index, state.tombstones, status, after, limit)]
 
     def lease_holders(self) -> list[tuple[str, int]]:
         """(worker, leases held) for every worker holding a lease, by name: O(leases)."""

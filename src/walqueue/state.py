@@ -69,7 +69,7 @@ from typing import Any
 from . import validation
 from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
-from .listing import LiveIndex, page
+from .listing import LiveIndex
 from .puts import identity_of, plan_puts
 from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
@@ -148,7 +148,7 @@ class State:
         self.tasks: dict[str, Task] = {}       # the live tasks: ready, leased, dead
         self.task_id_by_key: dict[str, str] = {}
         self.tombstones = TombstoneStore()     # the completed tasks
-        self.live_index = LiveIndex()          # the live task ids by status, sorted (listing.py)
+        self.live_index = LiveIndex()          # live ids by status, sorted: pages (listing.py)
         self.counts = dict.fromkeys(validation.STATUSES, 0)
         self.last_seq = 0
         self._ready: list[tuple[int, str]] = []
@@ -654,13 +654,6 @@ class State:
             return map(self.get, live)   # a live task may be a tombstone when reached
         return (self.get(item) if type(item) is str else _task_of(item)
                 for item in _merged(live, self.tombstones.frozen()))
-
-    def page(self, status: str | None, after: str | None, limit: int | None) -> list[Task]:
-        """A page of in_order(status): the tasks after the id `after`, at most `limit`
-        (walqueue.listing; O(log n + limit)). Taken at once: the Tasks as they are now."""
-        tasks = self.tasks
-        return [tasks[item] if type(item) is str else _task_of(item)
-                for item in page(self.live_index, self.tombstones, status, after, limit)]
 
     def entries(self) -> Iterator[dict]:
         """Every task as a snapshot entry (a dict), in task_id order."""
