@@ -17,12 +17,12 @@ from unittest import mock
 
 from walqueue import backup as backup_module
 from walqueue import directory as directory_module
+from walqueue import engine as engine_module
 from walqueue import fs as fs_module
-from walqueue import queue as queue_module
 from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
 from walqueue.codec import encode_frame
-from walqueue.queue import Queue
+from walqueue.engine import Engine
 from walqueue.state import COMPLETED, LEASED, READY, State, Task
 from walqueue.wal import ActiveSegment
 
@@ -156,13 +156,13 @@ def _patched_open_flags():
         yield
 
 
-_real_queue_init = Queue.__init__
+_real_engine_init = Engine.__init__
 
 
 def _init_reaching_the_path_again(self, directory, *, opened=None, **options):
-    """A Queue that reaches its directory by its path again, ignoring the descriptor it was
+    """An Engine that reaches its directory by its path again, ignoring the descriptor it was
     given, as walqueued's Queue did before issue 20: a link flipped in between redirects it."""
-    _real_queue_init(self, directory, **options)
+    _real_engine_init(self, directory, **options)
 
 
 def _cancel_in_two_batches(self, task_id, *, now):
@@ -170,11 +170,11 @@ def _cancel_in_two_batches(self, task_id, *, now):
     written: two fsyncs where SPEC §8b says one batch, and a crash between them leaves the
     dead task durably ready, for a worker to run, after the cancel was asked for."""
     from walqueue import cancel as cancelling
-    from walqueue.queue import _view_of
+    from walqueue.engine import view_of
 
-    self._check_open()
+    self.check_open()
     task = self._state.get(task_id)
-    view = None if task is None else _view_of(task)
+    view = None if task is None else view_of(task)
     if cancelling.check(task_id, view, now):
         records = cancelling.records(view, now)
         for group in (records[:-2], records[-2:]):
@@ -189,13 +189,13 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
     "compaction_deletes_before_publishing":
-        lambda: mock.patch.object(Queue, "_compaction_steps", _delete_before_publishing),
+        lambda: mock.patch.object(Engine, "_compaction_steps", _delete_before_publishing),
     "snapshot_drops_lease_state":
         lambda: mock.patch.object(Task, "entry", _entry_without_lease),
     "snapshot_drops_tombstones":
-        lambda: mock.patch.object(queue_module, "write_snapshot", _write_snapshot_without_tombstones),
+        lambda: mock.patch.object(engine_module, "write_snapshot", _write_snapshot_without_tombstones),
     "stale_ack_appends_a_frame":
-        lambda: mock.patch.object(Queue, "_append", _append_before_checking),
+        lambda: mock.patch.object(Engine, "_append", _append_before_checking),
     "reap_forgets_the_old_deadline":
         lambda: mock.patch.object(State, "_commit_expire", _expire_at_now),
     "lease_valid_at_its_deadline":
@@ -212,12 +212,12 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
     "opens_follow_links": _patched_open_flags,
     "queue_reaches_the_path_again":
-        lambda: mock.patch.object(Queue, "__init__", _init_reaching_the_path_again),
+        lambda: mock.patch.object(Engine, "__init__", _init_reaching_the_path_again),
     # The check before issue 20: whoever may replace a link on the way is not asked about.
     "walk_trusts_every_link":
         lambda: mock.patch.object(directory_module, "_judge_link", lambda chain, name, link: []),
     "cancel_in_two_batches":
-        lambda: mock.patch.object(Queue, "cancel", _cancel_in_two_batches),
+        lambda: mock.patch.object(Engine, "cancel", _cancel_in_two_batches),
     "plain_tombstones_unchecked":
         lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
                                   _trust_plain_tombstones),

@@ -79,25 +79,32 @@ class SortedIds:
         """Add an id that is not in the set."""
         blocks, lasts = self._blocks, self._lasts
         self._count += 1
+        if lasts and task_id > lasts[-1]:  # after every id: the common case of ids that grow
+            block = blocks[-1]
+            block.append(task_id)
+            lasts[-1] = task_id
+            if len(block) > 2 * BLOCK_IDS:
+                self._split(len(blocks) - 1)
+            return
         if not blocks:
             blocks.append([task_id])
             lasts.append(task_id)
             return
         position = bisect_left(lasts, task_id)
-        if position == len(lasts):  # after every id: the common case of ids that grow
-            position -= 1
-            block = blocks[position]
-            block.append(task_id)
-            lasts[position] = task_id
-        else:
-            block = blocks[position]
-            insort(block, task_id)
+        block = blocks[position]
+        insort(block, task_id)
         if len(block) > 2 * BLOCK_IDS:
-            upper = block[BLOCK_IDS:]
-            del block[BLOCK_IDS:]
-            blocks.insert(position + 1, upper)
-            lasts.insert(position + 1, upper[-1])
-            lasts[position] = block[-1]
+            self._split(position)
+
+    def _split(self, position: int) -> None:
+        """Halve a block grown past 2 * BLOCK_IDS ids (an insertion costs at most one block's)."""
+        blocks, lasts = self._blocks, self._lasts
+        block = blocks[position]
+        upper = block[BLOCK_IDS:]
+        del block[BLOCK_IDS:]
+        blocks.insert(position + 1, upper)
+        lasts.insert(position + 1, upper[-1])
+        lasts[position] = block[-1]
 
     def discard(self, task_id: str) -> None:
         """Remove an id if it is in the set."""
@@ -148,8 +155,9 @@ class LiveIndex:
 
     def move(self, task_id: str, old: str, new: str) -> None:
         if old != new:
-            self.by_status[old].discard(task_id)
-            self.by_status[new].add(task_id)
+            by_status = self.by_status
+            by_status[old].discard(task_id)
+            by_status[new].add(task_id)
 
 
 def page(live: LiveIndex, tombstones: Any, status: str | None, after: str | None,

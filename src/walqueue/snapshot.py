@@ -54,7 +54,7 @@ def _framing_bytes_bound() -> int:
             + len(encode_frame({"kind": "end", "task_count": largest})))
 
 
-# What a snapshot takes besides its entries, at most (Queue.snapshot_bytes_bound).
+# What a snapshot takes besides its entries, at most (Engine.snapshot_bytes_bound).
 FRAMING_BYTES_BOUND = _framing_bytes_bound()
 
 

@@ -57,7 +57,6 @@ now takes at most the size of one taken earlier plus the growth since then.
 from __future__ import annotations
 
 import binascii
-import hashlib
 import heapq
 import re
 from array import array
@@ -70,7 +69,8 @@ from typing import Any
 from . import validation
 from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
-from .listing import LiveIndex, page
+from .listing import LiveIndex
+from .puts import identity_of, plan_puts
 from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
@@ -98,13 +98,6 @@ _ENTRY_SHAPES = {
     COMPLETED: (_NONE, _NONE, type(None)),
     DEAD: (_NONE, _NONE, dict),
 }
-
-
-def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: int) -> str:
-    """The identity of a put request (SPEC §2), with its ORIGINAL available_at."""
-    request = {"available_at": available_at, "max_attempts": max_attempts,
-               "payload": payload, "task_id": task_id}
-    return hashlib.sha256(canonical_json(request)).hexdigest()
 
 
 class Task:
@@ -155,7 +148,7 @@ class State:
         self.tasks: dict[str, Task] = {}       # the live tasks: ready, leased, dead
         self.task_id_by_key: dict[str, str] = {}
         self.tombstones = TombstoneStore()     # the completed tasks
-        self.live_index = LiveIndex()          # the live task ids by status, sorted (listing.py)
+        self.live_index = LiveIndex()          # live ids by status, sorted: pages (listing.py)
         self.counts = dict.fromkeys(validation.STATUSES, 0)
         self.last_seq = 0
         self._ready: list[tuple[int, str]] = []
@@ -338,48 +331,13 @@ class State:
         return None
 
     def plan_put(self, requests: list[dict]) -> tuple[list[str], list[dict]]:
-        """Resolve validated put requests against the store (SPEC §2).
+        """Resolve validated put requests against the store (SPEC §2, puts.plan_puts).
 
         Returns the task id for each request and the tasks that are new, in
         request order. Identical retries (same key, same identity) resolve
         to the existing task; raises KeyConflict for any other collision.
         """
-        ids: list[str] = []
-        new: list[dict] = []
-        new_by_key: dict[str, tuple[dict, str | None]] = {}
-        new_ids: set[str] = set()
-        for request in requests:
-            key = request["key"]
-            owner = self._owner_of_key(key)
-            if owner is not None:
-                existing_id, existing_identity = owner
-                if _identity_of_request(request) != existing_identity:
-                    raise KeyConflict(
-                        f"key {key!r} is already used by task {existing_id!r} "
-                        f"with a different request")
-                ids.append(existing_id)
-                continue
-            if key in new_by_key:
-                earlier, identity = new_by_key[key]
-                if identity is None:
-                    identity = _identity_of_request(earlier)
-                    new_by_key[key] = (earlier, identity)
-                if _identity_of_request(request) != identity:
-                    raise KeyConflict(f"key {key!r} appears twice in the batch with different requests")
-                ids.append(earlier["task_id"])
-                continue
-            task_id = request["task_id"]
-            existing = self.get(task_id)
-            if existing is not None:
-                raise KeyConflict(f"task id {task_id!r} is already used "
-                                  f"(under key {existing.key!r})")
-            if task_id in new_ids:
-                raise KeyConflict(f"task id {task_id!r} appears twice in the batch under different keys")
-            new_by_key[key] = (request, None)
-            new_ids.add(task_id)
-            new.append(request)
-            ids.append(task_id)
-        return ids, new
+        return plan_puts(requests, owner_of_key=self._owner_of_key, key_of_task=self._key_of_task)
 
     def _owner_of_key(self, key: str) -> tuple[str, str] | None:
         """(task id, identity) of the task that holds `key`, or None."""
@@ -391,6 +349,10 @@ class State:
         if tombstone is not None:
             return tombstone.task_id, tombstone.identity.hex()
         return None
+
+    def _key_of_task(self, task_id: str) -> str | None:
+        task = self.get(task_id)
+        return None if task is None else task.key
 
     def _key_taken(self, key: str) -> bool:
         return key in self.task_id_by_key or self.tombstones.has_key(key)
@@ -693,13 +655,6 @@ class State:
         return (self.get(item) if type(item) is str else _task_of(item)
                 for item in _merged(live, self.tombstones.frozen()))
 
-    def page(self, status: str | None, after: str | None, limit: int | None) -> list[Task]:
-        """A page of in_order(status): the tasks after the id `after`, at most `limit`
-        (walqueue.listing; O(log n + limit)). Taken at once: the Tasks as they are now."""
-        tasks = self.tasks
-        return [tasks[item] if type(item) is str else _task_of(item)
-                for item in page(self.live_index, self.tombstones, status, after, limit)]
-
     def entries(self) -> Iterator[dict]:
         """Every task as a snapshot entry (a dict), in task_id order."""
         return (self.tasks[item].entry() if type(item) is str else _task_of(item).entry()
@@ -850,7 +805,3 @@ def _task_of(tombstone: Tombstone) -> Task:
 def _is_ready_since(task: Task | None, seq: int) -> bool:
     return task is not None and task.status == READY and task.ready_seq == seq
 
-
-def _identity_of_request(request: dict) -> str:
-    return identity_of(request["task_id"], request["payload"], request["available_at"],
-                       request["max_attempts"])

@@ -55,6 +55,7 @@ import pytest
 
 from tests.unit.frames import read_dir, wal_records
 from walqueue import Queue, validation
+from walqueue.engine import Engine
 
 BOUND_SECONDS = 30.0  # the longest any call, start or stop here may take
 # A clock the test moves ends no select timeout, as real time would: the daemon's loop wakes
@@ -164,7 +165,7 @@ class InProcessDaemon:
         self.clock = SettableClock()
         with contextlib.ExitStack() as undo:  # what was made so far, should a step fail
             undo.callback(shutil.rmtree, self.base, ignore_errors=True)
-            queue = undo.enter_context(Queue(self.directory))
+            queue = undo.enter_context(Engine(self.directory))
             listener = undo.enter_context(bind_listener(self.socket_path, 0o600))
             self.loop = Loop(str(self.directory), queue, listener, socket_path=self.socket_path,
                              compact_wal_bytes=NEVER_COMPACT_BYTES, max_connections=16, hook=None,

@@ -140,11 +140,11 @@ class Script:
     def _compaction_in_steps(self):
         """walqueued's compaction: the snapshot written while more frames are appended."""
         q = self.queue
-        compaction = q.begin_compaction()
-        q.write_compaction_snapshot(compaction)  # the daemon's forked child does this
+        compaction = q.engine.begin_compaction()
+        q.engine.write_compaction_snapshot(compaction)  # the daemon's forked child does this
         q.put("h", {"n": 8})
         self.answered_seq = q.stats().last_seq
-        q.finish_compaction(compaction)
+        q.engine.finish_compaction(compaction)
 
     def _batch(self):
         with self.queue.batch():

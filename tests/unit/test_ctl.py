@@ -90,7 +90,7 @@ class FakeClient:
 
     def daemon_stats(self):
         recorder = Recorder(next_seq=1, now=0, recovery_seconds=0.25)
-        return recorder.report(self.queue, now=self.clock[0], connections=1, parked_reserves=0,
+        return recorder.report(self.queue.engine, now=self.clock[0], connections=1, parked_reserves=0,
                                paused=self.paused, compact_wal_bytes=1000, directory="/var/q")
 
     def pause(self):

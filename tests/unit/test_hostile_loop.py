@@ -15,6 +15,7 @@ import struct
 
 import pytest
 
+from walqueue import Queue
 from walqueue import protocol as p
 from walqueue.daemon import loop as loop_module
 from walqueue.daemon.descriptors import LOG_INTERVAL_SECONDS, SpareDescriptor
@@ -429,7 +430,7 @@ def test_unread_listings_cost_each_turn_a_bounded_share_and_a_bystander_is_answe
     from walqueue.daemon.connection import LISTING_BYTES_PER_TURN, MAX_LISTINGS_STARTED_PER_TURN
 
     loop, _, connect = served
-    loop.queue.put_many([{"task_id": f"t{index:05d}", "payload": {"pad": "x" * 1000}}
+    Queue.over(loop.queue).put_many([{"task_id": f"t{index:05d}", "payload": {"pad": "x" * 1000}}
                          for index in range(10_000)])  # ~10 MB a listing
     bystander = connect()
     listers = [connect() for _ in range(8)]  # with the bystander, within the fixture's 10 connections

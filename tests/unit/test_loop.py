@@ -16,12 +16,12 @@ import time
 import msgspec
 import pytest
 
-from walqueue import Queue
 from walqueue import protocol as p
 from walqueue.daemon.clock import DaemonNow
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.systemd import Notifier
 from walqueue.daemon.turn_timer import TurnTimer
+from walqueue.engine import Engine
 
 MAX_TURNS = 200
 
@@ -101,7 +101,7 @@ class Client:
 def serving(tmp_path, clock: FakeClock, hook=None, **loop_options):
     """(loop, clock, connect): a Loop on `clock` whose turns never block; `hook` goes to its Queue,
     `loop_options` to the Loop."""
-    queue = Queue(tmp_path / "queue", hook=hook, filesystem=loop_options.get("filesystem"))
+    queue = Engine(tmp_path / "queue", hook=hook, filesystem=loop_options.get("filesystem"))
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
     loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,

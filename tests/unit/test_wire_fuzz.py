@@ -290,7 +290,7 @@ def harness(tmp_path_factory):
     queue.reserve("w", now=1, lease_seconds=10**9)
     path = str(workdir / "s.sock")
     listener = bind_listener(path, 0o600)
-    instance = Loop(str(directory), queue, listener, socket_path=path, compact_wal_bytes=10**12,
+    instance = Loop(str(directory), queue.engine, listener, socket_path=path, compact_wal_bytes=10**12,
                     max_connections=10, hook=None, notifier=Notifier({}), hello_timeout_seconds=3600.0)
     instance.register_listener()
     real_timeout = instance._timeout

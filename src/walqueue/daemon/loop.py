@@ -27,7 +27,7 @@ One loop turn = one ``select()`` call, on one thread:
 
 While one batch is fsyncing, the next requests accumulate in the kernel's
 socket buffers and become the next turn's batch, so the batch size adapts
-to the load. The Queue is synchronous and the fsync blocks the whole process
+to the load. The Engine is synchronous and the fsync blocks the whole process
 anyway, so asyncio would add scheduling we cannot use and hide where a turn
 ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
@@ -63,8 +63,9 @@ import stat
 from collections import deque
 from collections.abc import Callable
 
-from walqueue import Queue, protocol
+from walqueue import protocol
 from walqueue.directory import Directory
+from walqueue.engine import Engine
 from walqueue.metrics import render_prometheus
 from walqueue.unix_socket import unix_address
 
@@ -192,12 +193,12 @@ def bind_listener(path: str, mode: int) -> socket.socket:
 
 
 class Loop:
-    """The event loop over one Queue. ``run()`` serves until SIGTERM/SIGINT and returns an exit code.
+    """The event loop over one Engine. ``run()`` serves until SIGTERM/SIGINT and returns an exit code.
 
-    ``queue`` is the opened Queue (the service owns it from here on);
+    ``queue`` is the opened Engine (walqueue.engine) (the service owns it from here on);
     ``listener`` the listening socket; ``socket_path`` is unlinked at exit
     (None when systemd owns the socket); ``hook`` and
-    ``preallocate_wal_bytes`` are passed to the Queue reopened after a
+    ``preallocate_wal_bytes`` are passed to the Engine reopened after a
     failed write; ``compact_wal_bytes`` and ``compact_wal_ratio`` say when
     to compact (walqueue.daemon.compaction), ``child_hook`` (tests only)
     runs in each snapshot child before it writes, and
@@ -208,7 +209,7 @@ class Loop:
     def __init__(
         self,
         directory: str,
-        queue: Queue,
+        queue: Engine,
         listener: socket.socket,
         *,
         socket_path: str | None,
@@ -239,7 +240,7 @@ class Loop:
         self.hello_timeout_seconds = hello_timeout_seconds
         self.compact_wal_bytes = compact_wal_bytes
         self.metrics_endpoint = metrics_endpoint  # GET /metrics, served and rendered by this loop
-        # The Queue's files (the one `queue` was opened on, for the deletions a turn frees in steps).
+        # The Engine's files (the one `queue` was opened on, for the deletions a turn frees in steps).
         self.filesystem = filesystem or FreeingInSteps()
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
@@ -251,7 +252,7 @@ class Loop:
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
             compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
             # A reopen uses the descriptor the daemon reached at start, never the path again.
-            open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
+            open_queue=lambda: Engine(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
                                      filesystem=self.filesystem, opened=opened),
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _COMPACTION),
             unwatch=self.selector.unregister, child_hook=child_hook,
@@ -284,7 +285,7 @@ class Loop:
         self._wake_write.setblocking(False)
 
     @property
-    def queue(self) -> Queue:
+    def queue(self) -> Engine:
         return self.service.queue
 
     def report(self, now: int) -> protocol.DaemonStats:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from walqueue import WorkerView, protocol
+from walqueue.engine import view_of
 
 Peer = Any  # walqueue.daemon.service.Peer (which imports this module)
 
@@ -65,9 +66,9 @@ class WorkerNames:
         return set(self._peers_using)
 
 
-def workers_view(lease_holders: list[WorkerView], connected: set[str]) -> list[WorkerView]:
-    """The daemon's answer: lease holders and connected names merged, by name."""
-    leases = {view.worker: view.leases for view in lease_holders}
+def workers_view(lease_holders: list[tuple[str, int]], connected: set[str]) -> list[WorkerView]:
+    """The daemon's answer: lease holders (worker, leases) and connected names merged, by name."""
+    leases = dict(lease_holders)
     return [WorkerView(worker, leases.get(worker, 0), worker in connected)
             for worker in sorted(leases.keys() | connected)]
 
@@ -75,7 +76,7 @@ def workers_view(lease_holders: list[WorkerView], connected: set[str]) -> list[W
 class SteeringRequests:
     """The handlers of Cancel, Workers and TasksPage (mixed into QueueService)."""
 
-    queue: Any
+    queue: Any  # the service's walqueue.engine.Engine
     now: int
     worker_names: WorkerNames
 
@@ -93,10 +94,10 @@ class SteeringRequests:
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
 
     def _workers(self, peer: Peer, request: protocol.Workers) -> None:
-        views = workers_view(self.queue.workers(), self.worker_names.connected())
+        views = workers_view(self.queue.lease_holders(), self.worker_names.connected())
         self._answer(peer, request.id, [protocol.WorkerList(id=request.id, workers=views)])
 
     def _tasks_page(self, peer: Peer, request: protocol.TasksPage) -> None:
-        views = self.queue.tasks(request.status, after=request.after, limit=request.limit)
-        items = [protocol.Raw(protocol.encode_value(view)) for view in views]
+        tasks = self.queue.page(request.status, after=request.after, limit=request.limit)
+        items = [protocol.Raw(protocol.encode_value(view_of(task))) for task in tasks]
         self._answer(peer, request.id, self._chunked(request.id, items, protocol.TaskList))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -39,8 +39,7 @@ from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
 from walqueue.pg import schema
 from walqueue.pg.queries import CHANNEL_PREFIX, Queries
-from walqueue.queue import _put_request, _put_request_of
-from walqueue.state import State, identity_of
+from walqueue.puts import identity_of, plan_puts
 from walqueue.values import Lease, QueueStats, TaskView, WorkerView
 
 # What Client and AsyncClient do beyond the common contract (walqueue.backend).
@@ -167,16 +166,12 @@ def put_call(statements: Queries, queue: str, task_id: Any, payload: Any, *, key
         if available_at != 0:
             raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
         available_at = validation.time_plus(now, delay, "delay")
-    request = _put_request(task_id, payload, key, available_at, max_attempts, "")
+    request = validation.put_request(task_id, payload, key, available_at, max_attempts)
     return _put_requests(statements, queue, [request], lambda ids: ids[0], "put")
 
 
 def put_many_call(statements: Queries, queue: str, requests: Iterable[Any]) -> Call:
-    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
-        raise InvalidRequest("requests must be a list of PutRequest or mappings")
-    containers = validation.Containers()  # the request's, shared by its payloads
-    validated = [_put_request_of(item, index, containers) for index, item in enumerate(requests)]
-    return _put_requests(statements, queue, validated, lambda ids: ids, "put_many")
+    return _put_requests(statements, queue, validation.put_requests(requests), lambda ids: ids, "put_many")
 
 
 def _put_requests(statements: Queries, queue: str, requests: list[dict],
@@ -186,7 +181,7 @@ def _put_requests(statements: Queries, queue: str, requests: list[dict],
     # The rules inside one list (identical duplicates collapse, any other
     # collision is a KeyConflict) are the library's own, against an empty
     # store; a list of one has nothing to collide with.
-    ids, unique = State().plan_put(requests) if len(requests) > 1 else (
+    ids, unique = plan_puts(requests) if len(requests) > 1 else (
         [requests[0]["task_id"]], requests)
     texts = [canonical_json(request["payload"]).decode("utf-8") for request in unique]
     total = sum(map(len, texts))
