@@ -235,7 +235,7 @@ async def cancel(request: Request) -> Response:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    if "who" not in request.state._state:
+    if getattr(request.state, "who", None) is None:  # refused before the guard named anyone
         return Response(exc.detail, status_code=exc.status_code, media_type="text/plain")
     return _error(request, exc.status_code, exc.detail)
 
