@@ -51,7 +51,7 @@ def _entry_without_lease(self):
     return entry
 
 
-def _trust_plain_tombstones(self, task_ids, numbers):
+def _trust_plain_tombstones(state, task_ids, numbers):
     """Snapshot loading whose fast path for tombstones trusts the entries it matched:
     task_id order and counters go unchecked."""
     return True
@@ -197,7 +197,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "walk_trusts_every_link":
         lambda: mock.patch.object(directory_module, "_judge_link", lambda chain, name, link: []),
     "plain_tombstones_unchecked":
-        lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
+        lambda: mock.patch.object(snapshot_module, "_plain_tombstones_in_order_and_possible",
                                   _trust_plain_tombstones),
 }
 

@@ -41,13 +41,11 @@ now takes at most the size of one taken earlier plus the growth since then.
 
 from __future__ import annotations
 
-import binascii
 import heapq
 import re
 from array import array
 from collections.abc import Callable, Iterator
-from itertools import chain, islice
-from operator import le, lt
+from itertools import islice
 from typing import Any
 
 from . import validation
@@ -589,53 +587,36 @@ class State:
         elif status == LEASED:
             self._leases.append((deadline, task_id))
 
-    def load_plain_tombstones(self, rows: list[tuple[bytes, ...]]) -> bool:
-        """Add consecutive snapshot entries matched by tombstones.ENTRY, in bulk.
+    # The snapshot reader's fast path for completed entries (snapshot.load_plain_tombstones)
+    # checks them in bulk, then adds them through these.
 
-        Each row is the match's groups. Returns False, having added nothing,
-        if any entry breaks a rule load_entry checks (task_id order, a key
-        used twice, counters out of range or impossible): the caller then
-        loads them one by one through load_entry, which says which and why.
-        """
-        attempts, available_at, generation, identities, keys, max_attempts, task_ids = zip(*rows, strict=True)
-        try:
-            numbers = array("q", chain.from_iterable(zip(
-                map(int, attempts), map(int, max_attempts), map(int, generation),
-                map(int, available_at), strict=True)))
-        except OverflowError:
-            return False   # a number of 2**63 or more
-        if not self._plain_tombstones_in_order_and_possible(task_ids, numbers):
-            return False
-        if keys != task_ids:
-            return self._load_tombstones_one_by_one(rows, numbers)
-        if (self.task_id_by_key or self.tombstones.has_other_keys()) and any(
-                self._key_taken(task_id.decode()) for task_id in task_ids):
-            return False
-        self.tombstones.extend(list(task_ids), binascii.unhexlify(b"".join(identities)), numbers)
-        self.counts[COMPLETED] += len(rows)
+    @property
+    def last_loaded(self) -> str:
+        """The task id of the last snapshot entry loaded ("" before the first)."""
+        return self._last_loaded
+
+    def key_taken(self, key: str) -> bool:
+        """True if a task (live or completed) holds `key`."""
+        return self._key_taken(key)
+
+    def keys_besides_ids(self) -> bool:
+        """True if some key held is not its task's id (every live task's key counts)."""
+        return bool(self.task_id_by_key) or self.tombstones.has_other_keys()
+
+    def load_tombstones(self, task_ids: list[bytes], identities: bytes, numbers: array) -> None:
+        """Add completed snapshot entries whose key is their id, checked already: ids
+        (UTF-8) ascending after `last_loaded` and taken by no task, `identities` 32 raw
+        bytes each, `numbers` their attempts, max_attempts, generation, available_at."""
+        self.tombstones.extend(task_ids, identities, numbers)
+        self.counts[COMPLETED] += len(task_ids)
         self._last_loaded = task_ids[-1].decode()
-        return True
 
-    def _plain_tombstones_in_order_and_possible(self, task_ids, numbers) -> bool:
-        """Ids ascending after the last one loaded; 1 <= attempts <= max_attempts, generation."""
-        attempts = numbers[0::4]
-        return (min(attempts) >= 1 and all(map(le, attempts, numbers[1::4]))
-                and all(map(le, attempts, numbers[2::4]))
-                and task_ids[0].decode() > self._last_loaded
-                and all(map(lt, task_ids, task_ids[1:])))
-
-    def _load_tombstones_one_by_one(self, rows, numbers) -> bool:
-        """load_plain_tombstones for rows of which some have a key that is not their id."""
-        keys = [row[4].decode() for row in rows]
-        if len(set(keys)) != len(keys) or any(map(self._key_taken, keys)):
-            return False
-        for index, row in enumerate(rows):
-            attempts, max_attempts, generation, available_at = numbers[4 * index:4 * index + 4]
-            self.tombstones.add(row[6].decode(), keys[index], binascii.unhexlify(row[3]),
-                                attempts, max_attempts, generation, available_at)
-        self.counts[COMPLETED] += len(rows)
-        self._last_loaded = rows[-1][6].decode()
-        return True
+    def load_tombstone(self, task_id: str, key: str, identity: bytes, attempts: int,
+                       max_attempts: int, generation: int, available_at: int) -> None:
+        """Add one completed snapshot entry, checked already (as for load_tombstones)."""
+        self.tombstones.add(task_id, key, identity, attempts, max_attempts, generation, available_at)
+        self.counts[COMPLETED] += 1
+        self._last_loaded = task_id
 
     def finish_loading(self, seq: int) -> None:
         """Called after the last snapshot entry: heapify and set the seq."""
