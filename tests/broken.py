@@ -17,10 +17,10 @@ from unittest import mock
 
 from walqueue import backup as backup_module
 from walqueue import directory as directory_module
-from walqueue import engine as engine_module
 from walqueue import fs as fs_module
 from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
+from walqueue import store as store_module
 from walqueue.codec import encode_frame
 from walqueue.engine import Engine
 from walqueue.state import COMPLETED, LEASED, READY, State, Task
@@ -37,7 +37,8 @@ def _newest_snapshot_wins(fs, directory):
 
 def _delete_before_publishing(self):
     """Compaction that deletes the covered WAL before CURRENT names the new snapshot."""
-    return (self._rotate, self._write_snapshot, self._delete_covered, self._publish)
+    store = self._store
+    return (store.rotate, self._write_snapshot, store.delete_covered, store.publish)
 
 
 _real_entry = Task.entry
@@ -77,7 +78,7 @@ def _write_snapshot_without_tombstones(fs, directory, state):
 def _append_before_checking(self, record):
     """Writes the frame first and checks the lease after: a stale ack leaves a frame."""
     frame = encode_frame(record)
-    self._active.append(frame)
+    self._store.append(frame)
     change = self._state.check(record)
     self._state.commit(change)
 
@@ -173,7 +174,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "snapshot_drops_lease_state":
         lambda: mock.patch.object(Task, "entry", _entry_without_lease),
     "snapshot_drops_tombstones":
-        lambda: mock.patch.object(engine_module, "write_snapshot", _write_snapshot_without_tombstones),
+        lambda: mock.patch.object(store_module, "write_snapshot", _write_snapshot_without_tombstones),
     "stale_ack_appends_a_frame":
         lambda: mock.patch.object(Engine, "_append", _append_before_checking),
     "reap_forgets_the_old_deadline":
