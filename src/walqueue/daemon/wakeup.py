@@ -21,6 +21,10 @@ class SignalWakeup:
     def register(self, selector: selectors.BaseSelector, token: object) -> None:
         selector.register(self._read, selectors.EVENT_READ, token)
 
+    def wake(self) -> None:
+        """What a signal does: end the selector's wait now (an in-process stop, in tests)."""
+        self._write.send(b"\0")
+
     def drain(self) -> None:
         try:
             while self._read.recv(4096):
