@@ -17,10 +17,10 @@ from unittest import mock
 
 from walqueue import backup as backup_module
 from walqueue import directory as directory_module
-from walqueue import engine as engine_module
 from walqueue import fs as fs_module
 from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
+from walqueue import store as store_module
 from walqueue.codec import encode_frame
 from walqueue.engine import Engine
 from walqueue.state import COMPLETED, LEASED, READY, State, Task
@@ -37,7 +37,8 @@ def _newest_snapshot_wins(fs, directory):
 
 def _delete_before_publishing(self):
     """Compaction that deletes the covered WAL before CURRENT names the new snapshot."""
-    return (self._rotate, self._write_snapshot, self._delete_covered, self._publish)
+    store = self._store
+    return (store.rotate, self._write_snapshot, store.delete_covered, store.publish)
 
 
 _real_entry = Task.entry
@@ -51,7 +52,7 @@ def _entry_without_lease(self):
     return entry
 
 
-def _trust_plain_tombstones(self, task_ids, numbers):
+def _trust_plain_tombstones(state, task_ids, numbers):
     """Snapshot loading whose fast path for tombstones trusts the entries it matched:
     task_id order and counters go unchecked."""
     return True
@@ -77,7 +78,7 @@ def _write_snapshot_without_tombstones(fs, directory, state):
 def _append_before_checking(self, record):
     """Writes the frame first and checks the lease after: a stale ack leaves a frame."""
     frame = encode_frame(record)
-    self._active.append(frame)
+    self._store._active.append(frame)  # no hook, as before issue 21: the variant is the order only
     change = self._state.check(record)
     self._state.commit(change)
 
@@ -193,7 +194,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "snapshot_drops_lease_state":
         lambda: mock.patch.object(Task, "entry", _entry_without_lease),
     "snapshot_drops_tombstones":
-        lambda: mock.patch.object(engine_module, "write_snapshot", _write_snapshot_without_tombstones),
+        lambda: mock.patch.object(store_module, "write_snapshot", _write_snapshot_without_tombstones),
     "stale_ack_appends_a_frame":
         lambda: mock.patch.object(Engine, "_append", _append_before_checking),
     "reap_forgets_the_old_deadline":
@@ -219,7 +220,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "cancel_in_two_batches":
         lambda: mock.patch.object(Engine, "cancel", _cancel_in_two_batches),
     "plain_tombstones_unchecked":
-        lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
+        lambda: mock.patch.object(snapshot_module, "_plain_tombstones_in_order_and_possible",
                                   _trust_plain_tombstones),
 }
 

@@ -24,9 +24,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import fcntl
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,22 +32,14 @@ from typing import Any
 from . import cancel as cancelling
 from . import listing, validation
 from .codec import FRAME_OVERHEAD_BYTES, encode_frame
-from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
-from .fs import Directory, OsFileSystem, open_lock
-from .recovery import plan_recovery
-from .snapshot import (
-    CURRENT,
-    CURRENT_TMP,
-    FRAMING_BYTES_BOUND,
-    current_frame,
-    snapshot_name,
-    write_snapshot,
-)
+from .errors import QueueClosed
+from .fs import Directory, OsFileSystem
+from .snapshot import snapshot_name
 from .state import LEASED, MAX_EXPIRE_IDS, Task
+from .store import LOCK, Store
 from .values import BackupManifest, Lease, QueueStats, TaskView, copy_json
-from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment
 
-LOCK = "LOCK"
+__all__ = ["LOCK", "PHASES", "Compaction", "Engine", "lease_of", "view_of"]
 PHASES = (
     "wal.before_write", "wal.after_write", "wal.after_sync", "wal.after_rotate",
     "snapshot.after_write", "current.after_write", "current.after_publish",
@@ -76,71 +66,15 @@ class Engine:
     def __init__(self, directory: str | os.PathLike, *, hook: Callable[[str], Any] | None = None,
                  filesystem: OsFileSystem | None = None, preallocate_bytes: int = 0,
                  opened: Directory | None = None, stacklevel: int = 2) -> None:
-        self._preallocate_bytes = validation.integer(preallocate_bytes, "preallocate_bytes",
-                                                     maximum=MAX_PREALLOCATE_BYTES)
         self.directory = os.fspath(directory)
-        self._hook = hook
-        self._fs = filesystem or OsFileSystem()
         self._closed = True
-        self._active: ActiveSegment | None = None
-        self._lock_fd: int | None = None
-        self._dir: Directory | None = None
         self._batch_depth = 0
         self._compaction: Compaction | None = None
-        fs = self._fs
-        # The directory is reached once, and every file (LOCK first) is opened relative to that
-        # descriptor: what was judged is what is used (walqueue.directory).
-        if opened is not None:
-            self._dir = fs.duplicate_directory(opened)
-        else:
-            reached = fs.open_queue_directory(self.directory)
-            self._dir = reached.directory
-            for finding in reached.findings:
-                warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=stacklevel)
-        try:
-            self._lock_fd = _take_lock(self._dir, self.directory)
-            self._recover()
-        except BaseException:
-            self._release()
-            raise
+        # The directory's files (walqueue.store), recovered: the state they hold.
+        self._store, self._state = Store.open(self.directory, hook=hook, filesystem=filesystem,
+                                              preallocate_bytes=preallocate_bytes, opened=opened,
+                                              stacklevel=stacklevel + 1)
         self._closed = False
-
-    # -- recovery -------------------------------------------------------
-
-    def _recover(self) -> None:
-        """Read the directory (recovery.plan_recovery), then do the writes open may do.
-
-        Everything on disk is checked before the first write: truncating the
-        torn tail (then `recover.after_truncate`), deleting what the plan
-        lists, creating the next segment if no segment is kept, and one
-        directory fsync for those names.
-        """
-        fs, directory = self._fs, self._dir
-        plan = plan_recovery(fs, directory)
-        self._state = plan.state
-        self._snapshot_seq = plan.snapshot_seq
-        self._snapshot_file = plan.snapshot_file
-        self._previous_snapshot_file = plan.snapshot_file
-        # The published snapshot's size, and the state's snapshot_growth at its seq:
-        # 0, as the replay since it started from the snapshot loaded (snapshot_bytes_bound).
-        self._snapshot_bytes = 0 if plan.snapshot_file is None else fs.size(directory, plan.snapshot_file)
-        self._snapshot_growth = 0
-        if plan.active is not None:
-            self._active = ActiveSegment(fs, directory, plan.active.first_seq, plan.active.size,
-                                         self._preallocate_bytes)
-            if plan.torn_tail is not None:
-                self._active.truncate(plan.torn_tail.offset)
-                self._call_hook("recover.after_truncate")
-        self._sealed = [segment.filename for segment in plan.sealed]
-        self._sealed_bytes = sum(segment.size for segment in plan.sealed)
-        for name in plan.deletions:
-            fs.unlink(directory, name)
-        created = self._active is None
-        if created:
-            self._active = ActiveSegment(fs, directory, plan.state.last_seq + 1, 0,
-                                         self._preallocate_bytes, new=True)
-        if plan.deletions or created:
-            fs.fsync_directory(directory)
 
     # -- writes -----------------------------------------------------------
 
@@ -315,8 +249,8 @@ class Engine:
         counts = self._state.counts
         return QueueStats(ready=counts["ready"], leased=counts["leased"],
                           completed=counts["completed"], dead=counts["dead"],
-                          last_seq=self._state.last_seq, snapshot_seq=self._snapshot_seq,
-                          wal_bytes=self._sealed_bytes + self._active.size)
+                          last_seq=self._state.last_seq, snapshot_seq=self._store.snapshot_seq,
+                          wal_bytes=self._store.wal_bytes)
 
     def next_due_time(self) -> int | None:
         """The earliest time at which `reserve` could lease or expire something.
@@ -347,11 +281,11 @@ class Engine:
     def segment_count(self) -> int:
         """WAL segment files this Engine holds: the sealed ones and the active one."""
         self.check_open()
-        return len(self._sealed) + 1
+        return self._store.segment_count()
 
     def unsynced(self) -> bool:
         """True while frames appended in the open batch still wait for its fsync."""
-        return not self._closed and self._active.unsynced
+        return not self._closed and self._store.unsynced
 
     # -- group commit, compaction, closing ------------------------------
 
@@ -375,12 +309,12 @@ class Engine:
         self._refuse_during_compaction()
         self._sync()
         seq = self._state.last_seq
-        if seq == self._snapshot_seq:
+        if seq == self._store.snapshot_seq:
             return seq
         try:
             for step in self._compaction_steps():
                 step(seq)
-            self._published(seq, self._state.snapshot_growth)
+            self._store.published(seq, self._state.snapshot_growth)
         except BaseException:
             self._die()
             raise
@@ -400,17 +334,12 @@ class Engine:
         after seq 1 and fails to open instead of opening with fewer records.
         """
         self.check_open()
-        if self._snapshot_file is None and self._state.last_seq > 0:
+        if self._store.snapshot_file is None and self._state.last_seq > 0:
             self.compact()  # refused while a compaction in steps is in progress
         else:
             self._sync()
-        fs, directory = self._fs, self._dir
-        files = [(name, fs.size(directory, name)) for name in self._sealed]
-        files.append((self._active.filename, self._active.size))
-        if self._snapshot_file is not None:
-            for name in (self._snapshot_file, CURRENT):
-                files.append((name, fs.size(directory, name)))
-        return BackupManifest(os.path.abspath(self.directory), self._state.last_seq, tuple(files))
+        return BackupManifest(os.path.abspath(self.directory), self._state.last_seq,
+                              tuple(self._store.manifest_files()))
 
     # -- compaction in steps (not part of SPEC's API) ---------------------
     # walqueued writes the snapshot from a forked child while it goes on
@@ -433,15 +362,15 @@ class Engine:
         self.check_open()
         self._refuse_during_compaction()
         self._sync()
-        seq = self._state.last_seq
-        if seq == self._snapshot_seq:
+        seq, store = self._state.last_seq, self._store
+        if seq == store.snapshot_seq:
             return None
         try:
-            self._rotate(seq)
+            store.rotate(seq)
         except BaseException:
             self._die()
             raise
-        self._compaction = Compaction(seq, tuple(self._sealed), self._sealed_bytes,
+        self._compaction = Compaction(seq, tuple(store.sealed), store.sealed_bytes,
                                       snapshot_name(seq), self._state.snapshot_growth)
         return self._compaction
 
@@ -459,14 +388,14 @@ class Engine:
         if self._state.last_seq != compaction.seq:
             raise RuntimeError(f"the state is at seq {self._state.last_seq}, not {compaction.seq}: "
                                f"the snapshot must be written from a copy taken at begin_compaction")
-        write_snapshot(self._fs, self._dir, self._state,
-                       sync_every_bytes=validation.integer(sync_every_bytes, "sync_every_bytes"))
+        self._store.write_snapshot(self._state, sync_every_bytes=validation.integer(
+            sync_every_bytes, "sync_every_bytes"))
 
     def snapshot_descriptors(self) -> tuple[int, ...]:
         """The descriptors `write_compaction_snapshot` needs: a forked copy keeps these
         and may close every other one it inherited (the LOCK's above all)."""
         self.check_open()
-        return (self._dir.fd,)
+        return self._store.snapshot_descriptors()
 
     def finish_compaction(self, compaction: Compaction) -> int:
         """Publish the written snapshot and delete what it covers; returns its seq.
@@ -482,12 +411,13 @@ class Engine:
         self.check_open()
         self._check_in_progress(compaction)
         self._compaction = None
-        assert tuple(self._sealed) == compaction.covered_segments
+        store = self._store
+        assert tuple(store.sealed) == compaction.covered_segments
         try:
-            self._call_hook("snapshot.after_write")
-            self._publish(compaction.seq)
-            self._delete_covered(compaction.seq)
-            self._published(compaction.seq, compaction.snapshot_growth)
+            store.call_hook("snapshot.after_write")
+            store.publish(compaction.seq)
+            store.delete_covered(compaction.seq)
+            store.published(compaction.seq, compaction.snapshot_growth)
         except BaseException:
             self._die()
             raise
@@ -504,10 +434,7 @@ class Engine:
         self.check_open()
         self._check_in_progress(compaction)
         self._compaction = None
-        try:
-            self._fs.unlink(self._dir, compaction.snapshot_file)
-        except FileNotFoundError:
-            pass
+        self._store.remove_partial_snapshot(compaction.snapshot_file)
 
     def snapshot_bytes_bound(self) -> int:
         """An upper bound on the bytes a snapshot of the state as it is now would take. O(1).
@@ -519,13 +446,7 @@ class Engine:
         against it before it compacts.
         """
         self.check_open()
-        return (self._snapshot_bytes + self._state.snapshot_growth - self._snapshot_growth
-                + FRAMING_BYTES_BOUND)
-
-    def _published(self, seq: int, snapshot_growth: int) -> None:
-        """Remember the size of the snapshot just published and the state's growth at its seq."""
-        self._snapshot_bytes = self._fs.size(self._dir, snapshot_name(seq))
-        self._snapshot_growth = snapshot_growth
+        return self._store.snapshot_bytes_bound(self._state.snapshot_growth)
 
     @property
     def compaction_in_progress(self) -> Compaction | None:
@@ -549,68 +470,21 @@ class Engine:
         until the new snapshot is durable, and nothing is deleted until the
         new CURRENT is.
         """
-        return (self._rotate, self._write_snapshot, self._publish, self._delete_covered)
-
-    def _rotate(self, seq: int) -> None:
-        """Seal the active segment (trimmed, fsynced) and start wal-<seq+1>."""
-        if not self._active.empty:
-            # Trimmed before the next segment exists: only the newest segment
-            # may end in zeros (SPEC §5).
-            self._active.seal()
-            self._active.close()
-            self._sealed.append(self._active.filename)
-            self._sealed_bytes += self._active.size
-            self._active = ActiveSegment(self._fs, self._dir, seq + 1, 0,
-                                         self._preallocate_bytes, new=True)
-            self._fs.fsync_directory(self._dir)
-        self._call_hook("wal.after_rotate")
+        store = self._store
+        return (store.rotate, self._write_snapshot, store.publish, store.delete_covered)
 
     def _write_snapshot(self, seq: int) -> None:
-        """Write and fsync snapshot-<seq>.snap; CURRENT still names the old one."""
+        """Write and fsync snapshot-<seq>.snap of the state, then the hook's snapshot.after_write."""
         assert self._state.last_seq == seq
-        write_snapshot(self._fs, self._dir, self._state)
-        self._call_hook("snapshot.after_write")
-
-    def _publish(self, seq: int) -> None:
-        """CURRENT.tmp, fsync, rename over CURRENT, fsync the directory."""
-        fs, directory = self._fs, self._dir
-        fd = fs.create(directory, CURRENT_TMP)  # a crash may have left one: a new file
-        try:
-            fs.write(fd, current_frame(seq))
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        self._call_hook("current.after_write")
-        fs.rename(directory, CURRENT_TMP, CURRENT)
-        fs.fsync_directory(directory)
-        self._previous_snapshot_file = self._snapshot_file
-        self._snapshot_file, self._snapshot_seq = snapshot_name(seq), seq
-        self._call_hook("current.after_publish")
-
-    def _delete_covered(self, seq: int) -> None:
-        """Delete the sealed segments and the previous snapshot, fsync the directory."""
-        fs, directory = self._fs, self._dir
-        for name in self._sealed:
-            fs.unlink(directory, name)
-        self._sealed, self._sealed_bytes = [], 0
-        previous = self._previous_snapshot_file
-        if previous is not None and previous != snapshot_name(seq):
-            fs.unlink(directory, previous)
-        fs.fsync_directory(directory)
-        self._call_hook("compact.after_delete")
+        self._store.write_snapshot(self._state)
+        self._store.call_hook("snapshot.after_write")
 
     def close(self) -> None:
         """Make anything written durable and release the directory. Idempotent."""
         if self._closed:
             return
-        try:
-            if self._active.has_zero_tail:
-                self._active.trim()  # a cleanly closed directory holds only frames
-            elif self._active.unsynced:
-                self._active.sync()  # only inside a batch; no hook at close
-        finally:
-            self._closed = True
-            self._release()
+        self._closed = True
+        self._store.close()
 
     def __enter__(self) -> Engine:
         self.check_open()
@@ -618,12 +492,6 @@ class Engine:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        # Discarding an Engine releases the directory as a dead process would.
-        if getattr(self, "_lock_fd", None) is not None:
-            self._closed = True
-            self._release()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"seq {self._state.last_seq}"
@@ -646,47 +514,24 @@ class Engine:
         """Check, write and apply one record. Must run inside a batch."""
         change = self._state.check(record)
         frame = encode_frame(record)
-        hook = self._hook
         try:
-            if hook is not None:
-                hook("wal.before_write")
-            self._active.append(frame)
-            if hook is not None:
-                hook("wal.after_write")
+            self._store.append(frame)
         except BaseException:
             self._die()
             raise
         self._state.commit(change, len(frame) - FRAME_OVERHEAD_BYTES)
 
     def _sync(self) -> None:
-        if not self._active.unsynced:
-            return
         try:
-            self._active.sync()
-            self._call_hook("wal.after_sync")
+            self._store.sync()
         except BaseException:
             self._die()
             raise
 
-    def _call_hook(self, phase: str) -> None:
-        if self._hook is not None:
-            self._hook(phase)
-
     def _die(self) -> None:
+        """After a failed write: closed at once, files released without an fsync."""
         self._closed = True
-        self._release()
-
-    def _release(self) -> None:
-        """Close every file, then the lock: no fsync, as at process death."""
-        active, self._active = self._active, None
-        if active is not None:
-            active.close()
-        directory, self._dir = getattr(self, "_dir", None), None
-        if directory is not None:
-            self._fs.close_directory(directory)
-        lock_fd, self._lock_fd = self._lock_fd, None
-        if lock_fd is not None:
-            os.close(lock_fd)
+        self._store.release()
 
 
 @dataclass(frozen=True)
@@ -712,20 +557,6 @@ class _Batch:
         engine._batch_depth -= 1
         if engine._batch_depth == 0 and not engine._closed:
             engine._sync()
-
-
-def _take_lock(directory: Directory, path: str) -> int:
-    fd = open_lock(directory, LOCK)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise QueueLocked(f"{path} is in use by another Queue (its {LOCK} file is "
-                          f"locked); close that one first") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def lease_of(task: Task) -> Lease:

@@ -200,7 +200,7 @@ class InProcessDaemon:
     def stop(self) -> None:
         self.loop.stopping = True
         with contextlib.suppress(OSError):
-            self.loop._wake_write.send(b"\0")  # what a signal would do: end the turn's select now
+            self.loop._wakeup.wake()  # what a signal would do: end the turn's select now
         self._thread.join(BOUND_SECONDS)
         try:
             if self._thread.is_alive():

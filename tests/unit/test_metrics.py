@@ -16,6 +16,7 @@ from walqueue import protocol as p
 from walqueue.daemon.metrics_http import ListenError, parse_listen
 from walqueue.daemon.recorder import MAX_SEQ_SAMPLES, Recorder, SeqClock, quantile
 from walqueue.metrics import FSYNC_WINDOW, FSYNC_WINDOW_SECONDS, DaemonStats, render_prometheus
+from walqueue.monitoring import count_past_half
 from walqueue.state import READY
 
 # -- oldest due ready task ----------------------------------------------------------
@@ -119,7 +120,7 @@ def test_the_ready_fifo_stays_bounded_when_nobody_asks(tmp_path):
                 (lease,) = q.reserve("w", now=1, lease_seconds=10)
                 q.ack(lease, now=1)
         state = q.engine._state
-        assert len(state._ready_fifo) <= 2 * (2 * state.counts[READY] + 1025)
+        assert len(state.monitoring._ready_fifo) <= 2 * (2 * state.counts[READY] + 1025)
 
 
 def test_the_oldest_due_ready_time_matches_a_brute_force_search():
@@ -246,12 +247,12 @@ def test_leases_past_half_kept_incrementally_matches_a_count_of_every_lease(tmp_
                     q.put(f"{task_id}-{now}-{rng.random()}", {}, max_attempts=1000)
             elif action < 0.9:
                 q.engine.expire_due(now=now)
-            expected = q.engine._state._count_past_half(now)
+            expected = count_past_half(q.engine._state.tasks, q.engine._state._leases, now)
             assert q.engine.leases_past_half(now) == expected, now
             if rng.random() < 0.05:  # a caller's earlier now is counted by a walk, and changes nothing
                 earlier = rng.randint(0, now)
-                assert q.engine.leases_past_half(earlier) == q.engine._state._count_past_half(earlier)
-        assert len(q.engine._state._halves) <= 2 * q.stats().leased + 1024 + 4
+                assert q.engine.leases_past_half(earlier) == count_past_half(q.engine._state.tasks, q.engine._state._leases, earlier)
+        assert len(q.engine._state.monitoring._halves) <= 2 * q.stats().leased + 1024 + 4
 
 
 # -- the seq clock and the recorder ---------------------------------------------
