@@ -214,12 +214,7 @@ class State:
         return None
 
     def plan_put(self, requests: list[dict]) -> tuple[list[str], list[dict]]:
-        """Resolve validated put requests against the store (SPEC §2, puts.plan_puts).
-
-        Returns the task id for each request and the tasks that are new, in
-        request order. Identical retries (same key, same identity) resolve
-        to the existing task; raises KeyConflict for any other collision.
-        """
+        """puts.plan_puts (SPEC §2: ids per request, the new tasks) against this state's tasks."""
         return plan_puts(requests, owner_of_key=self._owner_of_key, key_of_task=self._key_of_task)
 
     def _owner_of_key(self, key: str) -> tuple[str, str] | None:
