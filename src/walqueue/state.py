@@ -307,7 +307,7 @@ class State:
                         READY, 0, max_attempts, 0, available_at, None, None, payload, seq)
             self.tasks[task_id] = task
             self.task_id_by_key[task.key] = task_id
-            self.live_index.add(task_id, READY)
+            self.live_index.ready.add(task_id)
             self.counts[READY] += 1
             heapq.heappush(self._ready, (available_at, task_id))
             became_ready(seq, task_id)
@@ -340,10 +340,11 @@ class State:
         now = record["now"]
         deadline = now + record["lease_seconds"]
         worker = record["worker"]
-        counts = self.counts
+        counts, index = self.counts, self.live_index
         for task in targets:
             task.status = LEASED
-            self.live_index.move(task.task_id, READY, LEASED)
+            index.ready.discard(task.task_id)
+            index.leased.add(task.task_id)
             task.attempts += 1
             task.generation += 1
             task.worker = worker
@@ -367,7 +368,7 @@ class State:
         self.monitoring.lease_ended(task.task_id)
         del self.tasks[task.task_id]
         del self.task_id_by_key[task.key]
-        self.live_index.remove(task.task_id, LEASED)
+        self.live_index.leased.discard(task.task_id)
         self.tombstones.add(task.task_id, task.key, identity, task.attempts, task.max_attempts,
                             task.generation, task.available_at)
         self.counts[LEASED] -= 1
@@ -414,7 +415,8 @@ class State:
         for task in targets:
             task.pin_identity()  # already pinned when it died; kept for the invariant
             task.status = READY
-            self.live_index.move(task.task_id, DEAD, READY)
+            self.live_index.dead.discard(task.task_id)
+            self.live_index.ready.add(task.task_id)
             task.attempts = 0
             task.available_at = now
             task.ready_seq = seq
@@ -490,7 +492,8 @@ class State:
             task.ready_seq = seq
             heapq.heappush(self._ready, (task.available_at, task.task_id))
             self.monitoring.became_ready(seq, task.task_id)
-        self.live_index.move(task.task_id, LEASED, task.status)
+        self.live_index.leased.discard(task.task_id)
+        self.live_index.by_status[task.status].add(task.task_id)
         self.counts[task.status] += 1
 
     def _tidy(self, heap: list, status: str) -> None:
@@ -582,7 +585,7 @@ class State:
         self.tasks[task_id] = Task(task_id, key, identity, status, attempts, max_attempts,
                                    generation, available_at, deadline, worker, payload)
         self.task_id_by_key[key] = task_id
-        self.live_index.add(task_id, status)
+        self.live_index.by_status[status].add(task_id)
         self.counts[status] += 1
         if status == READY:
             self._ready.append((available_at, task_id))

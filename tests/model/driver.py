@@ -806,6 +806,12 @@ class Driver:
             real_status = [view_tuple(view) for view in self.queue.tasks(status)]
             if real_status != self.model.tasks(status):
                 self.fail(f"tasks({status!r}) differ: real {real_status!r}")
+        for status in (None, *STATUSES):  # SPEC §8b's pages, cut from the model's listing
+            expected = self.model.tasks(status)
+            cursor = expected[len(expected) // 2].task_id if expected else "c"
+            page = [view_tuple(view) for view in self.queue.tasks(status, after=cursor, limit=2)]
+            if page != [view for view in expected if view.task_id > cursor][:2]:
+                self.fail(f"tasks({status!r}, after={cursor!r}, limit=2) differ: real {page!r}")
         real_stats = stats_tuple(self.queue.stats())
         model_stats = self.model.stats()
         if self.leftovers_possible:

@@ -309,7 +309,7 @@ def test_errors_carry_their_code_only_to_clients_that_announced_version_6(served
     loop, _, _ = served
     stale = p.Ack(id=1, task_id="nobody", worker="w", generation=1)
     twice = msgspec_map(("type", "get"), ("id", 2), ("task_id", "a"), ("task_id", "b"))
-    unknown = p.encode_value({"type": "cancel", "id": 3, "task_id": "t"})   # a newer client's request
+    unknown = p.encode_value({"type": "frobnicate", "id": 3, "task_id": "t"})   # a newer client's request
     for version in (p.TURN_REPORTING_VERSION, p.ERROR_CODE_VERSION):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(tmp_path / "s.sock"))
