@@ -155,6 +155,11 @@ class LiveIndex:
         self.ready, self.leased, self.dead = SortedIds(), SortedIds(), SortedIds()
         self.by_status = {"ready": self.ready, "leased": self.leased, "dead": self.dead}
 
+    def move(self, task_id: str, old: str, new: str) -> None:
+        """A task changed status (the hot paths of reserve and ack call the SortedIds directly)."""
+        self.by_status[old].discard(task_id)
+        self.by_status[new].add(task_id)
+
 
 def page(live: LiveIndex, tombstones: Any, status: str | None, after: str | None,
          limit: int | None) -> Iterator[Any]:

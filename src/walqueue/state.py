@@ -415,8 +415,7 @@ class State:
         for task in targets:
             task.pin_identity()  # already pinned when it died; kept for the invariant
             task.status = READY
-            self.live_index.dead.discard(task.task_id)
-            self.live_index.ready.add(task.task_id)
+            self.live_index.move(task.task_id, DEAD, READY)
             task.attempts = 0
             task.available_at = now
             task.ready_seq = seq
@@ -492,8 +491,7 @@ class State:
             task.ready_seq = seq
             heapq.heappush(self._ready, (task.available_at, task.task_id))
             self.monitoring.became_ready(seq, task.task_id)
-        self.live_index.leased.discard(task.task_id)
-        self.live_index.by_status[task.status].add(task.task_id)
+        self.live_index.move(task.task_id, LEASED, task.status)
         self.counts[task.status] += 1
 
     def _tidy(self, heap: list, status: str) -> None:
@@ -610,9 +608,8 @@ class State:
         return bool(self.task_id_by_key) or self.tombstones.has_other_keys()
 
     def load_tombstones(self, task_ids: list[bytes], identities: bytes, numbers: array) -> None:
-        """Add completed snapshot entries whose key is their id, checked already: ids
-        (UTF-8) ascending after `last_loaded` and taken by no task, `identities` 32 raw
-        bytes each, `numbers` their attempts, max_attempts, generation, available_at."""
+        """Add completed entries keyed by their ids, checked already: ids (UTF-8) ascending after
+        `last_loaded`, free; 32 bytes of `identities` each; `numbers` their four numbers."""
         self.tombstones.extend(task_ids, identities, numbers)
         self.counts[COMPLETED] += len(task_ids)
         self._last_loaded = task_ids[-1].decode()
