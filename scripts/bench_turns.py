@@ -47,7 +47,10 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
 
     import msgspec
 
-    from walqueue import Queue
+    try:  # the daemon serves an Engine; a tree from before walqueue.engine served a Queue
+        from walqueue.engine import Engine as open_queue
+    except ImportError:
+        from walqueue import Queue as open_queue
     from walqueue.daemon.loop import Loop, bind_listener
     from walqueue.daemon.systemd import Notifier
 
@@ -104,7 +107,7 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
         queue_dir = os.path.join(directory, "queue")
         path = os.path.join(directory, "s.sock")
         listener = bind_listener(path, 0o600)
-        loop = Loop(queue_dir, Queue(queue_dir), listener, socket_path=path, compact_wal_bytes=10**12,
+        loop = Loop(queue_dir, open_queue(queue_dir), listener, socket_path=path, compact_wal_bytes=10**12,
                     max_connections=clients + 8, hook=None, notifier=Notifier({}))
         loop.register_listener()
         socks = []

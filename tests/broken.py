@@ -18,11 +18,11 @@ from unittest import mock
 from walqueue import backup as backup_module
 from walqueue import directory as directory_module
 from walqueue import fs as fs_module
-from walqueue import queue as queue_module
 from walqueue import recovery as recovery_module
 from walqueue import snapshot as snapshot_module
+from walqueue import store as store_module
 from walqueue.codec import encode_frame
-from walqueue.queue import Queue
+from walqueue.engine import Engine
 from walqueue.state import COMPLETED, LEASED, READY, State, Task
 from walqueue.wal import ActiveSegment
 
@@ -37,7 +37,8 @@ def _newest_snapshot_wins(fs, directory):
 
 def _delete_before_publishing(self):
     """Compaction that deletes the covered WAL before CURRENT names the new snapshot."""
-    return (self._rotate, self._write_snapshot, self._delete_covered, self._publish)
+    store = self._store
+    return (store.rotate, self._write_snapshot, store.delete_covered, store.publish)
 
 
 _real_entry = Task.entry
@@ -51,7 +52,7 @@ def _entry_without_lease(self):
     return entry
 
 
-def _trust_plain_tombstones(self, task_ids, numbers):
+def _trust_plain_tombstones(state, task_ids, numbers):
     """Snapshot loading whose fast path for tombstones trusts the entries it matched:
     task_id order and counters go unchecked."""
     return True
@@ -77,7 +78,7 @@ def _write_snapshot_without_tombstones(fs, directory, state):
 def _append_before_checking(self, record):
     """Writes the frame first and checks the lease after: a stale ack leaves a frame."""
     frame = encode_frame(record)
-    self._active.append(frame)
+    self._store._active.append(frame)  # no hook, as before issue 21: the variant is the order only
     change = self._state.check(record)
     self._state.commit(change)
 
@@ -156,26 +157,46 @@ def _patched_open_flags():
         yield
 
 
-_real_queue_init = Queue.__init__
+_real_engine_init = Engine.__init__
 
 
 def _init_reaching_the_path_again(self, directory, *, opened=None, **options):
-    """A Queue that reaches its directory by its path again, ignoring the descriptor it was
+    """An Engine that reaches its directory by its path again, ignoring the descriptor it was
     given, as walqueued's Queue did before issue 20: a link flipped in between redirects it."""
-    _real_queue_init(self, directory, **options)
+    _real_engine_init(self, directory, **options)
+
+
+def _cancel_in_two_batches(self, task_id, *, now):
+    """Cancel whose revive is its own batch, made durable before the reserve and ack are
+    written: two fsyncs where SPEC §8b says one batch, and a crash between them leaves the
+    dead task durably ready, for a worker to run, after the cancel was asked for."""
+    from walqueue import cancel as cancelling
+    from walqueue.engine import view_of
+
+    self.check_open()
+    task = self._state.get(task_id)
+    view = None if task is None else view_of(task)
+    if cancelling.check(task_id, view, now):
+        records = cancelling.records(view, now)
+        for group in (records[:-2], records[-2:]):
+            if group:
+                with self.batch():
+                    for record in group:
+                        record["seq"] = self._next_seq()
+                        self._append(record)
 
 
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "recovery_trusts_the_newest_snapshot":
         lambda: mock.patch.object(recovery_module, "read_current", _newest_snapshot_wins),
     "compaction_deletes_before_publishing":
-        lambda: mock.patch.object(Queue, "_compaction_steps", _delete_before_publishing),
+        lambda: mock.patch.object(Engine, "_compaction_steps", _delete_before_publishing),
     "snapshot_drops_lease_state":
         lambda: mock.patch.object(Task, "entry", _entry_without_lease),
     "snapshot_drops_tombstones":
-        lambda: mock.patch.object(queue_module, "write_snapshot", _write_snapshot_without_tombstones),
+        lambda: mock.patch.object(store_module, "write_snapshot", _write_snapshot_without_tombstones),
     "stale_ack_appends_a_frame":
-        lambda: mock.patch.object(Queue, "_append", _append_before_checking),
+        lambda: mock.patch.object(Engine, "_append", _append_before_checking),
     "reap_forgets_the_old_deadline":
         lambda: mock.patch.object(State, "_commit_expire", _expire_at_now),
     "lease_valid_at_its_deadline":
@@ -192,12 +213,14 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         lambda: mock.patch.object(ActiveSegment, "sync", _sync_without_fdatasync),
     "opens_follow_links": _patched_open_flags,
     "queue_reaches_the_path_again":
-        lambda: mock.patch.object(Queue, "__init__", _init_reaching_the_path_again),
+        lambda: mock.patch.object(Engine, "__init__", _init_reaching_the_path_again),
     # The check before issue 20: whoever may replace a link on the way is not asked about.
     "walk_trusts_every_link":
         lambda: mock.patch.object(directory_module, "_judge_link", lambda chain, name, link: []),
+    "cancel_in_two_batches":
+        lambda: mock.patch.object(Engine, "cancel", _cancel_in_two_batches),
     "plain_tombstones_unchecked":
-        lambda: mock.patch.object(State, "_plain_tombstones_in_order_and_possible",
+        lambda: mock.patch.object(snapshot_module, "_plain_tombstones_in_order_and_possible",
                                   _trust_plain_tombstones),
 }
 

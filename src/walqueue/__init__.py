@@ -22,14 +22,14 @@ from .errors import (
     WalQueueError,
 )
 from .queue import PHASES, Queue
-from .values import Lease, PutRequest, QueueStats, TaskView
+from .values import Lease, PutRequest, QueueStats, TaskView, WorkerView
 
 __version__ = "0.2.0"
 
 __all__ = [
     "MAX_FRAME_BYTES", "Unavailable", "__version__", "connect", "PHASES", "CorruptStore", "InjectedCrash", "InvalidRequest", "KeyConflict",
     "Lease", "PutRequest", "Queue", "QueueClosed", "QueueLocked", "QueueStats", "StaleLease",
-    "TaskView", "WalQueueError",
+    "TaskView", "WalQueueError", "WorkerView",
 ]
 
 

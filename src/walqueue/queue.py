@@ -1,54 +1,25 @@
-"""`Queue`: the durable queue over one directory (SPEC §1-§6).
+"""`Queue`: the library's durable queue over one directory (SPEC §1-§6).
 
-The facade around the pure parts: it validates arguments, holds the
-directory lock, turns each operation into a WAL record, writes it through
-the state machine's `check` -> write -> `commit`, calls the fault-injection
-hook at the named phases, groups fsyncs in `batch()`, recovers at open and
-compacts on request.
-
-Rules this module keeps:
-  - nothing is written before the arguments and the state have been checked,
-    so a rejected call leaves the Queue open and the files unchanged;
-  - the in-memory state changes only after its frame is in the file, and an
-    operation returns only after the fsync that makes its frame durable
-    (the end of its batch);
-  - when a hook raises or a write/fsync fails, the Queue closes itself at
-    once, as a dead process would: files closed, lock released, no fsync.
+The library face of `walqueue.engine.Engine`, which does every operation:
+this validates a put's arguments (validation.put_request, copying the
+payload), reads a lease's task_id, worker and generation, and hands back
+the library's values (Lease, TaskView: copies, never the stored objects).
+What walqueued needs beyond SPEC's API is the Engine's alone, reached as
+`Queue.engine` or by opening an Engine.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from . import validation
-from .codec import FRAME_OVERHEAD_BYTES, encode_frame
-from .errors import QueueClosed, QueueLocked, UnsafeDirectoryWarning
-from .fs import Directory, OsFileSystem, open_lock
-from .recovery import plan_recovery
-from .snapshot import (
-    CURRENT,
-    CURRENT_TMP,
-    FRAMING_BYTES_BOUND,
-    current_frame,
-    snapshot_name,
-    write_snapshot,
-)
-from .state import LEASED, MAX_EXPIRE_IDS, Task
-from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, copy_json
-from .wal import MAX_PREALLOCATE_BYTES, ActiveSegment
+from .engine import LOCK, PHASES, Engine, lease_of, view_of
+from .fs import Directory, OsFileSystem
+from .values import BackupManifest, Lease, PutRequest, QueueStats, TaskView, WorkerView
 
-LOCK = "LOCK"
-PHASES = (
-    "wal.before_write", "wal.after_write", "wal.after_sync", "wal.after_rotate",
-    "snapshot.after_write", "current.after_write", "current.after_publish",
-    "compact.after_delete", "recover.after_truncate",
-)
-_PUT_FIELDS = ("task_id", "payload", "key", "available_at", "max_attempts")
+__all__ = ["LOCK", "PHASES", "Queue"]
 
 
 class Queue:
@@ -67,74 +38,17 @@ class Queue:
     def __init__(self, directory: str | os.PathLike, *, hook: Callable[[str], Any] | None = None,
                  filesystem: OsFileSystem | None = None, preallocate_bytes: int = 0,
                  opened: Directory | None = None) -> None:
-        self._preallocate_bytes = validation.integer(preallocate_bytes, "preallocate_bytes",
-                                                     maximum=MAX_PREALLOCATE_BYTES)
-        self._directory = os.fspath(directory)
-        self._hook = hook
-        self._fs = filesystem or OsFileSystem()
-        self._closed = True
-        self._active: ActiveSegment | None = None
-        self._lock_fd: int | None = None
-        self._dir: Directory | None = None
-        self._batch_depth = 0
-        self._compaction: Compaction | None = None
-        fs = self._fs
-        # The directory is reached once, and every file (LOCK first) is opened relative to that
-        # descriptor: what was judged is what is used (walqueue.directory). `opened` is one the
-        # caller reached and judged itself (walqueued, which refuses what this only warns about).
-        if opened is not None:
-            self._dir = fs.duplicate_directory(opened)
-        else:
-            reached = fs.open_queue_directory(self._directory)
-            self._dir = reached.directory
-            for finding in reached.findings:
-                warnings.warn(finding, UnsafeDirectoryWarning, stacklevel=2)
-        try:
-            self._lock_fd = _take_lock(self._dir, self._directory)
-            self._recover()
-        except BaseException:
-            self._release()
-            raise
-        self._closed = False
+        self.engine = Engine(directory, hook=hook, filesystem=filesystem,
+                             preallocate_bytes=preallocate_bytes, opened=opened, stacklevel=3)
 
-    # -- recovery -------------------------------------------------------
+    @classmethod
+    def over(cls, engine: Engine) -> Queue:
+        """The library face over an Engine already open (closing either closes both)."""
+        queue = cls.__new__(cls)
+        queue.engine = engine
+        return queue
 
-    def _recover(self) -> None:
-        """Read the directory (recovery.plan_recovery), then do the writes open may do.
-
-        Everything on disk is checked before the first write: truncating the
-        torn tail (then `recover.after_truncate`), deleting what the plan
-        lists, creating the next segment if no segment is kept, and one
-        directory fsync for those names.
-        """
-        fs, directory = self._fs, self._dir
-        plan = plan_recovery(fs, directory)
-        self._state = plan.state
-        self._snapshot_seq = plan.snapshot_seq
-        self._snapshot_file = plan.snapshot_file
-        self._previous_snapshot_file = plan.snapshot_file
-        # The published snapshot's size, and the state's snapshot_growth at its seq:
-        # 0, as the replay since it started from the snapshot loaded (snapshot_bytes_bound).
-        self._snapshot_bytes = 0 if plan.snapshot_file is None else fs.size(directory, plan.snapshot_file)
-        self._snapshot_growth = 0
-        if plan.active is not None:
-            self._active = ActiveSegment(fs, directory, plan.active.first_seq, plan.active.size,
-                                         self._preallocate_bytes)
-            if plan.torn_tail is not None:
-                self._active.truncate(plan.torn_tail.offset)
-                self._call_hook("recover.after_truncate")
-        self._sealed = [segment.filename for segment in plan.sealed]
-        self._sealed_bytes = sum(segment.size for segment in plan.sealed)
-        for name in plan.deletions:
-            fs.unlink(directory, name)
-        created = self._active is None
-        if created:
-            self._active = ActiveSegment(fs, directory, plan.state.last_seq + 1, 0,
-                                         self._preallocate_bytes, new=True)
-        if plan.deletions or created:
-            fs.fsync_directory(directory)
-
-    # -- public API: writes ---------------------------------------------
+    # -- writes -----------------------------------------------------------
 
     def put(self, task_id: str, payload: Mapping, *, key: str | None = None,
             available_at: int = 0, max_attempts: int = 3) -> str:
@@ -143,9 +57,9 @@ class Queue:
         Raises InvalidRequest for a malformed argument, KeyConflict when the
         key or task id is taken by a different request.
         """
-        self._check_open()
-        request = _put_request(task_id, payload, key, available_at, max_attempts, "")
-        return self._put([request])[0]
+        self.engine.check_open()
+        return self.engine.put([validation.put_request(task_id, payload, key, available_at,
+                                                       max_attempts)])[0]
 
     def put_many(self, requests: Iterable[PutRequest | Mapping]) -> list[str]:
         """Put several tasks in one transaction: all new tasks, or nothing.
@@ -153,130 +67,30 @@ class Queue:
         Each request is a PutRequest or a mapping with its field names.
         Returns one id per request, in request order.
         """
-        self._check_open()
-        if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
-            raise validation.InvalidRequest("requests must be a list of PutRequest or mappings")
-        containers = validation.Containers()
-        return self._put([_put_request_of(item, index, containers) for index, item in enumerate(requests)])
-
-    # walqueued's entries (not part of SPEC's API): the same checks, errors and
-    # records as put/put_many, minus the payload copy. Each request is any
-    # object with PutRequest's attributes (walqueued's wire structs), and its
-    # payload is handed over: the caller never uses it again (walqueued's is
-    # freshly decoded), so a payload that is plain JSON already is stored as it is.
-
-    def put_without_copy(self, request: Any) -> str:
-        """put() of ``request``'s fields, storing its payload without a copy (see above)."""
-        self._check_open()
-        return self._put([_put_request(request.task_id, request.payload, request.key, request.available_at,
-                                       request.max_attempts, "", copy=False)])[0]
-
-    def put_many_without_copy(self, requests: list) -> list[str]:
-        """put_many() of ``requests``' fields, storing their payloads without a copy (see above)."""
-        self._check_open()
-        containers = validation.Containers()
-        return self._put([_put_request(item.task_id, item.payload, item.key, item.available_at,
-                                       item.max_attempts, f"requests[{index}].", copy=False,
-                                       containers=containers)
-                          for index, item in enumerate(requests)])
-
-    def _put(self, requests: list[dict]) -> list[str]:
-        if not requests:
-            return []
-        ids, new = self._state.plan_put(requests)
-        if new:
-            with self.batch():
-                self._append({"op": "put", "seq": self._next_seq(), "tasks": new})
-        return ids
+        self.engine.check_open()
+        return self.engine.put(validation.put_requests(requests))
 
     def reserve(self, worker: str, *, now: int, lease_seconds: int, limit: int = 1) -> list[Lease]:
         """Expire leases due at `now`, then lease up to `limit` due tasks.
 
         Returns the leases in (available_at, task_id) order.
         """
-        return [_lease_of(task) for task in self._reserve(worker, now, lease_seconds, limit)]
+        return [lease_of(task) for task in
+                self.engine.reserve(worker, now=now, lease_seconds=lease_seconds, limit=limit)]
 
-    def reserve_fields(self, worker: str, *, now: int, lease_seconds: int, limit: int = 1) -> list[tuple]:
-        """reserve() for walqueued, which encodes each lease at once: the fields of each
-        Lease as a tuple, in Lease's order, with the STORED payload (no copy: encode it,
-        never keep or change it). Not part of SPEC's API."""
-        return [(task.task_id, task.worker, task.generation, task.deadline, task.attempts, task.payload)
-                for task in self._reserve(worker, now, lease_seconds, limit)]
-
-    def _reserve(self, worker: str, now: int, lease_seconds: int, limit: int) -> list[Task]:
-        self._check_open()
-        validation.name(worker, "worker")
-        validation.integer(now, "now")
-        validation.integer(lease_seconds, "lease_seconds", minimum=1)
-        validation.integer(limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
-        validation.time_plus(now, lease_seconds, "lease_seconds")
-        state = self._state
-        with self.batch():
-            self._reap(now)
-            task_ids = state.due_ready(now, limit)
-            if not task_ids:
-                return []
-            self._append({"lease_seconds": lease_seconds, "now": now, "op": "reserve",
-                          "seq": self._next_seq(), "task_ids": task_ids, "worker": worker})
-        tasks = state.tasks
-        return [tasks[task_id] for task_id in task_ids]
-
-    def expire_due(self, *, now: int) -> int:
-        """Reap alone: expire every lease with deadline <= `now`, as reserve does first.
-
-        Writes the same `expire` frames reserve's reap would (none if no lease
-        is due) and leases nothing. Returns how many leases expired. Not part
-        of SPEC §1: walqueued calls it when a lease's deadline passes (§8a).
-        """
-        self._check_open()
-        validation.integer(now, "now")
-        with self.batch():
-            return self._reap(now)
-
-    def _reap(self, now: int) -> int:
-        """Expire the leases due at `now`, at most MAX_EXPIRE_IDS a frame. Inside a batch."""
-        state, count = self._state, 0
-        while expired := state.expired(now, MAX_EXPIRE_IDS):
-            self._append({"now": now, "op": "expire", "seq": self._next_seq(),
-                          "task_ids": expired})
-            count += len(expired)
-        return count
+    # A lease operation reads only the lease's task_id, worker and generation.
 
     def ack(self, lease: Lease, *, now: int) -> None:
         """Complete the task held by `lease`. Raises StaleLease if it is not current."""
-        self._lease_operation(self._lease_record("ack", lease, now))
+        self.engine.ack(*_identity_of(lease), now=now)
 
     def release(self, lease: Lease, *, now: int, delay: int = 0) -> None:
         """Give the task back, available again at now + delay (or dead at max_attempts)."""
-        record = self._lease_record("release", lease, now)
-        record["delay"] = validation.integer(delay, "delay")
-        validation.time_plus(now, delay, "delay")
-        self._lease_operation(record)
+        self.engine.release(*_identity_of(lease), now=now, delay=delay)
 
     def touch(self, lease: Lease, *, now: int, lease_seconds: int) -> Lease:
         """Extend a live lease to now + lease_seconds; returns the new Lease."""
-        record = self._lease_record("touch", lease, now)
-        record["lease_seconds"] = validation.integer(lease_seconds, "lease_seconds", minimum=1)
-        validation.time_plus(now, lease_seconds, "lease_seconds")
-        return _lease_of(self._lease_operation(record))
-
-    def _lease_record(self, op: str, lease: Lease, now: int) -> dict:
-        """The checked fields of a lease operation's record, in the order they are checked.
-
-        Only task_id, worker and generation are read from ``lease`` (any object with them).
-        """
-        self._check_open()
-        return {"op": op,
-                "task_id": validation.name(getattr(lease, "task_id", None), "lease.task_id"),
-                "worker": validation.name(getattr(lease, "worker", None), "lease.worker"),
-                "generation": validation.integer(getattr(lease, "generation", None), "lease.generation"),
-                "now": validation.integer(now, "now")}
-
-    def _lease_operation(self, record: dict) -> Task | None:
-        with self.batch():
-            record["seq"] = self._next_seq()
-            self._append(record)
-        return self._state.tasks.get(record["task_id"])   # None after an ack
+        return lease_of(self.engine.touch(*_identity_of(lease), now=now, lease_seconds=lease_seconds))
 
     def revive(self, task_ids: Iterable[str], *, now: int) -> list[str]:
         """Make dead tasks ready again (attempts 0, available at `now`).
@@ -284,91 +98,53 @@ class Queue:
         Returns the ids, duplicates dropped, in order. Raises InvalidRequest,
         writing nothing, if any listed task is unknown or not dead.
         """
-        self._check_open()
-        if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Iterable):
-            raise validation.InvalidRequest("task_ids must be a list of task ids")
-        unique = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
-                                    for index, task_id in enumerate(task_ids)))
-        validation.integer(now, "now")
-        if not unique:
-            return []
-        with self.batch():
-            self._append({"now": now, "op": "revive", "seq": self._next_seq(), "task_ids": unique})
-        return unique
+        return self.engine.revive(task_ids, now=now)
 
-    # -- public API: reads ----------------------------------------------
+    def cancel(self, task_id: str, *, now: int) -> None:
+        """Complete a dead task, or a ready one due at `now`, without leasing it to anyone
+        (SPEC §8b; walqueue.cancel): its revive (if dead), reserve and ack by the worker
+        `walqueue:cancel`, in one batch. A completed task: nothing happens.
+
+        Raises InvalidRequest, writing nothing, for a task not yet due, leased or unknown.
+        """
+        self.engine.cancel(task_id, now=now)
+
+    # -- reads ------------------------------------------------------------
 
     def get(self, task_id: str) -> TaskView | None:
-        self._check_open()
-        validation.name(task_id, "task_id")
-        task = self._state.get(task_id)
-        return None if task is None else _view_of(task)
+        task = self.engine.get(task_id)
+        return None if task is None else view_of(task)
 
-    def tasks(self, status: str | None = None) -> Iterator[TaskView]:
-        """The tasks (optionally of one status) in task_id order.
+    def tasks(self, status: str | None = None, *, after: str | None = None,
+              limit: int | None = None) -> Iterator[TaskView]:
+        """The tasks (optionally of one status) in task_id order; with `after`, only those
+        whose id is greater; with `limit`, at most that many (walqueue.listing: O(limit)).
 
         The order is fixed when called; each view reflects the task when the
-        iterator reaches it.
+        iterator reaches it (a page's views: the tasks when called).
         """
-        self._check_open()
-        validation.status(status)
-        return map(_view_of, self._state.in_order(status))
+        if after is None and limit is None:
+            return map(view_of, self.engine.tasks(status))
+        return iter(list(map(view_of, self.engine.page(status, after=after, limit=limit))))
+
+    def workers(self) -> list[WorkerView]:
+        """Every worker that holds a lease, with how many, by name (SPEC §8b; `connected` is
+        False: a library has no connections)."""
+        return [WorkerView(worker, leases, False) for worker, leases in self.engine.lease_holders()]
 
     def stats(self) -> QueueStats:
-        self._check_open()
-        counts = self._state.counts
-        return QueueStats(ready=counts["ready"], leased=counts["leased"],
-                          completed=counts["completed"], dead=counts["dead"],
-                          last_seq=self._state.last_seq, snapshot_seq=self._snapshot_seq,
-                          wal_bytes=self._sealed_bytes + self._active.size)
+        return self.engine.stats()
 
-    def next_due_time(self) -> int | None:
-        """The earliest time at which `reserve` could lease or expire something.
+    # -- group commit, compaction, backup, closing ------------------------
 
-        Not part of SPEC's API: the daemon uses it to wake parked workers
-        without polling. None when nothing is ready or leased.
-        """
-        self._check_open()
-        return self._state.next_due_time()
-
-    def next_lease_deadline(self) -> int | None:
-        """The earliest deadline of a lease, or None. Not part of SPEC's API: the
-        daemon's timer for `expire_due`."""
-        self._check_open()
-        return self._state.next_lease_deadline()
-
-    # -- monitoring (not part of SPEC's API; the daemon's metrics) -------
-
-    def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
-        """The earliest time since which a ready task has been due (see State.ready_due_since)."""
-        self._check_open()
-        return self._state.ready_due_since(now, seq_time)
-
-    def leases_past_half(self, now: int) -> int:
-        """How many leases are at or past half their time at `now` (see State.leases_past_half)."""
-        self._check_open()
-        return self._state.leases_past_half(now)
-
-    def segment_count(self) -> int:
-        """WAL segment files this Queue holds: the sealed ones and the active one."""
-        self._check_open()
-        return len(self._sealed) + 1
-
-    def unsynced(self) -> bool:
-        """True while frames appended in the open batch still wait for its fsync."""
-        return not self._closed and self._active.unsynced
-
-    # -- group commit, compaction, closing ------------------------------
-
-    def batch(self) -> _Batch:
+    def batch(self):
         """Group commit: one fsync (and `wal.after_sync`) when the block exits.
 
         Nested batches join the outer one. The fsync also happens when the
         block exits by an exception, which then propagates. Report success for
         the operations inside only after the block has exited without error.
         """
-        self._check_open()
-        return _Batch(self)
+        return self.engine.batch()
 
     def compact(self) -> int:
         """Publish a snapshot of the whole state and drop the WAL it covers.
@@ -376,408 +152,31 @@ class Queue:
         Returns the published snapshot's seq (the previous one if nothing was
         appended since it).
         """
-        self._check_open()
-        self._refuse_during_compaction()
-        self._sync()
-        seq = self._state.last_seq
-        if seq == self._snapshot_seq:
-            return seq
-        try:
-            for step in self._compaction_steps():
-                step(seq)
-            self._published(seq, self._state.snapshot_growth)
-        except BaseException:
-            self._die()
-            raise
-        return seq
+        return self.engine.compact()
 
     def backup_manifest(self) -> BackupManifest:
-        """The files a consistent copy needs, as of the last seq, made durable first.
-
-        Not part of SPEC's API: `walqueue.backup` copies what it lists, and
-        walqueued hands it to `walqueue-ctl backup`. Sealed segments and
-        snapshots never change and the active segment only grows past the
-        listed length, so the listed bytes stay valid until a compaction
-        deletes them: the caller keeps compaction away until the copy is
-        done (walqueued pins them). A queue that holds records but was never
-        compacted is compacted first, so that every copy with data has a
-        CURRENT, which the copy writes last: until then a half copy starts
-        after seq 1 and fails to open instead of opening with fewer records.
-        """
-        self._check_open()
-        if self._snapshot_file is None and self._state.last_seq > 0:
-            self.compact()  # refused while a compaction in steps is in progress
-        else:
-            self._sync()
-        fs, directory = self._fs, self._dir
-        files = [(name, fs.size(directory, name)) for name in self._sealed]
-        files.append((self._active.filename, self._active.size))
-        if self._snapshot_file is not None:
-            for name in (self._snapshot_file, CURRENT):
-                files.append((name, fs.size(directory, name)))
-        return BackupManifest(os.path.abspath(self._directory), self._state.last_seq, tuple(files))
-
-    # -- compaction in steps (not part of SPEC's API) ---------------------
-    # walqueued writes the snapshot from a forked child while it goes on
-    # serving (SPEC §8a). The steps and their order are compact()'s; only the
-    # snapshot's writing is moved out of this process.
-
-    def begin_compaction(self) -> Compaction | None:
-        """Rotate the WAL and fix what the next snapshot holds: the state as of now.
-
-        Returns None when nothing was appended since the last snapshot. The
-        caller then writes the snapshot with `write_compaction_snapshot` from
-        a copy of this process taken before anything else is appended (the
-        daemon forks at once), and calls `finish_compaction` once that copy
-        has written and fsynced it, or `abandon_compaction` if it failed.
-        Appends may go on meanwhile: they go to the new segment, which the
-        snapshot does not cover. One compaction at a time; `compact()` is
-        refused while one is in progress. Runs the hook at wal.after_rotate;
-        a failing rotation closes the Queue, as any failed write does.
-        """
-        self._check_open()
-        self._refuse_during_compaction()
-        self._sync()
-        seq = self._state.last_seq
-        if seq == self._snapshot_seq:
-            return None
-        try:
-            self._rotate(seq)
-        except BaseException:
-            self._die()
-            raise
-        self._compaction = Compaction(seq, tuple(self._sealed), self._sealed_bytes,
-                                      snapshot_name(seq), self._state.snapshot_growth)
-        return self._compaction
-
-    def write_compaction_snapshot(self, compaction: Compaction, *, sync_every_bytes: int = 0) -> None:
-        """Write and fsync the snapshot of `compaction`: meant for the forked copy.
-
-        The state must still be at the compaction's seq: a snapshot named S
-        holding a later state would make recovery apply frames twice. Changes
-        nothing in memory and calls no hook (the parent reports
-        snapshot.after_write when it finishes). Raises OSError as the file
-        system does (ENOSPC, EIO) and RuntimeError if the state moved on.
-        `sync_every_bytes` paces the writing with fdatasyncs (see
-        snapshot.write_snapshot), for a copy writing beside a serving parent.
-        """
-        if self._state.last_seq != compaction.seq:
-            raise RuntimeError(f"the state is at seq {self._state.last_seq}, not {compaction.seq}: "
-                               f"the snapshot must be written from a copy taken at begin_compaction")
-        write_snapshot(self._fs, self._dir, self._state,
-                       sync_every_bytes=validation.integer(sync_every_bytes, "sync_every_bytes"))
-
-    def snapshot_descriptors(self) -> tuple[int, ...]:
-        """The descriptors `write_compaction_snapshot` needs: a forked copy keeps these
-        and may close every other one it inherited (the LOCK's above all)."""
-        self._check_open()
-        return (self._dir.fd,)
-
-    def finish_compaction(self, compaction: Compaction) -> int:
-        """Publish the written snapshot and delete what it covers; returns its seq.
-
-        Call only after `write_compaction_snapshot` returned in the copy (its
-        fsync is done). Runs the hook at snapshot.after_write,
-        current.after_write, current.after_publish and compact.after_delete,
-        as compact() does. A failure closes the Queue (a crash anywhere here
-        recovers to the same state). Deletes the segments sealed at
-        begin_compaction and the previous snapshot: keep it from running
-        while a backup copies them.
-        """
-        self._check_open()
-        self._check_in_progress(compaction)
-        self._compaction = None
-        assert tuple(self._sealed) == compaction.covered_segments
-        try:
-            self._call_hook("snapshot.after_write")
-            self._publish(compaction.seq)
-            self._delete_covered(compaction.seq)
-            self._published(compaction.seq, compaction.snapshot_growth)
-        except BaseException:
-            self._die()
-            raise
-        return compaction.seq
-
-    def abandon_compaction(self, compaction: Compaction) -> None:
-        """Give up on a compaction whose snapshot could not be written (disk full, EIO).
-
-        Removes the partial snapshot file if there is one (an orphan, which
-        recovery would ignore anyway) and keeps everything else: the WAL
-        still covers every record, so nothing is lost and the Queue stays
-        open. The next `begin_compaction` covers the sealed segments too.
-        """
-        self._check_open()
-        self._check_in_progress(compaction)
-        self._compaction = None
-        try:
-            self._fs.unlink(self._dir, compaction.snapshot_file)
-        except FileNotFoundError:
-            pass
-
-    def snapshot_bytes_bound(self) -> int:
-        """An upper bound on the bytes a snapshot of the state as it is now would take. O(1).
-
-        The published snapshot's size plus what the records applied since can
-        have added to it (State.snapshot_growth), so it counts what the WAL does
-        not carry: each task's identity and counters, a reserve's worker once per
-        task it leased. Not part of SPEC's API: walqueued checks the free space
-        against it before it compacts.
-        """
-        self._check_open()
-        return (self._snapshot_bytes + self._state.snapshot_growth - self._snapshot_growth
-                + FRAMING_BYTES_BOUND)
-
-    def _published(self, seq: int, snapshot_growth: int) -> None:
-        """Remember the size of the snapshot just published and the state's growth at its seq."""
-        self._snapshot_bytes = self._fs.size(self._dir, snapshot_name(seq))
-        self._snapshot_growth = snapshot_growth
-
-    @property
-    def compaction_in_progress(self) -> Compaction | None:
-        return self._compaction
-
-    def _refuse_during_compaction(self) -> None:
-        if self._compaction is not None:
-            raise validation.InvalidRequest(
-                f"a compaction through seq {self._compaction.seq} is in progress; wait for it")
-
-    def _check_in_progress(self, compaction: Compaction) -> None:
-        if compaction is not self._compaction:
-            raise validation.InvalidRequest(f"no compaction through seq {compaction.seq} is "
-                                            f"in progress on this Queue")
-
-    def _compaction_steps(self):
-        """The steps of compact(), in the only safe order (SPEC §5).
-
-        A crash between any two leaves a directory that recovers to the same
-        state: CURRENT still names the old snapshot (whose WAL is all there)
-        until the new snapshot is durable, and nothing is deleted until the
-        new CURRENT is.
-        """
-        return (self._rotate, self._write_snapshot, self._publish, self._delete_covered)
-
-    def _rotate(self, seq: int) -> None:
-        """Seal the active segment (trimmed, fsynced) and start wal-<seq+1>."""
-        if not self._active.empty:
-            # Trimmed before the next segment exists: only the newest segment
-            # may end in zeros (SPEC §5).
-            self._active.seal()
-            self._active.close()
-            self._sealed.append(self._active.filename)
-            self._sealed_bytes += self._active.size
-            self._active = ActiveSegment(self._fs, self._dir, seq + 1, 0,
-                                         self._preallocate_bytes, new=True)
-            self._fs.fsync_directory(self._dir)
-        self._call_hook("wal.after_rotate")
-
-    def _write_snapshot(self, seq: int) -> None:
-        """Write and fsync snapshot-<seq>.snap; CURRENT still names the old one."""
-        assert self._state.last_seq == seq
-        write_snapshot(self._fs, self._dir, self._state)
-        self._call_hook("snapshot.after_write")
-
-    def _publish(self, seq: int) -> None:
-        """CURRENT.tmp, fsync, rename over CURRENT, fsync the directory."""
-        fs, directory = self._fs, self._dir
-        fd = fs.create(directory, CURRENT_TMP)  # a crash may have left one: a new file
-        try:
-            fs.write(fd, current_frame(seq))
-            fs.fsync(fd)
-        finally:
-            fs.close(fd)
-        self._call_hook("current.after_write")
-        fs.rename(directory, CURRENT_TMP, CURRENT)
-        fs.fsync_directory(directory)
-        self._previous_snapshot_file = self._snapshot_file
-        self._snapshot_file, self._snapshot_seq = snapshot_name(seq), seq
-        self._call_hook("current.after_publish")
-
-    def _delete_covered(self, seq: int) -> None:
-        """Delete the sealed segments and the previous snapshot, fsync the directory."""
-        fs, directory = self._fs, self._dir
-        for name in self._sealed:
-            fs.unlink(directory, name)
-        self._sealed, self._sealed_bytes = [], 0
-        previous = self._previous_snapshot_file
-        if previous is not None and previous != snapshot_name(seq):
-            fs.unlink(directory, previous)
-        fs.fsync_directory(directory)
-        self._call_hook("compact.after_delete")
+        """The files a consistent copy needs, as of the last seq, made durable first
+        (walqueue.backup.copy_manifest copies them; see Engine.backup_manifest)."""
+        return self.engine.backup_manifest()
 
     def close(self) -> None:
         """Make anything written durable and release the directory. Idempotent."""
-        if self._closed:
-            return
-        try:
-            if self._active.has_zero_tail:
-                self._active.trim()  # a cleanly closed directory holds only frames
-            elif self._active.unsynced:
-                self._active.sync()  # only inside a batch; no hook at close
-        finally:
-            self._closed = True
-            self._release()
+        self.engine.close()
 
     def __enter__(self) -> Queue:
-        self._check_open()
+        self.engine.check_open()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        # Discarding a Queue releases the directory as a dead process would.
-        if getattr(self, "_lock_fd", None) is not None:
-            self._closed = True
-            self._release()
-
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"seq {self._state.last_seq}"
-        return f"<Queue {self._directory!r} {state}>"
-
-    # -- internals ------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise QueueClosed(f"the Queue on {self._directory} is closed; open a new one")
-
-    def _next_seq(self) -> int:
-        return self._state.last_seq + 1
-
-    def _append(self, record: dict) -> None:
-        """Check, write and apply one record. Must run inside a batch."""
-        change = self._state.check(record)
-        frame = encode_frame(record)
-        hook = self._hook
-        try:
-            if hook is not None:
-                hook("wal.before_write")
-            self._active.append(frame)
-            if hook is not None:
-                hook("wal.after_write")
-        except BaseException:
-            self._die()
-            raise
-        self._state.commit(change, len(frame) - FRAME_OVERHEAD_BYTES)
-
-    def _sync(self) -> None:
-        if not self._active.unsynced:
-            return
-        try:
-            self._active.sync()
-            self._call_hook("wal.after_sync")
-        except BaseException:
-            self._die()
-            raise
-
-    def _call_hook(self, phase: str) -> None:
-        if self._hook is not None:
-            self._hook(phase)
-
-    def _die(self) -> None:
-        self._closed = True
-        self._release()
-
-    def _release(self) -> None:
-        """Close every file, then the lock: no fsync, as at process death."""
-        active, self._active = self._active, None
-        if active is not None:
-            active.close()
-        directory, self._dir = getattr(self, "_dir", None), None
-        if directory is not None:
-            self._fs.close_directory(directory)
-        lock_fd, self._lock_fd = self._lock_fd, None
-        if lock_fd is not None:
-            os.close(lock_fd)
+        engine = self.engine
+        state = "closed" if engine.closed else f"seq {engine.stats().last_seq}"
+        return f"<Queue {engine.directory!r} {state}>"
 
 
-@dataclass(frozen=True)
-class Compaction:
-    """A compaction begun by `Queue.begin_compaction`: a snapshot through `seq`."""
-
-    seq: int
-    covered_segments: tuple[str, ...]   # sealed segments the snapshot makes redundant
-    covered_bytes: int                  # their size: the WAL bytes this compaction drops
-    snapshot_file: str
-    snapshot_growth: int = 0            # State.snapshot_growth at seq (Queue.snapshot_bytes_bound)
-
-
-class _Batch:
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
-
-    def __enter__(self) -> None:
-        self._queue._batch_depth += 1
-
-    def __exit__(self, *exc_info) -> None:
-        queue = self._queue
-        queue._batch_depth -= 1
-        if queue._batch_depth == 0 and not queue._closed:
-            queue._sync()
-
-
-def _take_lock(directory: Directory, path: str) -> int:
-    fd = open_lock(directory, LOCK)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise QueueLocked(f"{path} is in use by another Queue (its {LOCK} file is "
-                          f"locked); close that one first") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _put_request(task_id, payload, key, available_at, max_attempts, where: str, *, copy: bool = True,
-                 containers: validation.Containers | None = None) -> dict:
-    """A validated put request, shaped like a task of a put record.
-
-    Without ``copy`` a payload that is plain JSON already is kept as it is
-    (validation.plain_json); any other goes through the full check and copy.
-    Its objects and arrays count against ``containers``, the request's (a
-    put_many passes the same one for every item; None: a request of its own).
-    """
-    task_id = validation.name(task_id, f"{where}task_id")
-    available_at = validation.integer(available_at, f"{where}available_at")
-    key = task_id if key is None else validation.name(key, f"{where}key")
-    max_attempts = validation.integer(max_attempts, f"{where}max_attempts", minimum=1)
-    if containers is None:
-        containers = validation.Containers()
-    if not copy and (count := validation.plain_json(payload, containers.limit())):
-        containers.spend(count)
-    else:
-        payload = validation.payload(payload, f"{where}payload", containers)
-    return {"available_at": available_at, "key": key, "max_attempts": max_attempts, "payload": payload,
-            "task_id": task_id}
-
-
-def _put_request_of(item: Any, index: int, containers: validation.Containers | None = None) -> dict:
-    where = f"requests[{index}]."
-    if isinstance(item, PutRequest):
-        fields = {name: getattr(item, name) for name in _PUT_FIELDS}
-    elif isinstance(item, Mapping):
-        unknown = set(item) - set(_PUT_FIELDS)
-        if unknown:
-            raise validation.InvalidRequest(f"{where[:-1]} has unknown fields {sorted(map(str, unknown))}")
-        missing = {"task_id", "payload"} - set(item)
-        if missing:
-            raise validation.InvalidRequest(f"{where[:-1]} is missing {sorted(missing)}")
-        fields = {"key": None, "available_at": 0, "max_attempts": 3, **item}
-    else:
-        raise validation.InvalidRequest(
-            f"{where[:-1]} must be a PutRequest or a mapping, not {type(item).__name__}")
-    return _put_request(fields["task_id"], fields["payload"], fields["key"],
-                        fields["available_at"], fields["max_attempts"], where, containers=containers)
-
-
-def _lease_of(task: Task) -> Lease:
-    assert task.status == LEASED
-    return Lease(task.task_id, task.worker, task.generation, task.deadline, task.attempts,
-                 copy_json(task.payload))
-
-
-def _view_of(task: Task) -> TaskView:
-    return TaskView(task.task_id, task.key, task.status, task.attempts, task.max_attempts,
-                    task.generation, task.available_at, task.deadline, task.worker,
-                    copy_json(task.payload))
+def _identity_of(lease: Any) -> tuple[Any, Any, Any]:
+    """What names a lease (any object with these attributes; the Engine checks them)."""
+    return (getattr(lease, "task_id", None), getattr(lease, "worker", None),
+            getattr(lease, "generation", None))

@@ -14,13 +14,15 @@ The rules (docs/daemon.md, docs/postgres.md):
 1. Which calls. A lost answer leaves the outcome unknown, so a call is sent
    again only if sending it twice is the same as sending it once:
 
-   - the reads, ``get``, ``tasks``, ``stats`` and the daemon's
-     ``daemon_stats``: they change nothing;
+   - the reads, ``get``, ``tasks`` (and its pages), ``workers``, ``stats``
+     and the daemon's ``daemon_stats``: they change nothing;
    - ``put`` and ``put_many``: idempotent by key (an identical put writes
      nothing and answers the same id; ``delay=`` became an absolute
      ``available_at`` before the first attempt, so a retry carries the same
-     identity), and the daemon's ``pause``/``resume``, which set a state
-     rather than change one.
+     identity), the daemon's ``pause``/``resume``, which set a state
+     rather than change one, and ``cancel``: cancelling a completed task
+     does nothing, so a second cancel after a first that took effect is
+     harmless.
 
    Every other write is never sent again blindly. ``reserve`` (a lost answer
    would strand a lease until it expires, and a second one would lease
@@ -49,8 +51,9 @@ DEFAULT_RETRY_SECONDS = 10.0
 RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 # Rule 1, by API method name.
-READS = frozenset({"get", "tasks", "stats", "daemon_stats"})
-IDEMPOTENT_WRITES = frozenset({"put", "put_many", "pause", "resume"})
+READS = frozenset({"get", "tasks", "tasks_page", "workers", "stats", "daemon_stats"})
+# cancel: a second cancel of the task the first completed does nothing (SPEC §8b).
+IDEMPOTENT_WRITES = frozenset({"put", "put_many", "pause", "resume", "cancel"})
 NEVER_RETRIED = frozenset({"reserve", "ack", "ack_and_reserve", "release", "touch", "revive",
                            "force_release", "compact", "backup_begin", "backup_end"})
 # Rule 2: what a lost answer looks like.

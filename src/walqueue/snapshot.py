@@ -16,10 +16,13 @@ or the new one, never a mix.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import re
 import struct
-from itertools import islice
+from array import array
+from itertools import chain, islice
+from operator import le, lt
 
 from . import bulk
 from .codec import (
@@ -54,7 +57,7 @@ def _framing_bytes_bound() -> int:
             + len(encode_frame({"kind": "end", "task_count": largest})))
 
 
-# What a snapshot takes besides its entries, at most (Queue.snapshot_bytes_bound).
+# What a snapshot takes besides its entries, at most (Engine.snapshot_bytes_bound).
 FRAMING_BYTES_BOUND = _framing_bytes_bound()
 
 
@@ -287,12 +290,60 @@ def _load_plain_tombstones(state: State, data, offset: int, filename: str,
             break
         rows.append(row.groups())
         offset = body_end + DIGEST_BYTES
-    if not rows or state.load_plain_tombstones(rows):
+    if not rows or load_plain_tombstones(state, rows):
         return offset, len(rows), len(rows)
     # Some entry breaks a rule (and nothing was added): one at a time, to say which.
     loaded = sum(_load_entry(state, frame.value, filename, frame.offset, problems)
                  for frame in islice(scan_frames(data, filename, start=start), len(rows)))
     return offset, len(rows), loaded
+
+
+def load_plain_tombstones(state: State, rows: list[tuple[bytes, ...]]) -> bool:
+    """Add consecutive snapshot entries matched by tombstones.ENTRY to `state`, in bulk.
+
+    Each row is the match's groups, in ENTRY's order (attempts, available_at,
+    generation, identity, key, max_attempts, task_id). Returns False, having
+    added nothing, if any entry breaks a rule State.load_entry checks
+    (task_id order, a key used twice, counters out of range or impossible):
+    the caller then loads them one by one through load_entry, which says
+    which and why.
+    """
+    attempts, available_at, generation, identities, keys, max_attempts, task_ids = zip(*rows, strict=True)
+    try:
+        numbers = array("q", chain.from_iterable(zip(
+            map(int, attempts), map(int, max_attempts), map(int, generation),
+            map(int, available_at), strict=True)))
+    except OverflowError:
+        return False   # a number of 2**63 or more
+    if not _plain_tombstones_in_order_and_possible(state, task_ids, numbers):
+        return False
+    if keys != task_ids:
+        return _load_tombstones_one_by_one(state, rows, numbers)
+    if state.keys_besides_ids() and any(state.key_taken(task_id.decode()) for task_id in task_ids):
+        return False
+    state.load_tombstones(list(task_ids), binascii.unhexlify(b"".join(identities)), numbers)
+    return True
+
+
+def _plain_tombstones_in_order_and_possible(state: State, task_ids, numbers) -> bool:
+    """Ids ascending after the last one loaded; 1 <= attempts <= max_attempts, generation."""
+    attempts = numbers[0::4]
+    return (min(attempts) >= 1 and all(map(le, attempts, numbers[1::4]))
+            and all(map(le, attempts, numbers[2::4]))
+            and task_ids[0].decode() > state.last_loaded
+            and all(map(lt, task_ids, task_ids[1:])))
+
+
+def _load_tombstones_one_by_one(state: State, rows, numbers) -> bool:
+    """load_plain_tombstones for rows of which some have a key that is not their id."""
+    keys = [row[4].decode() for row in rows]
+    if len(set(keys)) != len(keys) or any(map(state.key_taken, keys)):
+        return False
+    for index, row in enumerate(rows):
+        attempts, max_attempts, generation, available_at = numbers[4 * index:4 * index + 4]
+        state.load_tombstone(row[6].decode(), keys[index], binascii.unhexlify(row[3]),
+                             attempts, max_attempts, generation, available_at)
+    return True
 
 
 def _frame_at(data, offset: int, filename: str) -> Frame:

@@ -4,7 +4,7 @@ walqueued checks the free space before it forks a snapshot child, so it
 needs the size of the snapshot it is about to write, cheaply and never too
 small. `State.commit` adds `growth(...)` of each record to
 `State.snapshot_growth`; a snapshot of the state then takes at most the size
-of one taken earlier plus the growth since (`Queue.snapshot_bytes_bound`).
+of one taken earlier plus the growth since (`Engine.snapshot_bytes_bound`).
 
 A snapshot entry is the canonical JSON of a task's eleven fields in a frame.
 What a record does to the entries it touches, and the bound counted:

@@ -17,16 +17,19 @@ the pure path), `SHA256` which SHA-256 code the extension uses.
 
 from __future__ import annotations
 
+import importlib
 import os
 
-from .tombstones import ENTRY
+from .plain_entry import ENTRY
 
 DISABLED = os.environ.get("WALQUEUE_NO_EXTENSIONS", "") == "1"
 
 speedups = None
 if not DISABLED:
     try:
-        from . import _speedups as speedups
+        # By name: `from . import _speedups` reads to import-linter as importing the
+        # package itself (the extension is no Python source), the whole library above.
+        speedups = importlib.import_module("walqueue._speedups")
     except ImportError:
         speedups = None
 
@@ -36,7 +39,7 @@ EXTENSION_FILE: str | None = getattr(speedups, "__file__", None)
 SHA256: str | None = getattr(speedups, "SHA256_IMPLEMENTATION", None)
 
 # The one `stop` pattern of codec.scan_frames the extension knows by heart
-# (_speedups.c: match_entry is tombstones.ENTRY written out by hand).
+# (_speedups.c: match_entry is plain_entry.ENTRY written out by hand).
 COMPILED_STOP = ENTRY
 SCAN_LIMIT, SCAN_END, SCAN_ENTRY, SCAN_DEFER = (
     (speedups.SCAN_LIMIT, speedups.SCAN_END, speedups.SCAN_ENTRY, speedups.SCAN_DEFER)

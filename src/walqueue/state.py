@@ -28,24 +28,9 @@ since), and the heaps are filtered when more than
 half of them is stale. Leasing one task among a million ready ones therefore
 costs O(log n).
 
-Two figures for monitoring (the daemon's metrics), kept without a clock:
-  - each task remembers `ready_seq`, the seq of the record that last made it
-    ready (put, release, expire, revive; 0 for a task loaded ready from a
-    snapshot: "ready since the snapshot at least"), and `_ready_fifo` holds
-    ready_seq, task_id, ready_seq, task_id, ... flat (16 bytes an entry, no
-    tuple) in seq order, stale entries dropped lazily like the heaps', so
-    the longest-waiting ready task is found in amortized O(1);
-  - each leased task remembers `lease_start`, the `now` of the reserve or
-    touch that set its deadline (None for a lease loaded from a snapshot,
-    whose format does not carry it). `_halves` is a heap of (lease_start +
-    deadline, task_id), twice each lease's middle, and `_past_half` the ids
-    of the leases found at or past their middle by the last count: a count
-    at a `now` no earlier than the last one moves only the leases that
-    reached their middle since, so a report costs amortized O(1), not
-    O(leases) (once 1,024 pipelined reports over 100k leases took one
-    39.8 s loop turn).
-Both are set by the records themselves, so recovery rebuilds them exactly as
-serving built them.
+Two figures for monitoring (the daemon's metrics) are kept by a
+`Monitoring` (walqueue.monitoring), told of each change as it is committed,
+so recovery rebuilds them exactly as serving built them.
 
 How big a snapshot of the state would be, without writing one (walqueued
 checks the free space before it compacts): `snapshot_growth` adds up, record
@@ -56,20 +41,19 @@ now takes at most the size of one taken earlier plus the growth since then.
 
 from __future__ import annotations
 
-import binascii
-import hashlib
 import heapq
 import re
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import chain, islice
-from operator import le, lt
+from itertools import islice
 from typing import Any
 
 from . import validation
 from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
+from .listing import LiveIndex
+from .monitoring import Monitoring
+from .puts import identity_of, plan_puts
 from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
@@ -97,13 +81,6 @@ _ENTRY_SHAPES = {
     COMPLETED: (_NONE, _NONE, type(None)),
     DEAD: (_NONE, _NONE, dict),
 }
-
-
-def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: int) -> str:
-    """The identity of a put request (SPEC §2), with its ORIGINAL available_at."""
-    request = {"available_at": available_at, "max_attempts": max_attempts,
-               "payload": payload, "task_id": task_id}
-    return hashlib.sha256(canonical_json(request)).hexdigest()
 
 
 class Task:
@@ -154,17 +131,12 @@ class State:
         self.tasks: dict[str, Task] = {}       # the live tasks: ready, leased, dead
         self.task_id_by_key: dict[str, str] = {}
         self.tombstones = TombstoneStore()     # the completed tasks
+        self.live_index = LiveIndex()          # live ids by status, sorted: pages (listing.py)
         self.counts = dict.fromkeys(validation.STATUSES, 0)
         self.last_seq = 0
         self._ready: list[tuple[int, str]] = []
         self._leases: list[tuple[int, str]] = []
-        # Monitoring only (see the header): ready episodes in seq order, and
-        # those found delayed when they reached the head, by available_at.
-        self._ready_fifo: deque[int | str] = deque()
-        self._delayed: list[tuple[int, int, str]] = []
-        self._halves: list[tuple[int, str]] = []
-        self._past_half: set[str] = set()
-        self._half_cursor = -1  # 2 * the `now` of the last count of leases past half
+        self.monitoring = Monitoring()         # the daemon's figures (see the header)
         self._last_loaded = ""  # the task id of the last snapshot entry loaded
         # An upper bound on what the records committed so far added to the
         # snapshot's size (see the header); a snapshot loaded adds nothing.
@@ -203,108 +175,14 @@ class State:
         return self._peek_time(self._leases, LEASED, "deadline")
 
     def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
-        """The earliest time since which a ready task has been due, or None if none is due at `now`.
-
-        A ready task has been due since max(available_at, seq_time(ready_seq)):
-        it became ready at seq ready_seq, and could be leased from its
-        available_at on. `seq_time` maps a seq to a time no later than the
-        one at which it was written (the caller's clock; this module has
-        none), must not decrease as the seq grows, and must be the same
-        map from call to call (it may only lower old times, as the daemon's
-        SeqClock does when it thins samples). Amortized O(1): each
-        ready episode leaves the FIFO once, either as stale or to the
-        `_delayed` heap when it was delayed (available_at later than it
-        became ready); the FIFO head is then the longest-waiting immediate
-        task and the heap head the delayed task due first.
-        """
-        tasks, fifo, delayed = self.tasks, self._ready_fifo, self._delayed
-        oldest = None
-        while fifo:
-            seq, task_id = fifo[0], fifo[1]
-            task = tasks.get(task_id)
-            if task is None or task.status != READY or task.ready_seq != seq:
-                fifo.popleft()
-                fifo.popleft()
-                continue
-            became_ready = seq_time(seq)
-            if task.available_at > became_ready:
-                fifo.popleft()
-                fifo.popleft()
-                heapq.heappush(delayed, (task.available_at, seq, task_id))
-                continue
-            oldest = became_ready
-            break
-        while delayed:
-            available_at, seq, task_id = delayed[0]
-            task = tasks.get(task_id)
-            if task is None or task.status != READY or task.ready_seq != seq:
-                heapq.heappop(delayed)
-                continue
-            if available_at <= now and (oldest is None or available_at < oldest):
-                oldest = available_at
-            break
-        if len(delayed) > 2 * self.counts[READY] + 1024:
-            delayed[:] = [entry for entry in delayed
-                          if _is_ready_since(tasks.get(entry[2]), entry[1])]
-            heapq.heapify(delayed)
-        return oldest
+        """The earliest time since which a ready task has been due, or None if none is due at
+        `now` (Monitoring.ready_due_since says how `seq_time` must behave)."""
+        return self.monitoring.ready_due_since(self.tasks, self.counts[READY], now, seq_time)
 
     def leases_past_half(self, now: int) -> int:
-        """How many leased tasks are at or past the middle of their lease at `now`.
-
-        The middle is halfway from lease_start (the reserve's or the last
-        touch's now) to the deadline; leases whose deadline has passed but
-        that no reserve has reaped yet count too. Leases loaded from a
-        snapshot have no known start and are not counted until touched.
-        Amortized O(1) while `now` does not go back (the daemon's never
-        does): each lease joins `_past_half` once, when `_halves` reaches it.
-        A `now` earlier than the last one's is counted by a walk over every
-        lease, O(leased tasks).
-        """
-        twice_now = 2 * now
-        if twice_now < self._half_cursor:
-            return self._count_past_half(now)
-        tasks, halves, past_half = self.tasks, self._halves, self._past_half
-        while halves and halves[0][0] <= twice_now:
-            twice_middle, task_id = heapq.heappop(halves)
-            task = tasks.get(task_id)
-            if (task is not None and task.status == LEASED and task.lease_start is not None
-                    and task.lease_start + task.deadline == twice_middle):
-                past_half.add(task_id)  # a duplicate entry of the same lease adds nothing
-        self._half_cursor = twice_now
-        return len(past_half)
-
-    def _count_past_half(self, now: int) -> int:
-        """leases_past_half by a walk over every lease."""
-        tasks = self.tasks
-        seen: set[str] = set()
-        count = 0
-        for deadline, task_id in self._leases:
-            task = tasks.get(task_id)
-            if task is None or task.status != LEASED or task.deadline != deadline or task_id in seen:
-                continue
-            seen.add(task_id)
-            if task.lease_start is not None and 2 * now >= task.lease_start + deadline:
-                count += 1
-        return count
-
-    def _lease_started(self, task: Task) -> None:
-        """A reserve or touch gave `task` a lease with a known start: its middle joins `_halves`."""
-        self._past_half.discard(task.task_id)
-        heapq.heappush(self._halves, (task.lease_start + task.deadline, task.task_id))
-
-    def _tidy_halves(self) -> None:
-        """Drop stale `_halves` entries once they outnumber the live leases (O(entries), amortized)."""
-        halves = self._halves
-        if len(halves) <= 2 * self.counts[LEASED] + 1024:
-            return
-        tasks, past_half = self.tasks, self._past_half
-        live = {(twice_middle, task_id) for twice_middle, task_id in halves
-                if (task := tasks.get(task_id)) is not None and task.status == LEASED
-                and task.lease_start is not None and task.lease_start + task.deadline == twice_middle
-                and task_id not in past_half}
-        halves[:] = live
-        heapq.heapify(halves)
+        """How many leased tasks are at or past the middle of their lease at `now`
+        (Monitoring.leases_past_half)."""
+        return self.monitoring.leases_past_half(self.tasks, self._leases, now)
 
     def _peek(self, heap, status, attribute, now, limit) -> list[str]:
         tasks = self.tasks
@@ -336,48 +214,8 @@ class State:
         return None
 
     def plan_put(self, requests: list[dict]) -> tuple[list[str], list[dict]]:
-        """Resolve validated put requests against the store (SPEC §2).
-
-        Returns the task id for each request and the tasks that are new, in
-        request order. Identical retries (same key, same identity) resolve
-        to the existing task; raises KeyConflict for any other collision.
-        """
-        ids: list[str] = []
-        new: list[dict] = []
-        new_by_key: dict[str, tuple[dict, str | None]] = {}
-        new_ids: set[str] = set()
-        for request in requests:
-            key = request["key"]
-            owner = self._owner_of_key(key)
-            if owner is not None:
-                existing_id, existing_identity = owner
-                if _identity_of_request(request) != existing_identity:
-                    raise KeyConflict(
-                        f"key {key!r} is already used by task {existing_id!r} "
-                        f"with a different request")
-                ids.append(existing_id)
-                continue
-            if key in new_by_key:
-                earlier, identity = new_by_key[key]
-                if identity is None:
-                    identity = _identity_of_request(earlier)
-                    new_by_key[key] = (earlier, identity)
-                if _identity_of_request(request) != identity:
-                    raise KeyConflict(f"key {key!r} appears twice in the batch with different requests")
-                ids.append(earlier["task_id"])
-                continue
-            task_id = request["task_id"]
-            existing = self.get(task_id)
-            if existing is not None:
-                raise KeyConflict(f"task id {task_id!r} is already used "
-                                  f"(under key {existing.key!r})")
-            if task_id in new_ids:
-                raise KeyConflict(f"task id {task_id!r} appears twice in the batch under different keys")
-            new_by_key[key] = (request, None)
-            new_ids.add(task_id)
-            new.append(request)
-            ids.append(task_id)
-        return ids, new
+        """puts.plan_puts (SPEC §2: ids per request, the new tasks) against this state's tasks."""
+        return plan_puts(requests, owner_of_key=self._owner_of_key, key_of_task=self._key_of_task)
 
     def _owner_of_key(self, key: str) -> tuple[str, str] | None:
         """(task id, identity) of the task that holds `key`, or None."""
@@ -389,6 +227,10 @@ class State:
         if tombstone is not None:
             return tombstone.task_id, tombstone.identity.hex()
         return None
+
+    def _key_of_task(self, task_id: str) -> str | None:
+        task = self.get(task_id)
+        return None if task is None else task.key
 
     def _key_taken(self, key: str) -> bool:
         return key in self.task_id_by_key or self.tombstones.has_key(key)
@@ -457,7 +299,7 @@ class State:
 
     def _commit_put(self, record, tasks):
         seq = record["seq"]
-        fifo = self._ready_fifo
+        became_ready = self.monitoring.became_ready
         for fields in tasks:
             task_id, payload = fields["task_id"], fields["payload"]
             available_at, max_attempts = fields["available_at"], fields["max_attempts"]
@@ -465,10 +307,10 @@ class State:
                         READY, 0, max_attempts, 0, available_at, None, None, payload, seq)
             self.tasks[task_id] = task
             self.task_id_by_key[task.key] = task_id
+            self.live_index.ready.add(task_id)
             self.counts[READY] += 1
             heapq.heappush(self._ready, (available_at, task_id))
-            fifo.append(seq)
-            fifo.append(task_id)
+            became_ready(seq, task_id)
         self._tidy(self._ready, READY)
 
     def _check_expire(self, record):
@@ -498,20 +340,22 @@ class State:
         now = record["now"]
         deadline = now + record["lease_seconds"]
         worker = record["worker"]
-        counts = self.counts
+        counts, index = self.counts, self.live_index
         for task in targets:
             task.status = LEASED
+            index.ready.discard(task.task_id)
+            index.leased.add(task.task_id)
             task.attempts += 1
             task.generation += 1
             task.worker = worker
             task.deadline = deadline
             task.lease_start = now
             heapq.heappush(self._leases, (deadline, task.task_id))
-            self._lease_started(task)
+            self.monitoring.lease_started(task)
         counts[READY] -= len(targets)
         counts[LEASED] += len(targets)
         self._tidy(self._leases, LEASED)
-        self._tidy_halves()
+        self.monitoring.tidy_halves(self.tasks, counts[LEASED])
 
     def _check_ack(self, record):
         return ("ack", record, [self._current_lease(record)])
@@ -521,9 +365,10 @@ class State:
         # The task leaves the live tasks for the tombstones: stale heap and
         # FIFO entries for it find no live task and are dropped.
         identity = bytes.fromhex(task.pin_identity())
-        self._past_half.discard(task.task_id)
+        self.monitoring.lease_ended(task.task_id)
         del self.tasks[task.task_id]
         del self.task_id_by_key[task.key]
+        self.live_index.leased.discard(task.task_id)
         self.tombstones.add(task.task_id, task.key, identity, task.attempts, task.max_attempts,
                             task.generation, task.available_at)
         self.counts[LEASED] -= 1
@@ -553,9 +398,9 @@ class State:
         task.deadline = record["now"] + record["lease_seconds"]
         task.lease_start = record["now"]
         heapq.heappush(self._leases, (task.deadline, task.task_id))
-        self._lease_started(task)
+        self.monitoring.lease_started(task)
         self._tidy(self._leases, LEASED)
-        self._tidy_halves()
+        self.monitoring.tidy_halves(self.tasks, self.counts[LEASED])
 
     def _check_revive(self, record):
         validation.integer(record["now"], "now")
@@ -570,12 +415,12 @@ class State:
         for task in targets:
             task.pin_identity()  # already pinned when it died; kept for the invariant
             task.status = READY
+            self.live_index.move(task.task_id, DEAD, READY)
             task.attempts = 0
             task.available_at = now
             task.ready_seq = seq
             heapq.heappush(self._ready, (now, task.task_id))
-            self._ready_fifo.append(seq)
-            self._ready_fifo.append(task.task_id)
+            self.monitoring.became_ready(seq, task.task_id)
         self.counts[DEAD] -= len(targets)
         self.counts[READY] += len(targets)
         self._tidy(self._ready, READY)
@@ -637,7 +482,7 @@ class State:
         """Leased -> ready (at `seq`), or dead once attempts reach max_attempts."""
         task.worker = None
         task.deadline = None
-        self._past_half.discard(task.task_id)
+        self.monitoring.lease_ended(task.task_id)
         self.counts[LEASED] -= 1
         if task.attempts >= task.max_attempts:
             task.status = DEAD
@@ -645,22 +490,14 @@ class State:
             task.status = READY
             task.ready_seq = seq
             heapq.heappush(self._ready, (task.available_at, task.task_id))
-            self._ready_fifo.append(seq)
-            self._ready_fifo.append(task.task_id)
+            self.monitoring.became_ready(seq, task.task_id)
+        self.live_index.move(task.task_id, LEASED, task.status)
         self.counts[task.status] += 1
 
     def _tidy(self, heap: list, status: str) -> None:
         """Drop stale heap entries once they outnumber the live ones."""
-        if status == READY and len(self._ready_fifo) > 4 * self.counts[READY] + 2048:
-            tasks, fifo = self.tasks, self._ready_fifo
-            kept: deque[int | str] = deque()
-            entries = iter(fifo)
-            for seq in entries:
-                task_id = next(entries)
-                if _is_ready_since(tasks.get(task_id), seq):
-                    kept.append(seq)
-                    kept.append(task_id)
-            self._ready_fifo = kept
+        if status == READY:
+            self.monitoring.tidy_ready(self.tasks, self.counts[READY])
         if len(heap) <= 2 * self.counts[status] + 1024:
             return
         attribute = "available_at" if status == READY else "deadline"
@@ -746,61 +583,43 @@ class State:
         self.tasks[task_id] = Task(task_id, key, identity, status, attempts, max_attempts,
                                    generation, available_at, deadline, worker, payload)
         self.task_id_by_key[key] = task_id
+        self.live_index.by_status[status].add(task_id)
         self.counts[status] += 1
         if status == READY:
             self._ready.append((available_at, task_id))
-            self._ready_fifo.append(0)  # ready_seq 0: since the snapshot at least
-            self._ready_fifo.append(task_id)
+            self.monitoring.became_ready(0, task_id)  # ready_seq 0: since the snapshot at least
         elif status == LEASED:
             self._leases.append((deadline, task_id))
 
-    def load_plain_tombstones(self, rows: list[tuple[bytes, ...]]) -> bool:
-        """Add consecutive snapshot entries matched by tombstones.ENTRY, in bulk.
+    # The snapshot reader's fast path for completed entries (snapshot.load_plain_tombstones)
+    # checks them in bulk, then adds them through these.
 
-        Each row is the match's groups. Returns False, having added nothing,
-        if any entry breaks a rule load_entry checks (task_id order, a key
-        used twice, counters out of range or impossible): the caller then
-        loads them one by one through load_entry, which says which and why.
-        """
-        attempts, available_at, generation, identities, keys, max_attempts, task_ids = zip(*rows, strict=True)
-        try:
-            numbers = array("q", chain.from_iterable(zip(
-                map(int, attempts), map(int, max_attempts), map(int, generation),
-                map(int, available_at), strict=True)))
-        except OverflowError:
-            return False   # a number of 2**63 or more
-        if not self._plain_tombstones_in_order_and_possible(task_ids, numbers):
-            return False
-        if keys != task_ids:
-            return self._load_tombstones_one_by_one(rows, numbers)
-        if (self.task_id_by_key or self.tombstones.has_other_keys()) and any(
-                self._key_taken(task_id.decode()) for task_id in task_ids):
-            return False
-        self.tombstones.extend(list(task_ids), binascii.unhexlify(b"".join(identities)), numbers)
-        self.counts[COMPLETED] += len(rows)
+    @property
+    def last_loaded(self) -> str:
+        """The task id of the last snapshot entry loaded ("" before the first)."""
+        return self._last_loaded
+
+    def key_taken(self, key: str) -> bool:
+        """True if a task (live or completed) holds `key`."""
+        return self._key_taken(key)
+
+    def keys_besides_ids(self) -> bool:
+        """True if some key held is not its task's id (every live task's key counts)."""
+        return bool(self.task_id_by_key) or self.tombstones.has_other_keys()
+
+    def load_tombstones(self, task_ids: list[bytes], identities: bytes, numbers: array) -> None:
+        """Add completed entries keyed by their ids, checked already: ids (UTF-8) ascending after
+        `last_loaded`, free; 32 bytes of `identities` each; `numbers` their four numbers."""
+        self.tombstones.extend(task_ids, identities, numbers)
+        self.counts[COMPLETED] += len(task_ids)
         self._last_loaded = task_ids[-1].decode()
-        return True
 
-    def _plain_tombstones_in_order_and_possible(self, task_ids, numbers) -> bool:
-        """Ids ascending after the last one loaded; 1 <= attempts <= max_attempts, generation."""
-        attempts = numbers[0::4]
-        return (min(attempts) >= 1 and all(map(le, attempts, numbers[1::4]))
-                and all(map(le, attempts, numbers[2::4]))
-                and task_ids[0].decode() > self._last_loaded
-                and all(map(lt, task_ids, task_ids[1:])))
-
-    def _load_tombstones_one_by_one(self, rows, numbers) -> bool:
-        """load_plain_tombstones for rows of which some have a key that is not their id."""
-        keys = [row[4].decode() for row in rows]
-        if len(set(keys)) != len(keys) or any(map(self._key_taken, keys)):
-            return False
-        for index, row in enumerate(rows):
-            attempts, max_attempts, generation, available_at = numbers[4 * index:4 * index + 4]
-            self.tombstones.add(row[6].decode(), keys[index], binascii.unhexlify(row[3]),
-                                attempts, max_attempts, generation, available_at)
-        self.counts[COMPLETED] += len(rows)
-        self._last_loaded = rows[-1][6].decode()
-        return True
+    def load_tombstone(self, task_id: str, key: str, identity: bytes, attempts: int,
+                       max_attempts: int, generation: int, available_at: int) -> None:
+        """Add one completed snapshot entry, checked already (as for load_tombstones)."""
+        self.tombstones.add(task_id, key, identity, attempts, max_attempts, generation, available_at)
+        self.counts[COMPLETED] += 1
+        self._last_loaded = task_id
 
     def finish_loading(self, seq: int) -> None:
         """Called after the last snapshot entry: heapify and set the seq."""
@@ -832,10 +651,3 @@ def _task_of(tombstone: Tombstone) -> Task:
                 tombstone.available_at, None, None, None)
 
 
-def _is_ready_since(task: Task | None, seq: int) -> bool:
-    return task is not None and task.status == READY and task.ready_seq == seq
-
-
-def _identity_of_request(request: dict) -> str:
-    return identity_of(request["task_id"], request["payload"], request["available_at"],
-                       request["max_attempts"])

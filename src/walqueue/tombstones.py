@@ -70,6 +70,8 @@ from itertools import accumulate, repeat
 from operator import and_
 from typing import NamedTuple
 
+from .plain_entry import ENTRY as ENTRY  # re-exported: snapshot reads it from here
+
 BLOCK_TOMBSTONES = 512
 IDENTITY_BYTES = 32
 NUMBERS = 4  # attempts, max_attempts, generation, available_at
@@ -89,20 +91,11 @@ class Tombstone(NamedTuple):
 
 # -- snapshot entries -------------------------------------------------------------
 #
-# A tombstone's snapshot entry (SPEC §4) in canonical JSON is this fixed shape.
-# `ENTRY` matches exactly the canonical entries whose id and key are printable
-# ASCII without a quote or backslash (so they need no escape) and whose numbers
-# have the canonical form; the groups are attempts, available_at, generation,
-# identity (hex), key, max_attempts, task_id. Any other entry is left to the
-# JSON reader. The numbers' range and relations are the caller's to check.
+# A tombstone's snapshot entry (SPEC §4) in canonical JSON is a fixed shape:
+# written here from the packed columns (`_ENTRY_TEMPLATE`), matched when read
+# back by plain_entry.ENTRY (re-exported here; a module of its own so the
+# frame codec's compiled path can name it too).
 
-_INTEGER = rb"(0|[1-9][0-9]{0,18})"
-_PLAIN_NAME = rb'"([ !#-\[\]-~]{1,1024})"'
-ENTRY = re.compile(
-    rb'\{"attempts":' + _INTEGER + rb',"available_at":' + _INTEGER + rb',"deadline":null,'
-    rb'"generation":' + _INTEGER + rb',"identity":"([0-9a-f]{64})","key":' + _PLAIN_NAME
-    + rb',"max_attempts":' + _INTEGER + rb',"payload":null,"status":"completed",'
-    rb'"task_id":' + _PLAIN_NAME + rb',"worker":null\}')
 _ENTRY_TEMPLATE = (b'{"attempts":%d,"available_at":%d,"deadline":null,"generation":%d,'
                    b'"identity":"%s","key":%s,"max_attempts":%d,"payload":null,'
                    b'"status":"completed","task_id":%s,"worker":null}')
@@ -454,6 +447,30 @@ class TombstoneStore:
         index.firsts.append(block.name(0))
         index.count += count
         index.last = block.name(count - 1)
+
+    def after(self, name: bytes | None) -> Iterator[tuple[bytes, Tombstone]]:
+        """(task id as UTF-8, Tombstone) of the ids greater than `name` (all for None), in order.
+
+        A page's walk (walqueue.listing): it starts by bisection, so a page of
+        k costs O(log n + k + BLOCK_TOMBSTONES), never O(n). It reads the
+        store as it is: take what you need before the next `add`.
+        """
+        index = self._by_id
+        blocks = index.blocks
+        if name is None:
+            position, rank = 0, 0
+        else:
+            position = max(bisect_right(index.firsts, name) - 1, 0)
+            if not blocks:
+                return
+            rank, found = blocks[position].search(name)
+            if found >= 0:
+                rank += 1
+        for block in blocks[position:]:
+            arrivals = block.arrival_indexes()
+            for arrival in arrivals[rank:]:
+                yield block.name(arrival), _tombstone(block, arrival)
+            rank = 0
 
     def frozen(self) -> _Frozen:
         """The tombstones there are now, to walk in task id order while more are added."""

@@ -8,11 +8,12 @@ well-formed, so a value the API would refuse can never be replayed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from itertools import compress
 from typing import Any
 
 from .errors import InvalidRequest
+from .values import PutRequest
 
 MAX_NAME_BYTES = 1024
 MAX_INT = 2**63 - 1          # every integer parameter is 0 <= n < 2**63
@@ -256,3 +257,62 @@ def status(value: Any, field: str = "status") -> str | None:
 
 
 STATUSES = ("ready", "leased", "completed", "dead")
+
+
+# -- a put request (SPEC §1 put / put_many) -------------------------------------------------
+
+PUT_FIELDS = ("task_id", "payload", "key", "available_at", "max_attempts")
+_checked_payload = payload  # put_request's parameter of that name hides the function
+
+
+def put_request(task_id: Any, payload: Any, key: Any = None, available_at: Any = 0,
+                max_attempts: Any = 3, *, where: str = "", copy: bool = True,
+                containers: Containers | None = None) -> dict:
+    """A validated put request, shaped like a task of a put record (the one check of a put).
+
+    ``where`` prefixes the field names in errors (``requests[2].``). Without
+    ``copy`` a payload that is plain JSON already is kept as it is
+    (plain_json): for a caller that hands the payload over (walqueued's,
+    freshly decoded); any other goes through the full check and copy. Its
+    objects and arrays count against ``containers``, the request's (a
+    put_many passes the same one for every item; None: a request of its own).
+    """
+    task_id = name(task_id, f"{where}task_id")
+    available_at = integer(available_at, f"{where}available_at")
+    key = task_id if key is None else name(key, f"{where}key")
+    max_attempts = integer(max_attempts, f"{where}max_attempts", minimum=1)
+    if containers is None:
+        containers = Containers()
+    if not copy and (count := plain_json(payload, containers.limit())):
+        containers.spend(count)
+    else:
+        payload = _checked_payload(payload, f"{where}payload", containers)
+    return {"available_at": available_at, "key": key, "max_attempts": max_attempts, "payload": payload,
+            "task_id": task_id}
+
+
+def put_request_of(item: Any, index: int, containers: Containers | None = None) -> dict:
+    """put_request of item ``index`` of a put_many: a PutRequest or a mapping of its field names."""
+    where = f"requests[{index}]."
+    if isinstance(item, PutRequest):
+        fields = {field: getattr(item, field) for field in PUT_FIELDS}
+    elif isinstance(item, Mapping):
+        unknown = set(item) - set(PUT_FIELDS)
+        if unknown:
+            raise InvalidRequest(f"{where[:-1]} has unknown fields {sorted(map(str, unknown))}")
+        missing = {"task_id", "payload"} - set(item)
+        if missing:
+            raise InvalidRequest(f"{where[:-1]} is missing {sorted(missing)}")
+        fields = {"key": None, "available_at": 0, "max_attempts": 3, **item}
+    else:
+        raise InvalidRequest(f"{where[:-1]} must be a PutRequest or a mapping, not {type(item).__name__}")
+    return put_request(fields["task_id"], fields["payload"], fields["key"], fields["available_at"],
+                       fields["max_attempts"], where=where, containers=containers)
+
+
+def put_requests(requests: Any) -> list[dict]:
+    """put_request_of every item of a put_many's list, sharing one container budget."""
+    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
+        raise InvalidRequest("requests must be a list of PutRequest or mappings")
+    containers = Containers()
+    return [put_request_of(item, index, containers) for index, item in enumerate(requests)]

@@ -55,6 +55,17 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class WorkerView:
+    """One worker name as `workers()` sees it (SPEC §8b): the leases it holds now, and
+    whether a connection open now used the name (always False where there are no
+    connections to see: the library, PostgreSQL)."""
+
+    worker: str
+    leases: int
+    connected: bool
+
+
+@dataclass(frozen=True)
 class BackupManifest:
     """The files of a consistent copy of a queue directory as of `seq`.
 

@@ -55,6 +55,7 @@ import pytest
 
 from tests.unit.frames import read_dir, wal_records
 from walqueue import Queue, validation
+from walqueue.engine import Engine
 
 BOUND_SECONDS = 30.0  # the longest any call, start or stop here may take
 # A clock the test moves ends no select timeout, as real time would: the daemon's loop wakes
@@ -164,7 +165,7 @@ class InProcessDaemon:
         self.clock = SettableClock()
         with contextlib.ExitStack() as undo:  # what was made so far, should a step fail
             undo.callback(shutil.rmtree, self.base, ignore_errors=True)
-            queue = undo.enter_context(Queue(self.directory))
+            queue = undo.enter_context(Engine(self.directory))
             listener = undo.enter_context(bind_listener(self.socket_path, 0o600))
             self.loop = Loop(str(self.directory), queue, listener, socket_path=self.socket_path,
                              compact_wal_bytes=NEVER_COMPACT_BYTES, max_connections=16, hook=None,
@@ -199,7 +200,7 @@ class InProcessDaemon:
     def stop(self) -> None:
         self.loop.stopping = True
         with contextlib.suppress(OSError):
-            self.loop._wake_write.send(b"\0")  # what a signal would do: end the turn's select now
+            self.loop._wakeup.wake()  # what a signal would do: end the turn's select now
         self._thread.join(BOUND_SECONDS)
         try:
             if self._thread.is_alive():
@@ -294,8 +295,15 @@ class Face:
     def get(self, task_id):
         return self._call("get", task_id)
 
-    def tasks(self, status=None):
-        return self._call("tasks", status)
+    def tasks(self, status=None, **page):
+        return self._call("tasks", status, **page)
+
+    # SPEC §8b's calls (tests/unit/test_semantics_steer.py).
+    def cancel(self, task_id, *, now):
+        return self._call_at(now, "cancel", task_id)
+
+    def workers(self):
+        return self._call("workers")
 
     def stats(self):
         return self._call("stats")

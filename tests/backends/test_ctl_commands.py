@@ -40,12 +40,14 @@ def scenario(workdir: Path, directory: Path) -> list[tuple[str, ...]]:
         ("next",),
         ("stats",),
         ("reserve", "w", "--limit", "3"),  # a, b and c, each at generation 1
+        ("workers",),
         ("touch", "a", "--worker", "w", "--generation", "1", "--lease-seconds", "60"),
         ("ack", "a", "--worker", "w", "--generation", "1"),
         ("release", "c", "--worker", "w", "--generation", "1"),  # dead: out of attempts
         ("dead",),
         ("revive", "c"),
         ("force-release", "b", "--yes"),
+        ("cancel", "b"),  # ready again: completed without running
         ("compact",),
         ("pause",),
         ("resume",),
@@ -96,7 +98,8 @@ def target(request):
 
 
 @pytest.mark.parametrize("command", [["get", "nosuch"], ["revive", "real", "nosuch"],
-                                     ["force-release", "real", "nosuch", "--yes"]])
+                                     ["force-release", "real", "nosuch", "--yes"],
+                                     ["cancel", "nosuch"]])
 def test_no_such_task_is_exit_7_on_every_command_and_backend(target, command):
     """Issue 23: `get nosuch` exited 7 and `revive nosuch` 2; force-release said 2 as well."""
     backend, options, _, _ = target

@@ -6,7 +6,7 @@ What it proves (through test_crash_matrix.py), for a queue built by
 1. An uninterrupted run of SCRIPT with a counting hook returns what the model
    returns, calls only the nine phases of SPEC §6, each frame bracketed by
    `wal.before_write` / `wal.after_write`, one `wal.after_sync` per writing
-   call (or per batch), the compaction phases in their documented order, and
+   call (or per batch; exactly one for a cancel's frames, SPEC §8b), the compaction phases in their documented order, and
    ends with exactly one snapshot and one segment on disk. At every hook call
    the directory is read from outside and must match SPEC §6's "bytes on disk
    at that moment" (frames in the file at `wal.after_write` — not in a buffer —
@@ -363,6 +363,9 @@ def check_phase_order(
         syncs = wal.count("wal.after_sync")
         if not batched and frames and not (1 <= syncs <= frames and wal[-1] == "wal.after_sync"):
             failures.append(f"{where}: expected one wal.after_sync at the end of the call")
+        if not batched and action.name == "cancel" and syncs != 1:
+            # SPEC §8b: a cancel's revive, reserve and ack are one batch: one fsync.
+            failures.append(f"{where}: a cancel's {frames} frames took {syncs} fsyncs, not one batch")
         if batched and syncs and index != max(next(g for g in BATCHES if index in g)):
             failures.append(f"{where}: wal.after_sync inside a batch before its exit")
     if batched:

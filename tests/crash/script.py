@@ -4,7 +4,8 @@ What it proves: nothing alone. It fixes one script that performs every kind of
 writing operation SPEC §4 knows — put, put_many (with an identical retry),
 reserve (plain, and with a reap that sends one lease back to ready and one to
 dead), touch, ack, release (to ready with a delay, and to dead), revive (with
-a duplicate id) — and two compactions, the second of which deletes the first
+a duplicate id), cancel (SPEC §8b: of a dead task, three frames, and of a due
+ready one, two) — and two compactions, the second of which deletes the first
 snapshot and the segments it covers. `ScriptModel` runs it on the reference
 model and records, per operation, the results, the frames written (so the
 matrix can name the exact state after any number of complete frames) and the
@@ -60,7 +61,11 @@ SCRIPT: tuple[Action, ...] = (
     Action("ack", {"lease": _lease("b", "w3", 3), "now": 42}),  # 12
     Action("compact"),  # 13: deletes snapshot 7's file and the segments it covered
     Action("put_many", {"requests": _requests(_put("f"), _put("g", key="kg"))}),  # 14
-    Action("reserve", {"worker": "w1", "now": 50, "lease_seconds": 5, "limit": 5}),  # 15
+    Action("reserve", {"worker": "w1", "now": 50, "lease_seconds": 5, "limit": 5}),  # 15: c, d, e, f, g
+    # 16: reaps the five (c and d, at max_attempts 1, -> dead; e, f, g -> ready at 55), leases e.
+    Action("reserve", {"worker": "w2", "now": 60, "lease_seconds": 5, "limit": 1}),
+    Action("cancel", {"task_id": "c", "now": 61}),  # 17: dead -> revive, reserve, ack
+    Action("cancel", {"task_id": "f", "now": 61}),  # 18: ready and due -> reserve, ack
 )
 
 # The batched variant: each group runs inside one `with q.batch():`.
@@ -71,6 +76,8 @@ BATCHES: tuple[tuple[int, ...], ...] = (
     (9, 10),
     (11, 12, 13),  # a compaction at the end of a batch
     (14, 15),
+    (16,),
+    (17, 18),  # two cancels in one batch: one fsync for their five frames
 )
 
 

@@ -57,19 +57,19 @@ PREALLOCATE_BYTES = 256
 FSYNC_SITES = [
     ("sync", "fsync"),                        # WAL append (and seal) fsync
     ("truncate", "fsync"),                    # torn tail cut at open
-    ("_rotate", "fsync_directory"),           # the new segment's name
+    ("rotate", "fsync_directory"),           # the new segment's name
     ("write_snapshot", "fsync"),              # the snapshot's bytes
-    ("_publish", "fsync"),                    # CURRENT.tmp's bytes
-    ("_publish", "fsync_directory"),          # the rename over CURRENT
-    ("_delete_covered", "fsync_directory"),   # the deletions after publishing
+    ("publish", "fsync"),                    # CURRENT.tmp's bytes
+    ("publish", "fsync_directory"),          # the rename over CURRENT
+    ("delete_covered", "fsync_directory"),   # the deletions after publishing
     ("_recover", "fsync_directory"),          # a segment created, or garbage deleted, at open
 ]
 # Removing these loses answered writes, or leaves a directory that does not open.
 # The other three only break the phase table: the truncation and the rename over
 # CURRENT are made durable by the next fsync of the same file or directory anyway,
 # and the deletions are redone by the next open.
-HARMFUL_END_TO_END = {("sync", "fsync"), ("_rotate", "fsync_directory"),
-                      ("write_snapshot", "fsync"), ("_publish", "fsync"),
+HARMFUL_END_TO_END = {("sync", "fsync"), ("rotate", "fsync_directory"),
+                      ("write_snapshot", "fsync"), ("publish", "fsync"),
                       ("_recover", "fsync_directory")}
 
 # With preallocation the WAL sync is an fdatasync, and the seal (and close)
@@ -140,11 +140,11 @@ class Script:
     def _compaction_in_steps(self):
         """walqueued's compaction: the snapshot written while more frames are appended."""
         q = self.queue
-        compaction = q.begin_compaction()
-        q.write_compaction_snapshot(compaction)  # the daemon's forked child does this
+        compaction = q.engine.begin_compaction()
+        q.engine.write_compaction_snapshot(compaction)  # the daemon's forked child does this
         q.put("h", {"n": 8})
         self.answered_seq = q.stats().last_seq
-        q.finish_compaction(compaction)
+        q.engine.finish_compaction(compaction)
 
     def _batch(self):
         with self.queue.batch():

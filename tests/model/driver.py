@@ -11,7 +11,8 @@ independent §4 reader). Payload copies are scribbled on after every boundary
 crossing, so aliasing shows up as a disagreement. The hook phases of every call
 are checked too: each frame bracketed by `wal.before_write`/`wal.after_write`,
 one `wal.after_sync` per writing call or per batch (at its exit, also on an
-exception; a nested batch joins), none for a call that writes nothing, and the
+exception; a nested batch joins; exactly one for a cancel's two or three frames,
+SPEC §8b), none for a call that writes nothing, and the
 five compaction phases in order. A `crash` action dies at a random hook call
 of a random writing call or batch, from whatever state the walk is in, and the
 reopened queue must hold exactly the frames that were complete.
@@ -357,12 +358,21 @@ class ActionGenerator:
     def get(self) -> Action:
         return Action("get", {"task_id": self.c.choice((*TASK_IDS, "no-such-task"), "id")})
 
+    def cancel(self) -> Action:
+        """SPEC §8b's cancel, mostly of a dead or ready task (some not due), sometimes of
+        a leased, completed or unknown one."""
+        model = self.driver.model
+        likely = [view.task_id for status in ("dead", "ready") for view in model.tasks(status)]
+        pool = likely + likely + [*TASK_IDS, "no-such-task"]
+        return Action("cancel", {"task_id": self.c.choice(pool, "cancel id"), "now": self.now()})
+
     def compact(self) -> Action:
         return Action("compact")
 
     def single(self) -> Action:
         kind = self.c.choice(
-            ("put", "reserve", "ack", "release", "touch", "put_many", "revive", "get", "compact"),
+            ("put", "reserve", "ack", "release", "touch", "put_many", "revive", "get", "compact",
+             "cancel"),
             "action",
         )
         return self.by_name(kind)
@@ -385,7 +395,8 @@ class ActionGenerator:
 
     def crash(self) -> Action:
         """A writing action (or a batch of them) that dies at one of its next hook calls."""
-        writing = ("put", "put_many", "reserve", "ack", "release", "touch", "revive", "compact")
+        writing = ("put", "put_many", "reserve", "ack", "release", "touch", "revive", "compact",
+                   "cancel")
         if self.c.integer(0, 2, "crash inside a batch?") == 2:
             inner = [
                 self.by_name(self.c.choice(writing, "action"))
@@ -404,6 +415,7 @@ class ActionGenerator:
                 + ("reserve",) * 5
                 + ("ack", "release", "touch") * 2
                 + ("revive",) * 2
+                + ("cancel",) * 2
                 + ("get", "compact", "reopen")
                 + ("batch",) * 2
                 + ("crash",) * 2
@@ -489,6 +501,8 @@ def call_real(queue: Any, action: Action) -> Any:
         return result
     if name == "revive":
         return queue.revive(list(args["task_ids"]), now=args["now"])
+    if name == "cancel":
+        return queue.cancel(args["task_id"], now=args["now"])
     if name == "get":
         view = queue.get(args["task_id"])
         if view is None:
@@ -524,6 +538,8 @@ def call_model(model: ReferenceQueue, action: Action) -> Any:
         return getattr(model, name)(args["lease"], **options)
     if name == "revive":
         return model.revive(list(args["task_ids"]), now=args["now"])
+    if name == "cancel":
+        return model.cancel(args["task_id"], now=args["now"])
     if name == "get":
         return model.get(args["task_id"])
     if name == "compact":
@@ -613,6 +629,9 @@ class Driver:
             or (not frames and syncs)
         ):
             self.fail(f"{action!r} wrote {frames} frames; hook phases {phases}")
+        if action.name == "cancel" and frames and syncs != 1:
+            # SPEC §8b: a cancel's records are one batch, made durable by one fsync.
+            self.fail(f"{action!r} wrote its {frames} frames with {syncs} fsyncs, not one batch")
 
     def _model_call(self, action: Action) -> Any:
         result = call_model(self.model, action)
@@ -787,6 +806,12 @@ class Driver:
             real_status = [view_tuple(view) for view in self.queue.tasks(status)]
             if real_status != self.model.tasks(status):
                 self.fail(f"tasks({status!r}) differ: real {real_status!r}")
+        for status in (None, *STATUSES):  # SPEC §8b's pages, cut from the model's listing
+            expected = self.model.tasks(status)
+            cursor = expected[len(expected) // 2].task_id if expected else "c"
+            page = [view_tuple(view) for view in self.queue.tasks(status, after=cursor, limit=2)]
+            if page != [view for view in expected if view.task_id > cursor][:2]:
+                self.fail(f"tasks({status!r}, after={cursor!r}, limit=2) differ: real {page!r}")
         real_stats = stats_tuple(self.queue.stats())
         model_stats = self.model.stats()
         if self.leftovers_possible:

@@ -6,7 +6,7 @@ a disagreement with the real `walqueue.Queue` points at the library, not at a
 second clever implementation. It imports nothing from walqueue.
 
 The model is driven by the same calls as `Queue` (put, put_many, reserve, ack,
-release, touch, revive, get, tasks, stats, compact). Every writing call first
+release, touch, revive, cancel, get, tasks, stats, compact). Every writing call first
 validates its arguments (SPEC §1), then checks them against the state, then
 builds the §4 record(s) it would write and applies them with `apply_record`,
 the one transition function. So the model also knows:
@@ -44,6 +44,10 @@ MAX_TEXT_BYTES = 1024
 INT_LIMIT = 2**63
 MAX_LIMIT = 1000
 EXPIRE_IDS_PER_FRAME = 10_000
+# SPEC §8b: worker names the queue keeps for itself; cancel's records use the first.
+CANCEL_WORKER = "walqueue:cancel"
+RESERVED_WORKER_PREFIX = "walqueue:"
+CANCEL_LEASE_SECONDS = 60  # how long a crash between a cancel's reserve and ack holds the task
 FRAME_OVERHEAD_BYTES = 4 + 32
 STATUSES = ("ready", "leased", "completed", "dead")
 
@@ -514,6 +518,8 @@ class ReferenceQueue:
         self, worker: Any, *, now: Any, lease_seconds: Any, limit: Any = 1
     ) -> list[ModelLease]:
         _check_text(worker, "worker")
+        if worker.startswith(RESERVED_WORKER_PREFIX):
+            raise ModelInvalidRequest(f"worker {worker!r} is reserved")
         _check_int(now, "now")
         _check_int(lease_seconds, "lease_seconds", minimum=1)
         _check_int(limit, "limit", minimum=1)
@@ -627,6 +633,30 @@ class ReferenceQueue:
         if unique:
             self._append({"now": now, "op": "revive", "task_ids": unique})
         return unique
+
+    def cancel(self, task_id: Any, *, now: Any) -> None:
+        """SPEC §8b: a dead task, or a ready one due at `now`, becomes completed through the
+        records §4 has: revive (if dead), reserve and ack by CANCEL_WORKER. Completed: nothing.
+        Not due, leased or unknown: InvalidRequest, nothing written."""
+        _check_text(task_id, "task_id")
+        _check_int(now, "now")
+        _check_sum(now, CANCEL_LEASE_SECONDS, "now + the cancel's lease")
+        task = self.tasks_by_id.get(task_id)
+        interrupted = (task is not None and task.status == "leased" and task.worker == CANCEL_WORKER
+                       and now < task.deadline)
+        if task is None or (task.status == "leased" and not interrupted) or (
+                task.status == "ready" and task.available_at > now):
+            status = None if task is None else task.status
+            raise ModelInvalidRequest(f"cannot cancel {task_id!r}: status {status}")
+        if task.status == "completed":
+            return
+        if task.status == "dead":
+            self._append({"now": now, "op": "revive", "task_ids": [task_id]})
+        if not interrupted:  # a cancel a crash cut after its reserve needs only its ack
+            self._append({"lease_seconds": CANCEL_LEASE_SECONDS, "now": now, "op": "reserve",
+                          "task_ids": [task_id], "worker": CANCEL_WORKER})
+        self._append({"generation": task.generation, "now": now, "op": "ack", "task_id": task_id,
+                      "worker": CANCEL_WORKER})
 
     def get(self, task_id: Any) -> ModelTaskView | None:
         _check_text(task_id, "task_id")

@@ -47,8 +47,10 @@ def broken_schema(server, variant: str, monkeypatch):
     """A fresh schema holding `variant`; yields its name."""
     name = unique_name(f"broken-{variant}")
     with monkeypatch.context() as patch:
+        # The variant replaces migration 1; the later ones (they only add) follow it.
         patch.setattr(schema, "MIGRATIONS",
-                      (dataclasses.replace(schema.MIGRATIONS[0], body=broken_body(variant)),))
+                      (dataclasses.replace(schema.MIGRATIONS[0], body=broken_body(variant)),
+                       *schema.MIGRATIONS[1:]))
         with psycopg.connect(server.dsn, autocommit=True) as connection:
             schema.migrate_connection(connection, name)
     yield name

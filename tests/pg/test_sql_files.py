@@ -47,7 +47,8 @@ def test_the_sql_files_are_found_through_importlib_resources_and_are_the_migrati
 def test_every_statement_the_code_runs_is_a_named_query():
     assert calls.statements("s").names == {
         "put", "put_one", "reserve", "ack", "ack_and_reserve", "release", "touch", "revive", "get",
-        "tasks", "stats", "force_release", "setup"}
+        "tasks", "stats", "force_release", "setup", "cancel", "workers", "page_all", "page_completed",
+        "page_live"}
     assert queries.Queries(wakeup.WAKEUP_FILE, "s").names == {
         "listen", "backend_pid", "probe", "register", "unregister", "sweep", "reap"}
     assert schema.bookkeeping("s").names == {
@@ -74,7 +75,7 @@ def test_a_wheel_built_from_the_tree_carries_the_sql_files(tmp_path):
         shutil.copy(REPO / name, tree / name)
     shutil.copytree(REPO / "src", tree / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--no-build-isolation",
                             "--wheel-dir", str(tmp_path / "out"), str(tree)],
                            capture_output=True, text=True, timeout=BUILD_SECONDS)
     assert built.returncode == 0, built.stderr

@@ -2,7 +2,7 @@
 
 ``--test-hook tests.process.broken_hook:hook`` with ``WALQUEUE_BROKEN=<name>``
 in the daemon's environment patches the variant ``name`` into the daemon's
-process when walqueued loads the hook (before it opens its Queue), and keeps
+process when walqueued loads the hook (before it opens its Engine), and keeps
 it for the life of the process; the hook itself is tests/process/kill_hook.py's.
 ``name`` is a library variant of tests/broken.py or one of the daemon variants
 below (``DAEMON_VARIANTS``), which only a running walqueued can show and so
@@ -25,8 +25,8 @@ from tests import broken
 from walqueue.daemon import compaction
 from walqueue.daemon.compaction import ChildReport, Compactor, InFlight, SnapshotChild
 from walqueue.daemon.service import QueueService
+from walqueue.engine import Engine
 from walqueue.errors import StaleLease
-from walqueue.queue import Queue
 
 from .kill_hook import child_hook, hook
 
@@ -81,7 +81,7 @@ def _publishing_when_the_child_starts():
     only after the child exits), this variant's CURRENT then names a file
     still being written whenever a kill follows the publication.
     """
-    real_write = Queue.write_compaction_snapshot
+    real_write = Engine.write_compaction_snapshot
 
     def poll(self):
         if self.report is None:
@@ -93,7 +93,7 @@ def _publishing_when_the_child_starts():
         return real_write(self, compaction_in_steps, **options)
 
     with mock.patch.object(SnapshotChild, "poll", poll), \
-            mock.patch.object(Queue, "write_compaction_snapshot", slow_write):
+            mock.patch.object(Engine, "write_compaction_snapshot", slow_write):
         yield
 
 
@@ -104,7 +104,7 @@ def _forking_after_the_next_turn():
     the snapshot named S holds the state after the next turn's requests too."""
     begun: dict[Compactor, tuple] = {}
     real_maybe_start = Compactor.maybe_start
-    real_write = Queue.write_compaction_snapshot
+    real_write = Engine.write_compaction_snapshot
 
     def _start(self, queue, reason, now):
         compaction_in_steps = queue.begin_compaction()
@@ -125,7 +125,7 @@ def _forking_after_the_next_turn():
 
     with mock.patch.object(Compactor, "_start", _start), \
             mock.patch.object(Compactor, "maybe_start", maybe_start), \
-            mock.patch.object(Queue, "write_compaction_snapshot", write_compaction_snapshot):
+            mock.patch.object(Engine, "write_compaction_snapshot", write_compaction_snapshot):
         yield
 
 
@@ -146,7 +146,7 @@ def _finishing_with_deletes_first() -> contextlib.AbstractContextManager:
             self._die()
             raise
         return compaction_in_steps.seq
-    return mock.patch.object(Queue, "finish_compaction", finish_compaction)
+    return mock.patch.object(Engine, "finish_compaction", finish_compaction)
 
 
 def _outliving_the_parent() -> contextlib.AbstractContextManager:

@@ -39,6 +39,9 @@ from walqueue import (
     QueueStats,
     StaleLease,
     TaskView,
+    WorkerView,
+    cancel,
+    listing,
     validation,
 )
 from walqueue.backend import ACK_AND_RESERVE
@@ -188,7 +191,7 @@ class MemoryQueue:
     def reserve(self, worker, lease_seconds, limit):
         """SPEC §2's reserve at the clock's now: reap, then lease up to `limit` due tasks."""
         with self._lock:
-            worker = validation.name(worker, "worker")
+            worker = cancel.check_worker(validation.name(worker, "worker"))
             lease_seconds = validation.integer(lease_seconds, "lease_seconds", minimum=1)
             limit = validation.integer(limit, "limit", minimum=1, maximum=validation.MAX_RESERVE_LIMIT)
             now = self.now()
@@ -262,6 +265,17 @@ class MemoryQueue:
                 self.writes += 1
             return unique
 
+    def cancel(self, task_id):
+        """SPEC §8b: a due ready or a dead task becomes completed unleased (walqueue.cancel's readings)."""
+        with self._lock:
+            task_id, now = validation.name(task_id, "task_id"), self.now()
+            view = self.view(task_id)
+            if cancel.check(task_id, view, now):
+                attempts, generation, available_at = cancel.completed_counters(view, now)
+                self.tasks[task_id].update(status="completed", attempts=attempts, generation=generation,
+                                           available_at=available_at, payload=None)
+                self.writes += 1
+
     # -- reads ----------------------------------------------------------------------
 
     def _lease_of(self, task_id):
@@ -278,11 +292,23 @@ class MemoryQueue:
                             task["generation"], task["available_at"], task["deadline"], task["worker"],
                             copy.deepcopy(task["payload"]))
 
-    def listing(self, status):
+    def listing(self, status, after=None, limit=None):
         with self._lock:
             status = validation.status(status)
-            return [self.view(task_id) for task_id in sorted(self.tasks)
-                    if status is None or self.tasks[task_id]["status"] == status]
+            after, limit = listing.check_page(after, limit)
+            views = [self.view(task_id) for task_id in sorted(self.tasks)
+                     if (status is None or self.tasks[task_id]["status"] == status)
+                     and (after is None or task_id > after)]
+            return views if limit is None else views[:limit]
+
+    def workers(self):
+        """The lease holders by name; none is ``connected``: there are no connections here."""
+        with self._lock:
+            counts = {}
+            for task in self.tasks.values():
+                if task["status"] == "leased":
+                    counts[task["worker"]] = counts.get(task["worker"], 0) + 1
+            return [WorkerView(worker, leases, False) for worker, leases in sorted(counts.items())]
 
     def stats(self):
         """Counts by status; last_seq, snapshot_seq and wal_bytes are 0: there is no WAL here."""
@@ -372,8 +398,14 @@ class MemoryClient:
     def get(self, task_id):
         return self._call("get", task_id, lambda: self.queue.view(task_id))
 
-    def tasks(self, status=None):
-        return self._call("tasks", status, lambda: self.queue.listing(status))
+    def tasks(self, status=None, *, after=None, limit=None):
+        return self._call("tasks", status, lambda: self.queue.listing(status, after, limit))
+
+    def cancel(self, task_id):
+        return self._call("cancel", task_id, lambda: self.queue.cancel(task_id))
+
+    def workers(self):
+        return self._call("workers", None, self.queue.workers)
 
     def stats(self):
         return self._call("stats", None, self.queue.stats)
@@ -428,8 +460,14 @@ class AsyncMemoryClient:
     async def get(self, task_id):
         return self._sync.get(task_id)
 
-    async def tasks(self, status=None):
-        return self._sync.tasks(status)
+    async def tasks(self, status=None, **options):
+        return self._sync.tasks(status, **options)
+
+    async def cancel(self, task_id):
+        return self._sync.cancel(task_id)
+
+    async def workers(self):
+        return self._sync.workers()
 
     async def stats(self):
         return self._sync.stats()

@@ -110,7 +110,7 @@ def test_the_manifest_lists_sealed_segments_a_stopped_compaction_left(tmp_path):
         if phase == "snapshot.after_write":
             raise RuntimeError("power cut")
 
-    queue._hook = crash_after_write
+    queue.engine._store.hook = crash_after_write
     with pytest.raises(RuntimeError):
         queue.compact()
     with Queue(source) as reopened:  # CURRENT names the old snapshot; two segments follow it

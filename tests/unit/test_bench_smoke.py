@@ -131,3 +131,15 @@ def test_probe_recovery_floor_prints_every_step_and_cleans_up(tmp_path):
     for step in ("1. walk", "2. + canonical", "3. + digest", "4. load_snapshot", "5. Queue(directory)"):
         assert f"| {step}" in done.stdout, step
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_listing_tiny_run_prints_every_row_with_its_ratio():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_listing.py"), "--completed", "1500",
+         "--ready", "20", "--runs", "1", "--whole-runs", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("library", "walqueued"))]
+    assert [(row[0], row[1]) for row in rows] == [
+        (where, status) for where in ("library", "walqueued") for status in ("completed", "ready", "all")]
+    assert [row[-2] for row in rows] == ["1,500", "20", "1,520"] * 2  # the whole listings' tasks

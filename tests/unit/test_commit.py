@@ -20,6 +20,7 @@ from walqueue.daemon.clock import SystemClock
 from walqueue.daemon.commit import GroupCommit
 from walqueue.daemon.recorder import Recorder
 from walqueue.daemon.service import QueueService
+from walqueue.engine import Engine
 from walqueue.fs import OsFileSystem
 
 from .test_service import FakePeer
@@ -38,11 +39,11 @@ class FsyncFailsOnce(OsFileSystem):
 
 
 def build(directory, filesystem=None) -> tuple[QueueService, GroupCommit, Recorder]:
-    queue = Queue(directory, filesystem=filesystem)
+    queue = Engine(directory, filesystem=filesystem)
     recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0)
     service = QueueService(queue, compact=lambda peer, request_id: commit.compaction.request(peer, request_id),
                       report=lambda now: None)
-    commit = GroupCommit(service, directory=str(directory), open_queue=lambda: Queue(directory),
+    commit = GroupCommit(service, directory=str(directory), open_queue=lambda: Engine(directory),
                          recorder=recorder, clock=SystemClock(), compact_wal_bytes=10**12)
     return service, commit, recorder
 
@@ -95,7 +96,7 @@ def problems_with_a_failed_fsync(directory) -> list[str]:
     if service.queue is original or service.queue is None:
         problems.append("the queue was not reopened")
     else:
-        service.queue.put("after", {})  # the reopened queue serves
+        Queue.over(service.queue).put("after", {})  # the reopened queue serves
         service.queue.close()
     if recorder.write_failures_total != 1:
         problems.append(f"{recorder.write_failures_total} write failures counted")

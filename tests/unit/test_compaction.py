@@ -26,7 +26,7 @@ test goes on serving. The claims, each with what it must catch:
   that is a failed compaction like any other: logged, backed off, the
   waiting ``compact`` answered with an error, the next attempt fine;
 * a compaction whose snapshot cannot fit the free space (bounded by
-  ``Queue.snapshot_bytes_bound``, which counts what the WAL does not carry,
+  ``Engine.snapshot_bytes_bound``, which counts what the WAL does not carry,
   such as a reserve's worker repeated per task) is refused before the
   fork: no child, no partial file, no reopen, and a bystander's put on a
   nearly full disk (a simulated one, through the file-system seam) succeeds.
@@ -60,6 +60,7 @@ from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.recorder import Recorder
 from walqueue.daemon.service import QueueService
 from walqueue.daemon.systemd import Notifier
+from walqueue.engine import Engine
 from walqueue.fs import OsFileSystem
 
 from .test_loop import MAX_TURNS, Client, FakeClock, serving
@@ -121,7 +122,7 @@ class Driver:
         self.clock = FakeClock()
         self.queue_hook = hook
         self.filesystem = filesystem
-        queue = Queue(directory, hook=hook, filesystem=filesystem)
+        queue = Engine(directory, hook=hook, filesystem=filesystem)
         self.recorder = Recorder(next_seq=1, now=100, recovery_seconds=0.0, clock=self.clock.monotonic_seconds)
         self.service = QueueService(queue, compact=lambda peer, request_id: self.compactor.request(peer, request_id),
                                report=lambda now: None)
@@ -135,13 +136,18 @@ class Driver:
         self.answers: dict[int, object] = {}
         self.freeing = False  # as the loop's FreeingInSteps says: files of the last compaction wait
 
-    def _reopen(self) -> Queue:
+    def _reopen(self) -> Engine:
         self.reopens += 1
-        return Queue(self.directory, hook=self.queue_hook, filesystem=self.filesystem)
+        return Engine(self.directory, hook=self.queue_hook, filesystem=self.filesystem)
+
+    @property
+    def engine(self) -> Engine:
+        return self.service.queue
 
     @property
     def queue(self) -> Queue:
-        return self.service.queue
+        """The library's face over the service's Engine: the tests' puts and reads."""
+        return Queue.over(self.service.queue)
 
     def turn(self, *requests) -> list[int]:
         """Apply ``requests`` (built with id=0; numbered here) as one turn; their ids."""
@@ -440,13 +446,13 @@ class Disk:
 def test_a_snapshot_that_cannot_be_written_backs_off_without_reopening_or_losing_anything(tmp_path, drivers):
     disk = Disk()
     driver = drivers(tmp_path / "queue", floor_bytes=1, child_hook=disk)
-    queue = driver.queue
+    queue = driver.engine
     driver.put("a")
     driver.finish()
     status = driver.compactor.status()
     assert "No space left on device" in status.last_error and status.consecutive_failures == 1
     assert status.retry_in_seconds == 1.0 and driver.recorder.compaction_failures_total == 1
-    assert driver.queue is queue and driver.reopens == 0  # nothing was lost: no reopen
+    assert driver.engine is queue and driver.reopens == 0  # nothing was lost: no reopen
     assert not any(name.startswith("snapshot-") for name in os.listdir(driver.directory))
     # Writes go on; none starts an attempt, and a compact request is answered with the reason.
     segments = queue.segment_count()
@@ -494,7 +500,7 @@ def test_the_child_holds_neither_the_lock_nor_a_socket_and_stopping_kills_and_re
         lock = os.path.join(driver.directory, "LOCK")
         assert lock not in targets and not any(target.startswith("socket:") for target in targets)
         driver.compactor.stop()  # as at SIGTERM: kill, reap, abandon
-        assert driver.compactor.in_flight is None and driver.queue.compaction_in_progress is None
+        assert driver.compactor.in_flight is None and driver.engine.compaction_in_progress is None
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # already reaped
         assert not any(name.startswith("snapshot-") for name in os.listdir(driver.directory))
@@ -629,17 +635,17 @@ def test_a_snapshot_that_cannot_fit_is_refused_before_the_fork_and_a_bystander_s
     disk = SmallDisk(directory, capacity=10**9)
     driver = drivers(directory, filesystem=disk, free_bytes=disk.free_bytes)
     fill_with_long_worker_leases(driver)
-    bound = driver.queue.snapshot_bytes_bound()
+    bound = driver.engine.snapshot_bytes_bound()
     # Room for the WAL to grow, not for the snapshot (which takes about the bound).
     disk.capacity = disk.used() + bound // 2
-    queue = driver.queue
+    queue = driver.engine
     (compact,) = driver.turn(p.Compact(id=0))
     if driver.compactor.in_flight is not None:  # a child let fork fills the disk, then fails
         driver.wait_child_exit()
     # Bystanders write as before: nothing failed, nothing was reopened.
     bystander = driver.put("bystander")
     assert isinstance(driver.answers[bystander], p.PutOk), driver.answers[bystander]
-    assert driver.queue is queue and driver.reopens == 0 and driver.recorder.write_failures_total == 0
+    assert driver.engine is queue and driver.reopens == 0 and driver.recorder.write_failures_total == 0
     # The compaction was refused before the fork, and said why.
     answer = driver.answers[compact]
     assert answer.error == "WalQueueError" and "not enough free space" in answer.message
@@ -678,7 +684,7 @@ def reap_attempts_on_a_full_disk(tmp_path, *, backing_off: bool = True) -> tuple
     hook = FullDiskHook()
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
-    loop = Loop(str(tmp_path / "queue"), Queue(tmp_path / "queue", hook=hook), listener, socket_path=path,
+    loop = Loop(str(tmp_path / "queue"), Engine(tmp_path / "queue", hook=hook), listener, socket_path=path,
                 compact_wal_bytes=10**12, max_connections=10, hook=hook, notifier=Notifier({}), clock=clock)
     if not backing_off:  # the daemon before the back-off: a reap whenever a lease is due
         loop.reap_backoff.ready = lambda now: True

@@ -1,4 +1,4 @@
-"""How big a snapshot can be, known without writing it: Queue.snapshot_bytes_bound.
+"""How big a snapshot can be, known without writing it: Engine.snapshot_bytes_bound.
 
 walqueued checks the free space against this bound before it forks a
 snapshot child, so it must never be below the snapshot then written, and it
@@ -26,13 +26,13 @@ from walqueue.snapshot_size import PUT_ENTRY_EXTRA_BYTES
 
 
 def test_the_snapshot_bound_counts_what_the_wal_does_not_carry(tmp_path):
-    """Queue.snapshot_bytes_bound against the snapshot then written: never below it, and well
+    """Engine.snapshot_bytes_bound against the snapshot then written: never below it, and well
     below the WAL-based estimate's error where the snapshot repeats what the WAL says once."""
     assert PUT_ENTRY_EXTRA_BYTES == 189  # docs/daemon.md, "The space a snapshot needs"
     with Queue(tmp_path / "leases") as queue:
         queue.put_many([{"task_id": f"t{n:03}", "payload": {}} for n in range(200)])
         queue.reserve("w" * 1000, now=100, lease_seconds=3600, limit=200)
-        bound, wal_bytes = queue.snapshot_bytes_bound(), queue.stats().wal_bytes
+        bound, wal_bytes = queue.engine.snapshot_bytes_bound(), queue.stats().wal_bytes
         size = os.path.getsize(tmp_path / "leases" / snapshot_name(queue.compact()))
         assert wal_bytes < size / 5  # what the old estimate (snapshot + WAL since) took it for
         assert size <= bound <= size + 1024
@@ -46,7 +46,7 @@ def test_the_snapshot_bound_counts_what_the_wal_does_not_carry(tmp_path):
             queue.put(f"task-{n:011}", {"blob": "x" * 88})
             (lease,) = queue.reserve("worker-1", now=200, lease_seconds=30)
             queue.ack(lease, now=201)
-        bound = queue.snapshot_bytes_bound()
+        bound = queue.engine.snapshot_bytes_bound()
         size = os.path.getsize(tmp_path / "cycles" / snapshot_name(queue.compact()))
         assert size <= bound <= 1.5 * size  # payloads acked since the snapshot still counted
 
@@ -74,7 +74,7 @@ def random_operation(queue: Queue, rng: random.Random, clock: list[int], leases:
                 leases.append(queue.touch(lease, now=now, lease_seconds=rng.choice([1, 10 ** rng.randint(1, 15)])))
     elif choice < 0.9:
         clock[0] += rng.choice([1, 10 ** rng.randint(1, 8)])
-        queue.expire_due(now=clock[0])
+        queue.engine.expire_due(now=clock[0])
     elif dead := [task.task_id for task in queue.tasks("dead")][:30]:
         queue.revive(dead, now=now)
 
@@ -106,7 +106,7 @@ def test_the_snapshot_bound_is_never_below_the_snapshot_over_random_histories(tm
                 queue.close()
                 queue = Queue(tmp_path, filesystem=NoSync())
             if rng.random() < 0.4:
-                bound = queue.snapshot_bytes_bound()
+                bound = queue.engine.snapshot_bytes_bound()
                 size = os.path.getsize(tmp_path / snapshot_name(queue.compact()))
                 assert size <= bound, f"seed {seed}, step {step}: a snapshot of {size} bytes, bound {bound}"
     finally:

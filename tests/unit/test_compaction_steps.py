@@ -1,4 +1,4 @@
-"""Compaction in steps (Queue.begin_compaction / write_compaction_snapshot /
+"""Compaction in steps (Engine.begin_compaction / write_compaction_snapshot /
 finish_compaction / abandon_compaction): what walqueued runs so that a
 snapshot is written by a forked child while the parent goes on appending.
 
@@ -58,9 +58,9 @@ def test_the_steps_leave_what_compact_leaves_with_the_same_phases(tmp_path):
             if way == "compact":
                 queue.compact()
             else:
-                compaction = queue.begin_compaction()
-                queue.write_compaction_snapshot(compaction)
-                assert queue.finish_compaction(compaction) == 4
+                compaction = queue.engine.begin_compaction()
+                queue.engine.write_compaction_snapshot(compaction)
+                assert queue.engine.finish_compaction(compaction) == 4
         results[way] = (read_dir(directory), hook.seen)
     assert results["steps"] == results["compact"]
     assert results["steps"][1] == ["wal.after_rotate", "snapshot.after_write", "current.after_write",
@@ -70,11 +70,11 @@ def test_the_steps_leave_what_compact_leaves_with_the_same_phases(tmp_path):
 def test_frames_appended_between_the_steps_are_kept_and_not_in_the_snapshot(tmp_path):
     with Queue(tmp_path) as queue:
         fill(queue)
-        compaction = queue.begin_compaction()
-        queue.write_compaction_snapshot(compaction)
+        compaction = queue.engine.begin_compaction()
+        queue.engine.write_compaction_snapshot(compaction)
         queue.put("c", {"n": 3})
         (lease,) = queue.reserve("w", now=20, lease_seconds=30, limit=1)
-        queue.finish_compaction(compaction)
+        queue.engine.finish_compaction(compaction)
         assert queue.stats().snapshot_seq == 4 and queue.stats().last_seq == 6
         expected = [queue.stats(), *queue.tasks()]
     assert sorted(os.listdir(tmp_path)) == ["CURRENT", "LOCK", snapshot_name(4),
@@ -84,33 +84,33 @@ def test_frames_appended_between_the_steps_are_kept_and_not_in_the_snapshot(tmp_
 
 def test_nothing_to_compact_begins_nothing(tmp_path):
     with Queue(tmp_path) as queue:
-        assert queue.begin_compaction() is None
+        assert queue.engine.begin_compaction() is None
         fill(queue)
         queue.compact()
-        assert queue.begin_compaction() is None
+        assert queue.engine.begin_compaction() is None
 
 
 def test_one_compaction_at_a_time_and_compact_waits_for_it(tmp_path):
     with Queue(tmp_path) as queue:
         fill(queue)
-        compaction = queue.begin_compaction()
+        compaction = queue.engine.begin_compaction()
         with pytest.raises(InvalidRequest, match="in progress"):
-            queue.begin_compaction()
+            queue.engine.begin_compaction()
         with pytest.raises(InvalidRequest, match="in progress"):
             queue.compact()
-        queue.write_compaction_snapshot(compaction)
-        queue.finish_compaction(compaction)
+        queue.engine.write_compaction_snapshot(compaction)
+        queue.engine.finish_compaction(compaction)
         with pytest.raises(InvalidRequest, match="no compaction"):
-            queue.finish_compaction(compaction)
+            queue.engine.finish_compaction(compaction)
 
 
 def test_a_snapshot_is_never_written_from_a_state_that_moved_on(tmp_path):
     with Queue(tmp_path) as queue:
         fill(queue)
-        compaction = queue.begin_compaction()
+        compaction = queue.engine.begin_compaction()
         queue.put("late", {})
         with pytest.raises(RuntimeError, match="seq 5, not 4"):
-            queue.write_compaction_snapshot(compaction)
+            queue.engine.write_compaction_snapshot(compaction)
         assert snapshot_name(4) not in os.listdir(tmp_path)
 
 
@@ -122,11 +122,11 @@ def test_a_crash_at_any_phase_keeps_every_write(tmp_path, phase):
     fill(queue)
     hook.die_at = phase
     with pytest.raises(InjectedCrash):
-        compaction = queue.begin_compaction()
-        queue.write_compaction_snapshot(compaction)
+        compaction = queue.engine.begin_compaction()
+        queue.engine.write_compaction_snapshot(compaction)
         queue.put("c", {"n": 3})
         answered = [queue.stats().last_seq, *queue.tasks()]
-        queue.finish_compaction(compaction)
+        queue.engine.finish_compaction(compaction)
     with Queue(tmp_path) as again:
         if phase == "wal.after_rotate":
             assert again.stats().last_seq == 4 and again.get("c") is None
@@ -162,19 +162,19 @@ def test_a_snapshot_that_cannot_be_written_is_abandoned_and_nothing_is_lost(tmp_
     disk = DiskFull()
     with Queue(tmp_path, filesystem=disk) as queue:
         fill(queue)
-        compaction = queue.begin_compaction()
+        compaction = queue.engine.begin_compaction()
         with pytest.raises(OSError) as caught:
-            queue.write_compaction_snapshot(compaction)
+            queue.engine.write_compaction_snapshot(compaction)
         assert caught.value.errno == errno.ENOSPC
         assert snapshot_name(4) in os.listdir(tmp_path)  # the partial file
-        queue.abandon_compaction(compaction)
+        queue.engine.abandon_compaction(compaction)
         assert snapshot_name(4) not in os.listdir(tmp_path)
         queue.put("c", {"n": 3})  # still open and serving
         assert queue.stats().snapshot_seq == 0
         disk.full = False
-        retry = queue.begin_compaction()
-        queue.write_compaction_snapshot(retry)
-        assert queue.finish_compaction(retry) == 5
+        retry = queue.engine.begin_compaction()
+        queue.engine.write_compaction_snapshot(retry)
+        assert queue.engine.finish_compaction(retry) == 5
         expected = [queue.stats(), *queue.tasks()]
     assert state(tmp_path) == expected
 
@@ -182,7 +182,7 @@ def test_a_snapshot_that_cannot_be_written_is_abandoned_and_nothing_is_lost(tmp_
 def test_a_forked_copy_writes_the_state_as_of_the_seq_while_the_parent_appends(tmp_path):
     with Queue(tmp_path) as queue:
         fill(queue)
-        compaction = queue.begin_compaction()
+        compaction = queue.engine.begin_compaction()
         snapshot_state = [*queue.tasks()]
         read_end, write_end = os.pipe()
         pid = os.fork()
@@ -190,7 +190,7 @@ def test_a_forked_copy_writes_the_state_as_of_the_seq_while_the_parent_appends(t
             try:
                 os.close(write_end)
                 os.read(read_end, 1)
-                queue.write_compaction_snapshot(compaction)
+                queue.engine.write_compaction_snapshot(compaction)
             except BaseException:
                 os._exit(1)
             os._exit(0)
@@ -201,7 +201,7 @@ def test_a_forked_copy_writes_the_state_as_of_the_seq_while_the_parent_appends(t
         os.close(write_end)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        queue.finish_compaction(compaction)
+        queue.engine.finish_compaction(compaction)
         expected = [queue.stats(), *queue.tasks()]
     assert state(tmp_path) == expected
     # The snapshot itself holds the state at seq 4: load it alone (no WAL).
@@ -236,10 +236,10 @@ def test_a_paced_snapshot_syncs_every_so_many_bytes_and_is_the_same_file(tmp_pat
     directory = tmp_path / str(sync_every_bytes)
     with Queue(directory, filesystem=fs) as queue:
         queue.put_many(many_tasks())
-        compaction = queue.begin_compaction()
+        compaction = queue.engine.begin_compaction()
         fs.synced_sizes.clear()  # the rotation's own syncs
-        queue.write_compaction_snapshot(compaction, sync_every_bytes=sync_every_bytes)
-        queue.finish_compaction(compaction)
+        queue.engine.write_compaction_snapshot(compaction, sync_every_bytes=sync_every_bytes)
+        queue.engine.finish_compaction(compaction)
     written = os.path.getsize(directory / snapshot_name(compaction.seq))
     assert written > 6 << 20
     if sync_every_bytes == 0:
@@ -258,9 +258,9 @@ def test_a_paced_snapshot_syncs_every_so_many_bytes_and_is_the_same_file(tmp_pat
 def test_sync_every_bytes_must_be_a_count_of_bytes(tmp_path):
     with Queue(tmp_path) as queue:
         fill(queue)
-        compaction = queue.begin_compaction()
+        compaction = queue.engine.begin_compaction()
         with pytest.raises(InvalidRequest, match="sync_every_bytes must be an int"):
-            queue.write_compaction_snapshot(compaction, sync_every_bytes=1.5)
+            queue.engine.write_compaction_snapshot(compaction, sync_every_bytes=1.5)
         with pytest.raises(InvalidRequest, match=r"sync_every_bytes=-1 is out of range"):
-            queue.write_compaction_snapshot(compaction, sync_every_bytes=-1)
-        queue.abandon_compaction(compaction)
+            queue.engine.write_compaction_snapshot(compaction, sync_every_bytes=-1)
+        queue.engine.abandon_compaction(compaction)

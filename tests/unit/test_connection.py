@@ -184,13 +184,13 @@ def decoded(frames: bytes) -> list:
 
 
 def test_an_answer_the_wire_cannot_carry_is_one_error_from_the_service_and_from_a_listing(tmp_path):
-    from walqueue import Queue
     from walqueue.daemon.service import QueueService
+    from walqueue.engine import Engine
 
     unencodable = protocol.PutOk(id=5, task_id=object())  # msgspec cannot encode it
     peer = a_connection()
     peer.protocol_version = protocol.ERROR_CODE_VERSION
-    service = QueueService(Queue(tmp_path / "q"), compact=lambda *_: None, report=lambda now: None)
+    service = QueueService(Engine(tmp_path / "q"), compact=lambda *_: None, report=lambda now: None)
     service.answer(peer, 5, [unencodable])
     (from_service,) = decoded(service.outbox[0].messages)
     # A listing: its first chunk goes, the one that cannot be encoded ends it, the rest never goes.

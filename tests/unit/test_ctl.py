@@ -43,6 +43,7 @@ class FakeClient:
         self.queue, self.clock, self.path, self.options = queue, clock, path, options
         self.closed = False
         self.paused = False
+        self.listings = []  # the tasks() calls: (status, after, limit)
         FakeClient.instances.append(self)
 
     def put(self, task_id, payload, *, key=None, available_at=0, delay=None, max_attempts=3):
@@ -71,8 +72,15 @@ class FakeClient:
     def get(self, task_id):
         return self.queue.get(task_id)
 
-    def tasks(self, status=None):
-        return list(self.queue.tasks(status))
+    def tasks(self, status=None, *, after=None, limit=None):
+        self.listings.append((status, after, limit))
+        return list(self.queue.tasks(status, after=after, limit=limit))
+
+    def cancel(self, task_id):
+        self.queue.cancel(task_id, now=self.clock[0])
+
+    def workers(self):
+        return self.queue.workers()
 
     def stats(self):
         return self.queue.stats()
@@ -82,7 +90,7 @@ class FakeClient:
 
     def daemon_stats(self):
         recorder = Recorder(next_seq=1, now=0, recovery_seconds=0.25)
-        return recorder.report(self.queue, now=self.clock[0], connections=1, parked_reserves=0,
+        return recorder.report(self.queue.engine, now=self.clock[0], connections=1, parked_reserves=0,
                                paused=self.paused, compact_wal_bytes=1000, directory="/var/q")
 
     def pause(self):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from walqueue import Queue
 from walqueue.daemon import cli
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.systemd import Notifier, open_reporting_progress
@@ -43,7 +44,7 @@ def test_a_bad_value_is_a_usage_error(tmp_path, value):
 def test_the_queue_opened_at_start_preallocates_in_the_given_step(tmp_path, step):
     queue = open_reporting_progress(str(tmp_path), None, Notifier({}), step)
     try:
-        queue.put("a", {})
+        Queue.over(queue).put("a", {})
         size = _segment_size(tmp_path)
         assert size == (step or queue.stats().wal_bytes)
     finally:
@@ -60,7 +61,7 @@ def test_the_queue_reopened_after_a_write_failure_preallocates_too(tmp_path):
     try:
         instance.commit.reopen()
         assert instance.queue is not queue
-        instance.queue.put("a", {})
+        Queue.over(instance.queue).put("a", {})
         assert _segment_size(directory) == 8192
     finally:
         instance.queue.close()

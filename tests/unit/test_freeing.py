@@ -27,6 +27,7 @@ from walqueue.daemon.cli import RESERVED_DESCRIPTORS
 from walqueue.daemon.freeing import MAX_FILES_BEING_FREED, FreeingInSteps
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.systemd import Notifier
+from walqueue.engine import Engine
 from walqueue.fs import open_directory
 
 from .frames import read_dir
@@ -165,7 +166,7 @@ class SteppingClock:
 
 def test_the_loop_sleeps_until_the_next_step_and_frees_it_then(tmp_path):
     fs = FreeingInSteps(step_bytes=STEP, bytes_per_second=STEP * 100)   # a step per 10 ms
-    queue = Queue(tmp_path / "queue", filesystem=fs)
+    queue = Engine(tmp_path / "queue", filesystem=fs)
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
     clock = SteppingClock()
@@ -206,7 +207,7 @@ def test_back_to_back_requested_compactions_free_the_deleted_files_as_they_go(tm
     gate = Gate(tmp_path)
     clock = FakeClock()
     with serving(tmp_path, clock, filesystem=fs, child_hook=gate.hook) as (loop, _, connect):
-        loop.queue.put_many([{"task_id": f"t{n:04}", "payload": {"blob": "x" * 1000}} for n in range(600)])
+        Queue.over(loop.queue).put_many([{"task_id": f"t{n:04}", "payload": {"blob": "x" * 1000}} for n in range(600)])
         client = connect()
         held, freed_beside_children = [], 0
         try:

@@ -15,6 +15,7 @@ import struct
 
 import pytest
 
+from walqueue import Queue
 from walqueue import protocol as p
 from walqueue.daemon import loop as loop_module
 from walqueue.daemon.descriptors import LOG_INTERVAL_SECONDS, SpareDescriptor
@@ -51,10 +52,10 @@ class FullTableListener:
 def test_emfile_on_accept_refuses_that_connection_and_keeps_serving(served, caplog):  # noqa: F811
     loop, clock, connect = served
     bystander = connect()
-    real_listener = loop.listener
+    real_listener = loop.acceptor.listener
     loop.selector.unregister(real_listener)
-    loop.listener = FullTableListener(real_listener, failures=2)
-    loop.selector.register(loop.listener, selectors.EVENT_READ, loop_module._LISTENER)
+    loop.acceptor.listener = FullTableListener(real_listener, failures=2)
+    loop.selector.register(loop.acceptor.listener, selectors.EVENT_READ, loop_module._LISTENER)
     refused = []
     for _ in range(2):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -67,13 +68,13 @@ def test_emfile_on_accept_refuses_that_connection_and_keeps_serving(served, capl
         assert sock.recv(10) == b""
         sock.close()
     # The listener was never paused, and the daemon serves on.
-    assert loop._accept_paused_until is None
+    assert loop.acceptor.paused_until is None
     bystander.send(p.Put(id=1, task_id="after", payload={}))
     assert isinstance(bystander.answer(1), p.PutOk)
     assert isinstance(connect(), Client)
     lines = [record for record in caplog.records if "no free descriptor" in record.getMessage()]
     assert len(lines) == 1, "refusals within LOG_INTERVAL_SECONDS share one log line"
-    loop.listener = real_listener
+    loop.acceptor.listener = real_listener
 
 
 def test_the_refusal_log_is_rate_limited_and_counts_what_it_left_out(caplog):
@@ -429,7 +430,7 @@ def test_unread_listings_cost_each_turn_a_bounded_share_and_a_bystander_is_answe
     from walqueue.daemon.connection import LISTING_BYTES_PER_TURN, MAX_LISTINGS_STARTED_PER_TURN
 
     loop, _, connect = served
-    loop.queue.put_many([{"task_id": f"t{index:05d}", "payload": {"pad": "x" * 1000}}
+    Queue.over(loop.queue).put_many([{"task_id": f"t{index:05d}", "payload": {"pad": "x" * 1000}}
                          for index in range(10_000)])  # ~10 MB a listing
     bystander = connect()
     listers = [connect() for _ in range(8)]  # with the bystander, within the fixture's 10 connections

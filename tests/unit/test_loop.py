@@ -16,12 +16,12 @@ import time
 import msgspec
 import pytest
 
-from walqueue import Queue
 from walqueue import protocol as p
 from walqueue.daemon.clock import DaemonNow
 from walqueue.daemon.loop import Loop, bind_listener
 from walqueue.daemon.systemd import Notifier
 from walqueue.daemon.turn_timer import TurnTimer
+from walqueue.engine import Engine
 
 MAX_TURNS = 200
 
@@ -101,7 +101,7 @@ class Client:
 def serving(tmp_path, clock: FakeClock, hook=None, **loop_options):
     """(loop, clock, connect): a Loop on `clock` whose turns never block; `hook` goes to its Queue,
     `loop_options` to the Loop."""
-    queue = Queue(tmp_path / "queue", hook=hook, filesystem=loop_options.get("filesystem"))
+    queue = Engine(tmp_path / "queue", hook=hook, filesystem=loop_options.get("filesystem"))
     path = str(tmp_path / "s.sock")
     listener = bind_listener(path, 0o600)
     loop = Loop(str(tmp_path / "queue"), queue, listener, socket_path=path, compact_wal_bytes=10**12,
@@ -309,7 +309,7 @@ def test_errors_carry_their_code_only_to_clients_that_announced_version_6(served
     loop, _, _ = served
     stale = p.Ack(id=1, task_id="nobody", worker="w", generation=1)
     twice = msgspec_map(("type", "get"), ("id", 2), ("task_id", "a"), ("task_id", "b"))
-    unknown = p.encode_value({"type": "cancel", "id": 3, "task_id": "t"})   # a newer client's request
+    unknown = p.encode_value({"type": "frobnicate", "id": 3, "task_id": "t"})   # a newer client's request
     for version in (p.TURN_REPORTING_VERSION, p.ERROR_CODE_VERSION):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(tmp_path / "s.sock"))

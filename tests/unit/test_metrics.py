@@ -16,6 +16,7 @@ from walqueue import protocol as p
 from walqueue.daemon.metrics_http import ListenError, parse_listen
 from walqueue.daemon.recorder import MAX_SEQ_SAMPLES, Recorder, SeqClock, quantile
 from walqueue.metrics import FSYNC_WINDOW, FSYNC_WINDOW_SECONDS, DaemonStats, render_prometheus
+from walqueue.monitoring import count_past_half
 from walqueue.state import READY
 
 # -- oldest due ready task ----------------------------------------------------------
@@ -33,32 +34,32 @@ def test_the_oldest_due_ready_task_is_the_one_ready_longest(tmp_path):
         q.put("b", {})  # seq 1
         q.put("a", {})  # seq 2: served first (task_id order) but ready later
         seq_time = times({1: 10, 2: 20, 3: 30, 4: 40})
-        assert q.ready_due_since(now=50, seq_time=seq_time) == 10
+        assert q.engine.ready_due_since(now=50, seq_time=seq_time) == 10
         (lease,) = q.reserve("w", now=30, lease_seconds=60)  # seq 3 leases "a"
         assert lease.task_id == "a"
-        assert q.ready_due_since(now=50, seq_time=seq_time) == 10
+        assert q.engine.ready_due_since(now=50, seq_time=seq_time) == 10
         (lease_b,) = q.reserve("w", now=30, lease_seconds=60)  # seq 4 leases "b"
-        assert q.ready_due_since(now=50, seq_time=seq_time) is None
+        assert q.engine.ready_due_since(now=50, seq_time=seq_time) is None
         q.release(lease, now=45)  # seq 5 (time 40 by the map): due from available_at 45
-        assert q.ready_due_since(now=50, seq_time=seq_time) == 45
+        assert q.engine.ready_due_since(now=50, seq_time=seq_time) == 45
         q.release(lease_b, now=46)  # seq 6
-        assert q.ready_due_since(now=50, seq_time=seq_time) == 45
+        assert q.engine.ready_due_since(now=50, seq_time=seq_time) == 45
 
 
 def test_a_delayed_task_counts_from_its_available_at_and_only_once_due(tmp_path):
     with Queue(tmp_path / "q") as q:
         q.put("later", {}, available_at=100)  # seq 1, written at time 5
         seq_time = times({1: 5, 2: 60})
-        assert q.ready_due_since(now=50, seq_time=seq_time) is None
+        assert q.engine.ready_due_since(now=50, seq_time=seq_time) is None
         q.put("now", {})  # seq 2, written at 60
-        assert q.ready_due_since(now=70, seq_time=seq_time) == 60
-        assert q.ready_due_since(now=150, seq_time=seq_time) == 60
+        assert q.engine.ready_due_since(now=70, seq_time=seq_time) == 60
+        assert q.engine.ready_due_since(now=150, seq_time=seq_time) == 60
         (lease,) = q.reserve("w", now=150, lease_seconds=10)  # (0, "now") comes first
         assert lease.task_id == "now"
-        assert q.ready_due_since(now=150, seq_time=seq_time) == 100
+        assert q.engine.ready_due_since(now=150, seq_time=seq_time) == 100
         # A put whose available_at is already past when written counts from the write.
         q.put("past", {}, available_at=1)  # seq 4
-        assert q.ready_due_since(now=150, seq_time=times({1: 5, 2: 60, 4: 90})) == 90
+        assert q.engine.ready_due_since(now=150, seq_time=times({1: 5, 2: 60, 4: 90})) == 90
 
 
 def test_revived_and_expired_tasks_count_from_the_record_that_made_them_ready(tmp_path):
@@ -66,23 +67,23 @@ def test_revived_and_expired_tasks_count_from_the_record_that_made_them_ready(tm
         q.put("x", {}, max_attempts=1)  # seq 1
         (lease,) = q.reserve("w", now=10, lease_seconds=5)  # seq 2
         q.release(lease, now=11)  # seq 3: dead
-        assert q.ready_due_since(now=20, seq_time=lambda seq: seq) is None
+        assert q.engine.ready_due_since(now=20, seq_time=lambda seq: seq) is None
         q.revive(["x"], now=20)  # seq 4, available_at 20
-        assert q.ready_due_since(now=30, seq_time=lambda seq: 10 * seq) == 40
+        assert q.engine.ready_due_since(now=30, seq_time=lambda seq: 10 * seq) == 40
         q.put("y", {})  # seq 5
         q.reserve("w", now=30, lease_seconds=5, limit=2)  # seq 6 leases x and y until 35
-        assert q.ready_due_since(now=40, seq_time=lambda seq: seq) is None
+        assert q.engine.ready_due_since(now=40, seq_time=lambda seq: seq) is None
         q.put("z", {})  # seq 7: (0, "z") is leased before the expired "y" (35, "y")
         q.reserve("w", now=40, lease_seconds=5, limit=1)  # seq 8 expires x (dead), y; seq 9 leases z
         assert q.get("y").status == "ready" and q.get("x").status == "dead"
         # "y" is due from its old deadline 35, and ready since seq 8 (time 40 by this map).
-        assert q.ready_due_since(now=50, seq_time=lambda seq: 5 * seq) == 40
+        assert q.engine.ready_due_since(now=50, seq_time=lambda seq: 5 * seq) == 40
 
 
 def meaningful_slots(q) -> dict:
     """ready_seq of the ready tasks, lease_start of the leased ones (the others are leftovers)."""
     return {task_id: task.ready_seq if task.status == "ready" else task.lease_start
-            for task_id, task in q._state.tasks.items() if task.status in ("ready", "leased")}
+            for task_id, task in q.engine._state.tasks.items() if task.status in ("ready", "leased")}
 
 
 def test_tasks_loaded_from_a_snapshot_count_from_the_earliest_time_and_replay_is_identical(tmp_path):
@@ -95,20 +96,20 @@ def test_tasks_loaded_from_a_snapshot_count_from_the_earliest_time_and_replay_is
         q.release(leases[0], now=101)  # seq 4: "new" ready again
         q.put("newer", {})  # seq 5
         q.touch(leases[1], now=104, lease_seconds=2)  # seq 6: "old" leased from 104 to 106
-        before = (q.ready_due_since(now=200, seq_time=lambda seq: seq),
-                  q.leases_past_half(105), q.leases_past_half(104))
+        before = (q.engine.ready_due_since(now=200, seq_time=lambda seq: seq),
+                  q.engine.leases_past_half(105), q.engine.leases_past_half(104))
         state = meaningful_slots(q)
     with Queue(directory) as q:
-        after = (q.ready_due_since(now=200, seq_time=lambda seq: seq),
-                 q.leases_past_half(105), q.leases_past_half(104))
+        after = (q.engine.ready_due_since(now=200, seq_time=lambda seq: seq),
+                 q.engine.leases_past_half(105), q.engine.leases_past_half(104))
         assert after == before == (5, 1, 0)
         assert meaningful_slots(q) == state == {"new": 4, "newer": 5, "old": 104}
         q.compact()
     with Queue(directory) as q:
         # Loaded from the snapshot: ready since seq 0 (the earliest time there is),
         # and the lease's start is unknown, so it is not counted.
-        assert q.ready_due_since(now=200, seq_time=lambda seq: 1000 + seq) == 1000
-        assert q.leases_past_half(105) == 0
+        assert q.engine.ready_due_since(now=200, seq_time=lambda seq: 1000 + seq) == 1000
+        assert q.engine.leases_past_half(105) == 0
 
 
 def test_the_ready_fifo_stays_bounded_when_nobody_asks(tmp_path):
@@ -118,8 +119,8 @@ def test_the_ready_fifo_stays_bounded_when_nobody_asks(tmp_path):
                 q.put(f"t{round_number}", {})
                 (lease,) = q.reserve("w", now=1, lease_seconds=10)
                 q.ack(lease, now=1)
-        state = q._state
-        assert len(state._ready_fifo) <= 2 * (2 * state.counts[READY] + 1025)
+        state = q.engine._state
+        assert len(state.monitoring._ready_fifo) <= 2 * (2 * state.counts[READY] + 1025)
 
 
 def test_the_oldest_due_ready_time_matches_a_brute_force_search():
@@ -146,7 +147,7 @@ def test_the_oldest_due_ready_time_matches_a_brute_force_search():
                 leases += q.reserve("w", now=now, lease_seconds=rng.randrange(1, 30), limit=rng.randrange(1, 4))
                 expired_now = {view.task_id for view in q.tasks("ready")} - before
                 for task_id in expired_now:
-                    ready_seq[task_id] = q._state.tasks[task_id].ready_seq
+                    ready_seq[task_id] = q.engine._state.tasks[task_id].ready_seq
                     assert ready_seq[task_id] <= q.stats().last_seq
             elif action < 0.85 and leases:
                 lease = leases.pop(rng.randrange(len(leases)))
@@ -167,7 +168,7 @@ def test_the_oldest_due_ready_time_matches_a_brute_force_search():
             query_now = now + rng.choice([0, 3, 30])
             expected = min((max(view.available_at, seq_time(ready_seq[view.task_id]))
                             for view in q.tasks("ready") if view.available_at <= query_now), default=None)
-            assert q.ready_due_since(query_now, seq_time) == expected, f"seed {seed}, step {step}"
+            assert q.engine.ready_due_since(query_now, seq_time) == expected, f"seed {seed}, step {step}"
 
 
 # -- leases past half ---------------------------------------------------------------
@@ -178,15 +179,15 @@ def test_leases_past_half_counts_from_the_reserve_or_the_last_touch(tmp_path):
         q.put("a", {})
         q.put("b", {})
         (lease,) = q.reserve("w", now=0, lease_seconds=10)
-        assert [q.leases_past_half(now) for now in (0, 4, 5, 9, 20)] == [0, 0, 1, 1, 1]
+        assert [q.engine.leases_past_half(now) for now in (0, 4, 5, 9, 20)] == [0, 0, 1, 1, 1]
         lease = q.touch(lease, now=6, lease_seconds=10)  # 6 .. 16: half at 11
-        assert [q.leases_past_half(now) for now in (10, 11)] == [0, 1]
+        assert [q.engine.leases_past_half(now) for now in (10, 11)] == [0, 1]
         lease = q.touch(lease, now=7, lease_seconds=9)  # same deadline, new start: half at 11.5
-        assert [q.leases_past_half(now) for now in (11, 12)] == [0, 1]
+        assert [q.engine.leases_past_half(now) for now in (11, 12)] == [0, 1]
         q.reserve("w", now=7, lease_seconds=1)  # "b", 7 .. 8
-        assert q.leases_past_half(8) == 1 and q.leases_past_half(12) == 2
+        assert q.engine.leases_past_half(8) == 1 and q.engine.leases_past_half(12) == 2
         q.ack(lease, now=12)
-        assert q.leases_past_half(12) == 1
+        assert q.engine.leases_past_half(12) == 1
 
 
 class CountingTasks(dict):
@@ -207,15 +208,15 @@ def test_reports_at_a_later_now_count_each_lease_once_not_every_lease_each_time(
         q.put_many([{"task_id": f"t{index:05d}", "payload": {}} for index in range(leases)])
         for start in range(0, leases, 1000):
             q.reserve("w", now=start, lease_seconds=10_000, limit=1000)
-        state = q._state
+        state = q.engine._state
         state.tasks = CountingTasks(state.tasks)
         CountingTasks.lookups = 0
-        figures = [q.leases_past_half(now) for now in range(5000, 5000 + reports)]
+        figures = [q.engine.leases_past_half(now) for now in range(5000, 5000 + reports)]
         assert figures == [1000] * 500, figures[:3]  # those leased at 0 are past 5000
         # Each lease is looked at once, when it reaches its middle; a walk per
         # report would be reports x leases = 1,000,000 lookups.
         assert CountingTasks.lookups <= leases, CountingTasks.lookups
-        assert q.leases_past_half(6000) == 2000
+        assert q.engine.leases_past_half(6000) == 2000
 
 
 def test_leases_past_half_kept_incrementally_matches_a_count_of_every_lease(tmp_path):
@@ -245,13 +246,13 @@ def test_leases_past_half_kept_incrementally_matches_a_count_of_every_lease(tmp_
                     q.ack(lease, now=now)
                     q.put(f"{task_id}-{now}-{rng.random()}", {}, max_attempts=1000)
             elif action < 0.9:
-                q.expire_due(now=now)
-            expected = q._state._count_past_half(now)
-            assert q.leases_past_half(now) == expected, now
+                q.engine.expire_due(now=now)
+            expected = count_past_half(q.engine._state.tasks, q.engine._state._leases, now)
+            assert q.engine.leases_past_half(now) == expected, now
             if rng.random() < 0.05:  # a caller's earlier now is counted by a walk, and changes nothing
                 earlier = rng.randint(0, now)
-                assert q.leases_past_half(earlier) == q._state._count_past_half(earlier)
-        assert len(q._state._halves) <= 2 * q.stats().leased + 1024 + 4
+                assert q.engine.leases_past_half(earlier) == count_past_half(q.engine._state.tasks, q.engine._state._leases, earlier)
+        assert len(q.engine._state.monitoring._halves) <= 2 * q.stats().leased + 1024 + 4
 
 
 # -- the seq clock and the recorder ---------------------------------------------
@@ -289,7 +290,7 @@ def test_the_recorder_reports_quantiles_and_requests_per_fsync_over_a_recent_win
     recorder = Recorder(next_seq=1, now=0, recovery_seconds=1.5, clock=lambda: clock[0],
                         wall_clock=lambda: 1.7e9)
     with Queue(tmp_path / "q") as q:
-        report = recorder.report(q, now=5, connections=2, parked_reserves=3, paused=True,
+        report = recorder.report(q.engine, now=5, connections=2, parked_reserves=3, paused=True,
                                  compact_wal_bytes=99, directory="/d")
         assert (report.fsync_p50_seconds, report.fsync_p99_seconds, report.requests_per_fsync) == (None,) * 3
         recorder.batch_ended(0.5, 7, fsynced=False)  # a read-only batch
@@ -298,7 +299,7 @@ def test_the_recorder_reports_quantiles_and_requests_per_fsync_over_a_recent_win
         recorder.compacted(0.25)
         recorder.write_failed()
         clock[0] += 10
-        report = recorder.report(q, now=5, connections=2, parked_reserves=3, paused=True,
+        report = recorder.report(q.engine, now=5, connections=2, parked_reserves=3, paused=True,
                                  compact_wal_bytes=99, directory="/d")
         assert report.fsyncs_total == 100 and report.requests_total == 207
         assert report.fsync_p50_seconds == 0.05 and report.fsync_p99_seconds == 0.099
@@ -309,12 +310,12 @@ def test_the_recorder_reports_quantiles_and_requests_per_fsync_over_a_recent_win
         assert (report.connections, report.parked_reserves, report.paused, report.wal_segments) == (2, 3, True, 1)
         assert report.version == walqueue.__version__
         clock[0] += FSYNC_WINDOW_SECONDS + 1  # the window empties; the totals stay
-        report = recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
+        report = recorder.report(q.engine, now=5, connections=0, parked_reserves=0, paused=False,
                                  compact_wal_bytes=99, directory="/d")
         assert report.fsync_window == 0 and report.fsync_p99_seconds is None and report.fsyncs_total == 100
         for _ in range(FSYNC_WINDOW + 10):
             recorder.batch_ended(0.001, 1, fsynced=True)
-        report = recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
+        report = recorder.report(q.engine, now=5, connections=0, parked_reserves=0, paused=False,
                                  compact_wal_bytes=99, directory="/d")
         assert report.fsync_window == FSYNC_WINDOW
 
@@ -332,7 +333,7 @@ def test_the_fsync_window_is_sorted_once_per_change_not_once_per_report(tmp_path
         recorder.batch_ended(index / 1e6, 1, fsynced=True)
     with Queue(tmp_path / "q") as q:
         def report():
-            return recorder.report(q, now=5, connections=0, parked_reserves=0, paused=False,
+            return recorder.report(q.engine, now=5, connections=0, parked_reserves=0, paused=False,
                                    compact_wal_bytes=99, directory="/d")
         reports = [report() for _ in range(1000)]
         assert len(sorts) == 1 and {r.fsync_window for r in reports} == {FSYNC_WINDOW}

@@ -108,7 +108,7 @@ def test_an_answered_put_survives_a_power_cut_that_keeps_nothing_unsynced(tmp_pa
     queue.put("a", {})
     assert disk.allocations == 1
     # The process dies (no close, so no trim) and the power goes.
-    queue._die()
+    queue.engine._die()
     disk.power_loss(None)
     with Queue(tmp_path, filesystem=disk, preallocate_bytes=STEP) as reopened:
         assert reopened.get("a") is not None
@@ -128,7 +128,7 @@ def test_a_file_system_that_cannot_preallocate_gets_plain_appends(tmp_path):
         queue.put("a", {})
         assert disk.volatile_image(str(tmp_path))[wal_name(1)] == put_frame(1, "a")
         queue.put("b", {})
-        queue._die()
+        queue.engine._die()
     disk.power_loss(None)
     with Queue(tmp_path, filesystem=disk, preallocate_bytes=STEP) as reopened:
         assert [view.task_id for view in reopened.tasks()] == ["a", "b"]

@@ -635,7 +635,7 @@ def test_every_wire_code_maps_to_a_class_the_codes_of_the_library_classes_includ
 
 
 def test_a_request_of_a_type_the_daemon_does_not_know_is_told_from_a_malformed_one():
-    unknown = msgspec.msgpack.encode({"type": "cancel", "id": 7, "task_id": "t"})   # a newer client's
+    unknown = msgspec.msgpack.encode({"type": "frobnicate", "id": 7, "task_id": "t"})   # a newer client's
     with pytest.raises(p.UnknownRequestType) as error:
         p.decode_request(unknown)
     assert error.value.args[1] == 7 and p.error_to_wire(7, error.value).code == "unknown_request"

@@ -297,12 +297,27 @@ def test_a_daily_job_puts_one_task_a_day_across_both_dst_changes(tmp_path):
         assert len(hourly) == 49 and len(set(hourly)) == 49  # the previous hour's and 48 real hours
 
 
+class WaitingClock(JumpingClock):
+    """A frozen JumpingClock that says when run() first waits, its first round done."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__(at, at)
+        self.waiting = threading.Event()
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        self.waiting.set()
+        return super().wait(event, seconds)
+
+
 def test_stop_from_another_thread_ends_run(tmp_path):
     with Queue(tmp_path / "queue") as queue:
-        clock = JumpingClock(START, START)  # frozen: run() waits until stopped
+        clock = WaitingClock(START)  # frozen: run() waits until stopped
         scheduler = Scheduler(queue, schedule(EVERY_MINUTE), clock=clock, logger=logger("stop")[0])
         thread = threading.Thread(target=scheduler.run)
         thread.start()
+        # Stopped once it waits: a stop before its first round (the thread may start late)
+        # rightly puts nothing, and CI once saw that.
+        assert clock.waiting.wait(10), "run() never waited"
         scheduler.stop()
         thread.join(10)
         assert not thread.is_alive()

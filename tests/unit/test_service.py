@@ -22,6 +22,7 @@ from walqueue.daemon.service import (
     QueueService,
     Refused,
 )
+from walqueue.engine import Engine
 
 
 class FakePeer:
@@ -42,8 +43,7 @@ class FakePeer:
 class Harness:
     def __init__(self, directory: Path) -> None:
         self.compactions: list[str] = []
-        queue = Queue(directory)
-        self.service = QueueService(queue, compact=self._compact, report=lambda now: None)
+        self.service = QueueService(Engine(directory), compact=self._compact, report=lambda now: None)
 
     def _compact(self, peer, request_id: int) -> None:
         """Compact in the turn and answer, as the compactor would once its child publishes."""
@@ -53,7 +53,8 @@ class Harness:
 
     @property
     def queue(self) -> Queue:
-        return self.service.queue
+        """The library's face over the service's Engine: the tests' puts and reads."""
+        return Queue.over(self.service.queue)
 
     def turn(self, now: int, monotonic_seconds: float, *requests) -> list[tuple[FakePeer, object]]:
         """One loop turn: (peer, request) pairs applied in one batch; the decoded answers."""
@@ -238,7 +239,7 @@ def test_a_listing_ends_with_an_error_when_the_queue_is_replaced_under_it(harnes
     harness.service.begin_turn(100, 0.0)
     harness.service.handle(FakePeer("w"), p.Tasks(id=1))
     (answer,) = harness.service.outbox
-    old = harness.service.replace_queue(Queue(tmp_path / "other"))
+    old = harness.service.replace_queue(Engine(tmp_path / "other"))
     old.close()
     with pytest.raises(ListingInterrupted):
         next(answer.messages)
@@ -321,7 +322,7 @@ def test_a_lease_longer_than_the_daemons_bound_is_refused_naming_it_and_writes_n
 
 def test_the_lease_bound_is_the_daemons_option_and_the_library_keeps_its_own(tmp_path):
     queue = Queue(tmp_path / "q")
-    service = QueueService(queue, compact=lambda *_: None, report=lambda now: None,
+    service = QueueService(queue.engine, compact=lambda *_: None, report=lambda now: None,
                            max_lease_seconds=60)
     peer = FakePeer("w")
     service.begin_turn(100, 0.0)

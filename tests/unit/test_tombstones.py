@@ -278,7 +278,7 @@ def test_acked_tasks_leave_the_live_tasks_for_the_store_and_answer_as_before(tmp
                      "key": f"k{index}" if index % 2 else None} for index in range(50)])
         for lease in q.reserve("w", now=1, lease_seconds=10, limit=50):
             q.ack(lease, now=2)
-        state = q._state
+        state = q.engine._state
         assert state.tasks == {} and state.task_id_by_key == {} and len(state.tombstones) == 50
         assert q.put("t3", {"n": 3}, key="k3") == "t3"
         assert q.put("t4", {"n": 4}) == "t4"

@@ -29,8 +29,19 @@ from walqueue import (
     WalQueueError,
     validation,
 )
+from walqueue.daemon.service import wire_put, wire_puts
 
 from .frames import canonical, put_record, put_task, read_dir
+
+
+def put_without_copy(q, request):
+    """walqueued's put of ``request``: its service's validation (wire_put, no copy), then the Engine."""
+    return q.engine.put([wire_put(request)])[0]
+
+
+def put_many_without_copy(q, requests):
+    """walqueued's put_many: wire_puts (no copy, one budget), then the Engine."""
+    return q.engine.put(wire_puts(requests))
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOO_BIG = 2**63
@@ -295,14 +306,14 @@ def test_json_values_of_every_kind_are_accepted_at_depth(q):
 
 @pytest.mark.parametrize("bad", BAD_PAYLOADS)
 def test_walqueueds_put_entries_refuse_a_bad_payload_exactly_as_put_does(q, directory, bad):
-    """put_without_copy / put_many_without_copy (the daemon's) skip the copy, not a check."""
+    """walqueued's puts (wire_put / wire_puts, no copy) skip the copy, not a check."""
     with pytest.raises(InvalidRequest) as by_put:
         q.put("fresh", bad)
-    error = assert_rejected(q, directory, "payload", lambda: q.put_without_copy(PutRequest("fresh", bad)))
+    error = assert_rejected(q, directory, "payload", lambda: put_without_copy(q, PutRequest("fresh", bad)))
     assert str(error) == str(by_put.value)
     with pytest.raises(InvalidRequest) as by_put_many:
         q.put_many([PutRequest("fresh", {}), PutRequest("x", bad)])
-    error = assert_rejected(q, directory, "payload", lambda: q.put_many_without_copy(
+    error = assert_rejected(q, directory, "payload", lambda: put_many_without_copy(q,
         [PutRequest("fresh", {}), PutRequest("x", bad)]))
     assert str(error) == str(by_put_many.value)
 
@@ -341,8 +352,8 @@ def test_walqueueds_put_entries_store_what_put_stores(q):
     payloads = [*PLAIN_PAYLOADS, {"t": (1, (2,))}, OrderedDict(b=1, a={"c": 2})]
     for index, payload in enumerate(payloads):
         q.put(f"by-put-{index}", payload)
-        q.put_without_copy(PutRequest(f"by-entry-{index}", payload))
-    q.put_many_without_copy([PutRequest(f"by-many-{index}", payload) for index, payload in enumerate(payloads)])
+        put_without_copy(q, PutRequest(f"by-entry-{index}", payload))
+    put_many_without_copy(q, [PutRequest(f"by-many-{index}", payload) for index, payload in enumerate(payloads)])
     for index in range(len(payloads)):
         stored = q.get(f"by-put-{index}").payload
         assert q.get(f"by-entry-{index}").payload == stored == q.get(f"by-many-{index}").payload
@@ -726,12 +737,12 @@ def test_a_payload_holds_at_most_so_many_objects_and_arrays_on_every_library_ent
     limit = validation.MAX_PAYLOAD_CONTAINERS
     at_the_bound = {"l": [[]] * (limit - 3), "m": {}}
     q.put("at-the-bound", at_the_bound)
-    q.put_without_copy(PutRequest("at-the-bound-too", at_the_bound))
+    put_without_copy(q, PutRequest("at-the-bound-too", at_the_bound))
     for over in ({"l": [[]] * (limit - 2), "m": {}}, {"t": ((),) * (limit - 1)},
                  {"m": types.MappingProxyType({"x": [{}] * (limit - 2)})}):
         error = assert_rejected(q, directory, "payload", lambda over=over: q.put("over", over))
         assert f"more than {limit} objects and arrays" in str(error)
-        assert_rejected(q, directory, "payload", lambda over=over: q.put_without_copy(PutRequest("over", over)))
+        assert_rejected(q, directory, "payload", lambda over=over: put_without_copy(q, PutRequest("over", over)))
         assert_rejected(q, directory, "requests[1].payload",
                         lambda over=over: q.put_many([PutRequest("fresh", {}), PutRequest("over", over)]))
     assert validation.plain_json(at_the_bound) == limit
@@ -746,7 +757,7 @@ def test_the_payloads_of_one_put_many_hold_at_most_so_many_objects_and_arrays_in
     rest = total - items * limit
     fitting.append(PutRequest("rest", {"l": [[]] * (rest - 2)}))
     assert len(q.put_many(fitting)) == items + 1
-    for put_many in (q.put_many, q.put_many_without_copy):
+    for put_many in (q.put_many, functools.partial(put_many_without_copy, q)):
         over = [PutRequest(f"o{index}", {"l": [[]] * (limit - 2)}) for index in range(items)]
         over.append(PutRequest("one-too-many", {"l": [[]] * (rest - 1)}))
         error = assert_rejected(q, directory, f"requests[{items}].payload", lambda put_many=put_many, over=over:

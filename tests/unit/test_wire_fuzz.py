@@ -106,6 +106,10 @@ requests = st.one_of(
     st.builds(p.BackupEnd, id=integers),
     st.builds(p.DaemonStatsReq, id=integers),
     st.builds(p.ForceRelease, id=integers, task_ids=st.lists(texts, max_size=3)),
+    st.builds(p.Cancel, id=integers, task_id=texts),
+    st.builds(p.Workers, id=integers),
+    st.builds(p.TasksPage, id=integers, status=st.sampled_from([None, "ready", "completed", "bogus"]),
+              after=st.none() | texts, limit=integers),
 )
 
 lease_values = st.builds(p.WireLease, task_id=texts, worker=texts, generation=integers, deadline=integers,
@@ -286,7 +290,7 @@ def harness(tmp_path_factory):
     queue.reserve("w", now=1, lease_seconds=10**9)
     path = str(workdir / "s.sock")
     listener = bind_listener(path, 0o600)
-    instance = Loop(str(directory), queue, listener, socket_path=path, compact_wal_bytes=10**12,
+    instance = Loop(str(directory), queue.engine, listener, socket_path=path, compact_wal_bytes=10**12,
                     max_connections=10, hook=None, notifier=Notifier({}), hello_timeout_seconds=3600.0)
     instance.register_listener()
     real_timeout = instance._timeout

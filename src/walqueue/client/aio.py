@@ -48,8 +48,9 @@ from typing import Any
 
 from walqueue import QueueClosed, WalQueueError
 from walqueue import protocol as p
+from walqueue.client import calls
 from walqueue.client.address import connect_error, unix_address
-from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, ClientApi
+from walqueue.client.api import DEFAULT_TIMEOUT_SECONDS, PAGE_TASKS, ClientApi
 from walqueue.client.calls import (
     CLIENT_PROTOCOL_VERSIONS,
     Call,
@@ -350,6 +351,16 @@ class Client(ClientApi):
                     self._connection.close()
                     raise QueueClosed(f"this Client of {self.path} is closed")
             return self._connection
+
+    async def _all_pages(self, status: str | None, after: str) -> list:
+        """ClientApi.tasks with ``after`` and no ``limit``: page after page, awaited."""
+        views: list = []
+        while True:
+            page = await self._run(calls.tasks_page_call, status, after=after, limit=PAGE_TASKS)
+            views += page
+            if len(page) < PAGE_TASKS:
+                return views
+            after = page[-1].task_id
 
     async def _run(self, build: Callable[..., Call], /, *args: Any, **kwargs: Any) -> Any:
         call = build(*args, **kwargs)

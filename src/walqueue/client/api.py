@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from walqueue import Lease, QueueStats, TaskView
+from walqueue import Lease, QueueStats, TaskView, WorkerView
 from walqueue.backend import CAPABILITIES
 from walqueue.client import calls
 from walqueue.client.address import socket_path
@@ -32,6 +32,8 @@ from walqueue.retry import DEFAULT_RETRY_SECONDS, Retry, call_name, retry_for
 from walqueue.values import BackupManifest
 
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# The page size of a listing given `after` but no `limit`: one request per page of this many.
+PAGE_TASKS = 1000
 
 
 class ClientApi:
@@ -148,9 +150,47 @@ class ClientApi:
         """The task, or None if no task has that id."""
         return self._run(calls.get_call, task_id)
 
-    def tasks(self, status: str | None = None) -> list[TaskView]:
-        """All tasks (or those with ``status``) in task_id order."""
-        return self._run(calls.tasks_call, status)
+    def tasks(self, status: str | None = None, *, after: str | None = None,
+              limit: int | None = None) -> list[TaskView]:
+        """All tasks (or those with ``status``) in task_id order; with ``after``, only those
+        whose id is greater; with ``limit`` (1 to 10,000), at most that many.
+
+        With ``limit`` it is one request that costs the daemon O(limit)
+        (SPEC §8b): page on with ``after=`` the last id. With ``after`` alone
+        the client asks for pages of PAGE_TASKS until the last, so the answer
+        is not one moment's state (a task may move between pages). Without
+        either it is one listing, as before. A daemon older than the paged listing knows no
+        pages: InvalidRequest, and it closes the connection.
+        """
+        if after is None and limit is None:
+            return self._run(calls.tasks_call, status)
+        if limit is not None:
+            return self._run(calls.tasks_page_call, status, after=after, limit=limit)
+        return self._all_pages(status, after)
+
+    def _all_pages(self, status: str | None, after: str) -> list[TaskView]:
+        views: list[TaskView] = []
+        while True:
+            page = self._run(calls.tasks_page_call, status, after=after, limit=PAGE_TASKS)
+            views += page
+            if len(page) < PAGE_TASKS:
+                return views
+            after = page[-1].task_id
+
+    def cancel(self, task_id: str) -> None:
+        """Complete a dead task, or a ready one that is due, without running it (SPEC §8b).
+
+        Written as a revive (if dead), a reserve and an ack by the worker
+        ``walqueue:cancel``, in one batch and one fsync; the key stays taken.
+        A completed task: nothing happens (so a lost answer is retried).
+        Raises InvalidRequest, naming the case, for a task not yet due, leased
+        or unknown.
+        """
+        return self._run(calls.cancel_call, task_id)
+
+    def workers(self) -> list[WorkerView]:
+        """Every worker name holding a lease or used by an open connection, by name (SPEC §8b)."""
+        return self._run(calls.workers_call)
 
     def stats(self) -> QueueStats:
         return self._run(calls.stats_call)

@@ -30,17 +30,18 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from walqueue import InvalidRequest, Lease, Unavailable, WalQueueError
+from walqueue import InvalidRequest, Lease, Unavailable, WalQueueError, WorkerView
 from walqueue import protocol as p
 from walqueue.codec import MAX_FRAME_TEXT, mebibytes
+from walqueue.listing import check_page
 
 # What walqueue.client exports of this module: a new call builder is added here alone.
 __all__ = [
     "Call", "DaemonUnavailable", "HelloRefused", "NoSocket", "ack_and_reserve_call", "ack_call", "backup_begin_call",
-    "backup_end_call", "compact_call", "complete", "daemon_stats_call", "encode_request",
+    "backup_end_call", "cancel_call", "compact_call", "complete", "daemon_stats_call", "encode_request",
     "force_release_call", "get_call", "hello_answer", "hello_request", "pause_call", "put_call",
     "put_many_call", "release_call", "reserve_call", "result", "resume_call", "revive_call", "stats_call",
-    "tasks_call", "touch_call",
+    "tasks_call", "tasks_page_call", "touch_call", "workers_call",
 ]
 
 
@@ -345,6 +346,25 @@ def tasks_call(status: Any) -> Call:
     if status is not None:
         _check_str("status", status)
     return Call(p.Tasks(id=0, status=status), lambda answer: [p.task_from_wire(task) for task in answer.tasks])
+
+
+def tasks_page_call(status: Any, *, after: Any, limit: Any) -> Call:
+    """One page of ``tasks`` (SPEC §8b): ``limit`` must be given (the shells loop for None)."""
+    if status is not None:
+        _check_str("status", status)
+    after, limit = check_page(after, limit)
+    return Call(p.TasksPage(id=0, status=status, after=after, limit=limit),
+                lambda answer: [p.task_from_wire(task) for task in answer.tasks])
+
+
+def cancel_call(task_id: Any) -> Call:
+    # Retried after a lost answer: a second cancel of the task it completed does nothing.
+    return Call(p.Cancel(id=0, task_id=_check_str("task_id", task_id)), _nothing)
+
+
+def workers_call() -> Call:
+    return Call(p.Workers(id=0), lambda answer: [WorkerView(w.worker, w.leases, w.connected)
+                                                 for w in answer.workers])
 
 
 def stats_call() -> Call:

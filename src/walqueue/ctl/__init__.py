@@ -32,17 +32,26 @@ this order):
 * `group`: the group, its options and `--json`, and `command(...)`, with
   which each command module registers its commands;
 * the commands, none importing another: `tasks` (put, get, tasks, next,
-  dead, revive), `leases` (reserve, ack, release, touch, force-release),
-  `admin` (stats, metrics, top, compact, pause, resume, backup), `offline`
-  (verify), `migrate` (PostgreSQL) and `schedule` (a walqueue-scheduler
-  file's next runs).
+  dead, revive; listings read in pages), `leases` (reserve, ack, release,
+  touch, force-release), `steering` (cancel, workers), `admin` (stats,
+  metrics, top, compact, pause, resume, backup), `offline` (verify),
+  `migrate` (PostgreSQL) and `schedule` (a walqueue-scheduler file's next
+  runs).
 
 A new command is one more module beside them, imported below.
 """
 
 from __future__ import annotations
 
-from walqueue.ctl import admin, leases, migrate, offline, schedule, tasks  # noqa: F401  (they register their commands)
+from walqueue.ctl import (  # noqa: F401  (they register their commands)
+    admin,
+    leases,
+    migrate,
+    offline,
+    schedule,
+    steering,
+    tasks,
+)
 from walqueue.ctl.group import cli
 
 __all__ = ["cli", "main"]

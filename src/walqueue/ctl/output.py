@@ -21,6 +21,7 @@ from walqueue.ctl import top
 from walqueue.ctl.errors import EXIT_USAGE, CtlError
 
 PAYLOAD_COLUMN_CHARS = 60
+PAGE_TASKS = 1000  # a listing's page: one request each, costing the queue O(page) (SPEC §8b)
 
 
 def emit(value: Any) -> None:
@@ -134,3 +135,37 @@ def print_tasks(tasks: list, total: int, columns: tuple[str, ...], as_json: bool
     table([list(columns)] + [[TASK_COLUMNS[column](task, now) for column in columns] for task in tasks])
     if total > len(tasks):
         click.echo(f"... and {total - len(tasks)} more (--limit)")
+
+
+def task_pages(client: Any, status: str | None, limit: int | None):
+    """The listing of `status` as pages (lists of TaskView) of at most PAGE_TASKS, at most
+    `limit` tasks in all; each page is one `tasks(status, after=, limit=)` call."""
+    after, left = None, limit
+    while left is None or left > 0:
+        size = PAGE_TASKS if left is None else min(PAGE_TASKS, left)
+        page = client.tasks(status, after=after, limit=size)
+        if page:
+            yield page
+        if len(page) < size:
+            return
+        after = page[-1].task_id
+        if left is not None:
+            left -= len(page)
+
+
+def print_task_pages(ctl: Any, status: str | None, limit: int | None, columns: tuple[str, ...],
+                     as_json: bool, nothing: str) -> None:
+    """`print_tasks` of a listing read in pages: JSON lines as each page comes, or one table
+    (and, past --limit, how many more the queue's counts say there are)."""
+    if as_json:
+        for page in task_pages(ctl.client, status, limit):
+            for task in page:
+                emit(task)
+        return
+    shown = [task for page in task_pages(ctl.client, status, limit) for task in page]
+    total = len(shown)
+    if limit is not None and total == limit:
+        counts = ctl.client.stats()
+        total = max(total, getattr(counts, status) if status else
+                    counts.ready + counts.leased + counts.completed + counts.dead)
+    print_tasks(shown, total, columns, False, nothing)

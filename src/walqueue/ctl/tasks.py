@@ -20,7 +20,7 @@ from walqueue.ctl.errors import (
     not_found,
 )
 from walqueue.ctl.group import JSON_ALREADY, command, json_option, pass_ctl
-from walqueue.ctl.output import emit, parse_json_object, print_tasks
+from walqueue.ctl.output import emit, parse_json_object, print_task_pages, print_tasks
 
 DEFAULT_NEXT_LIMIT = 10
 STATUSES = ("ready", "leased", "completed", "dead")
@@ -185,12 +185,15 @@ def tasks(ctl: Ctl, status: str | None, limit: int | None, as_json: bool) -> Non
     min)") by this machine's clock; a ready task not yet due is "delayed".
     --json gives the exact fields (times as Unix seconds, status "ready").
     Completed tasks stay listed for ever (as tombstones without payload), so
-    on a long-lived queue use --status or --limit.
+    on a long-lived queue use --status or --limit. The listing is read in
+    pages of 1,000 tasks (each costs the queue as much as its page, however
+    long the history), so it is not one moment's state: a task that moves
+    meanwhile may show twice or not at all; --json prints each page as it
+    comes.
     """
-    listing = ctl.client.tasks(status)
-    print_tasks(listing[:limit], len(listing),
-                ("TASK_ID", "STATUS", "ATTEMPTS", "AVAILABLE_AT", "WORKER", "DEADLINE", "PAYLOAD"),
-                as_json, f"no {status} tasks" if status else "no tasks")
+    print_task_pages(ctl, status, limit,
+                     ("TASK_ID", "STATUS", "ATTEMPTS", "AVAILABLE_AT", "WORKER", "DEADLINE", "PAYLOAD"),
+                     as_json, f"no {status} tasks" if status else "no tasks")
 
 
 @command(*DAEMON_CODES, name="next", short_help="The next tasks reserve would lease, unleased.")
@@ -212,16 +215,16 @@ def next_tasks(ctl: Ctl, limit: int, as_json: bool) -> None:
                 ("TASK_ID", "DUE", "AVAILABLE_AT", "ATTEMPTS", "PAYLOAD"), as_json, "no ready tasks")
 
 
-@command(*DAEMON_CODES)
+@command(*DAEMON_CODES, short_help="List dead tasks (out of attempts).")
 @LIMIT_OPTION
 @json_option(LISTING_JSON)
 @pass_ctl
 def dead(ctl: Ctl, limit: int | None, as_json: bool) -> None:
-    """List dead tasks (out of attempts); bring them back with `revive`."""
-    listing = ctl.client.tasks("dead")
-    print_tasks(listing[:limit], len(listing),
-                ("TASK_ID", "KEY", "ATTEMPTS", "GENERATION", "AVAILABLE_AT", "PAYLOAD"),
-                as_json, "no dead tasks")
+    """List dead tasks (out of attempts); bring them back with `revive`, or drop them with
+    `cancel`. Read in pages of 1,000, as `tasks`."""
+    print_task_pages(ctl, "dead", limit,
+                     ("TASK_ID", "KEY", "ATTEMPTS", "GENERATION", "AVAILABLE_AT", "PAYLOAD"),
+                     as_json, "no dead tasks")
 
 
 @command(*DAEMON_CODES, EXIT_NOT_FOUND)

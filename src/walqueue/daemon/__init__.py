@@ -1,8 +1,8 @@
-"""walqueued: one process owning one Queue, serving local workers over a Unix socket.
+"""walqueued: one process owning one Engine, serving local workers over a Unix socket.
 
 One module per concept (docs/daemon.md, "Inside walqueued"):
 
-* ``service``: the sans-IO core. It owns the Queue, takes decoded requests
+* ``service``: the sans-IO core. It owns the Engine, takes decoded requests
   and the turn's ``now``, and produces answers and parked waits: pause,
   backup pins, the parking policy, the chunking of list answers. No sockets,
   selectors, clocks, signals or threads.

@@ -1,6 +1,6 @@
 """The ``walqueued`` command: ``walqueued serve DIRECTORY [options]``, ``--version``, ``-h``.
 
-It parses the options, sets up logging, opens (recovers) the Queue while
+It parses the options, sets up logging, opens (recovers) the Engine while
 telling systemd it is starting, takes the listening socket (its own, or the
 one systemd passed) and hands everything to the loop (walqueue.daemon.loop).
 Each failure to start exits with the code documented in ``--help``.
@@ -182,7 +182,7 @@ def cli() -> None:
               help="Permissions of --metrics-textfile, in octal, whatever the umask (node_exporter "
                    "runs as another user and must read it).")
 @click.option("--test-hook", default=None, hidden=True,
-              help="TEST ONLY: MODULE:CALLABLE passed to Queue(hook=...) for fault injection.")
+              help="TEST ONLY: MODULE:CALLABLE passed to Engine(hook=...) for fault injection.")
 @click.option("--test-child-hook", default=None, hidden=True,
               help="TEST ONLY: MODULE:CALLABLE called in each snapshot child before it writes.")
 @click.option("--test-child-deadline-floor", "child_deadline_floor_seconds",
@@ -379,7 +379,7 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
     """serve_directory once the directory is reached: recover, listen, run the loop."""
     if listener is None:
         try:
-            refuse_a_live_socket(socket_path)   # before the Queue creates its files
+            refuse_a_live_socket(socket_path)   # before the Engine creates its files
         except DaemonExit as exc:
             log.error("%s", exc)
             return exc.code

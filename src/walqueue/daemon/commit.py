@@ -2,15 +2,15 @@
 
 The durability boundary of walqueued is here and only here. `GroupCommit.turn`
 runs the turn's work (the service applying its requests) inside ONE
-``Queue.batch()``, so every write of the turn shares one fsync (SPEC §6), and
+``Engine.batch()``, so every write of the turn shares one fsync (SPEC §6), and
 reports whether the batch exited without error: only then may the turn's
 answers be sent, so no answer ever reports success for a write that is not
 on disk yet.
 
 A failed write is what the file system raises (OSError: ENOSPC, EIO, ...,
-also from a fault-injection hook) or what the Queue raises once it has
+also from a fault-injection hook) or what the Engine raises once it has
 closed itself after one (QueueClosed). Then every request of the turn is
-answered QueueClosed (it may or may not have taken effect), the Queue is
+answered QueueClosed (it may or may not have taken effect), the Engine is
 dropped and opened again from disk; if that fails the daemon exits non-zero
 for its supervisor (DaemonExit). Nothing else is caught: a bug in request
 handling (a TypeError, say) propagates out of the loop, which logs its
@@ -19,7 +19,7 @@ failure" and reopening a queue that may be fine while the bug remains.
 
 Compaction is driven from here too: the group commit owns the `Compactor`
 (walqueue.daemon.compaction), which writes snapshots from a forked child
-while the loop serves, and whose child a reopen kills first (its Queue is
+while the loop serves, and whose child a reopen kills first (its Engine is
 gone). The recorder only observes: it is told how long each batch's end
 (the fsync) took, how many requests it held, and what failed.
 """
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from walqueue import CorruptStore, Queue, WalQueueError
+from walqueue import CorruptStore, WalQueueError
+from walqueue.engine import Engine
 
 from .clock import Clock
 from .compaction import (
@@ -51,12 +52,12 @@ __all__ = ["WRITE_FAILURES", "GroupCommit"]
 class GroupCommit:
     """The batch around each turn, its failure handling, and compaction (``compaction``).
 
-    ``open_queue()`` opens the directory's Queue again after a failure
-    (raising what ``Queue()`` raises). ``watch``/``unwatch``, ``child_hook``,
+    ``open_queue()`` opens the directory's Engine again after a failure
+    (raising what ``Engine()`` raises). ``watch``/``unwatch``, ``child_hook``,
     ``free_bytes`` and ``child_deadline_floor_seconds`` go to the `Compactor`.
     """
 
-    def __init__(self, service: QueueService, *, directory: str, open_queue: Callable[[], Queue],
+    def __init__(self, service: QueueService, *, directory: str, open_queue: Callable[[], Engine],
                  recorder: Recorder, clock: Clock, compact_wal_bytes: int,
                  compact_wal_ratio: float = DEFAULT_COMPACT_WAL_RATIO,
                  watch: Callable[[int], None] = lambda fd: None,
@@ -81,7 +82,7 @@ class GroupCommit:
 
         Returns True if the batch exited without error: the turn's answers may
         be sent. On a failed write the turn's requests are answered with an
-        error and the Queue is reopened (False). Raises DaemonExit if the
+        error and the Engine is reopened (False). Raises DaemonExit if the
         reopen fails, and whatever else ``apply`` raises.
         """
         queue = self.service.queue
@@ -114,7 +115,7 @@ class GroupCommit:
         self.reopen()
 
     def reopen(self) -> None:
-        """Drop the Queue and open it again from disk. Raises DaemonExit if that fails."""
+        """Drop the Engine and open it again from disk. Raises DaemonExit if that fails."""
         self.compaction.reset("the queue was reopened after a failed write")
         old = self.service.replace_queue(None)
         try:

@@ -4,11 +4,11 @@ The shape is Redis's BGSAVE, in SPEC §5's order and phases:
 
 1. right after a turn's batch has exited (its fsync done), when a compaction
    is due or requested and none is in flight, the loop calls
-   ``Queue.begin_compaction()`` (rotate: wal.after_rotate) and forks AT ONCE,
+   ``Engine.begin_compaction()`` (rotate: wal.after_rotate) and forks AT ONCE,
    before anything else is applied, so the child's copy-on-write image of
    the state is exactly the state through the compaction's seq S;
 2. the child writes and fsyncs ``snapshot-S.snap`` from that image
-   (``Queue.write_compaction_snapshot``, which refuses a state past S) and
+   (``Engine.write_compaction_snapshot``, which refuses a state past S) and
    exits 0, reporting the snapshot's size through a pipe — or exits non-zero
    with the errno and message of what failed;
 3. meanwhile the parent serves: appends go to the new segment, which the
@@ -17,10 +17,10 @@ The shape is Redis's BGSAVE, in SPEC §5's order and phases:
    (snapshot.after_write, current.after_write, current.after_publish,
    compact.after_delete), deferred while a backup pins the files; after a
    failure it calls ``abandon_compaction`` (the WAL still holds everything,
-   the Queue stays open: no reopen) and retries later, with a back-off.
+   the Engine stays open: no reopen) and retries later, with a back-off.
 
 Before it forks, the parent checks that the file system has room for the
-new snapshot, bounded from above by ``Queue.snapshot_bytes_bound()`` (the
+new snapshot, bounded from above by ``Engine.snapshot_bytes_bound()`` (the
 published snapshot plus what each record since can have added, kept
 record by record in the state: O(1) here). The WAL alone is no bound: a
 reserve names its worker once for up to 1,000 tasks and the snapshot
@@ -77,8 +77,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from walqueue import Queue, QueueClosed, protocol
-from walqueue.queue import Compaction
+from walqueue import QueueClosed, protocol
+from walqueue.engine import Compaction, Engine
 from walqueue.snapshot import snapshot_name
 
 from .clock import Clock
@@ -103,7 +103,7 @@ MAX_REPORT_BYTES = 4096
 # the development VM beside 16 busy clients (~30 MB/s).
 CHILD_DEADLINE_FLOOR_SECONDS = 60.0
 CHILD_MIN_BYTES_PER_SECOND = 1 << 20
-# What a failed write raises (as in walqueue.daemon.commit): the Queue then closed itself.
+# What a failed write raises (as in walqueue.daemon.commit): the Engine then closed itself.
 WRITE_FAILURES = (OSError, QueueClosed)
 
 _PR_SET_PDEATHSIG = 1
@@ -123,7 +123,7 @@ def freeze_heap() -> None:
     tasks, which the first one after a recovery (built with the collector
     off) would cause — and, after a fork, writes to every page that holds
     them, copying the pages the snapshot child shares. Called after the
-    Queue is opened (at start, after a reopen) and before each fork; what is
+    Engine is opened (at start, after a reopen) and before each fork; what is
     frozen is freed by reference counting as before, only cycles among it are
     never collected (the state has none).
     """
@@ -200,7 +200,7 @@ def _close_inherited_descriptors(keep: set[int]) -> None:
     os.closerange(start, os.sysconf("SC_OPEN_MAX"))
 
 
-def _child(queue: Queue, compaction: Compaction, path: str, report_fd: int, parent_pid: int,
+def _child(queue: Engine, compaction: Compaction, path: str, report_fd: int, parent_pid: int,
            hook: Callable[[], None] | None) -> NoReturn:
     """The forked child: write and fsync the snapshot, report, exit. Never returns."""
     code, report = 2, {"ok": False, "error": "the child did not finish"}
@@ -238,7 +238,7 @@ class SnapshotChild:
     Raises OSError if the fork fails (nothing is left).
     """
 
-    def __init__(self, queue: Queue, compaction: Compaction, directory: str,
+    def __init__(self, queue: Engine, compaction: Compaction, directory: str,
                  hook: Callable[[], None] | None = None) -> None:
         path = os.path.join(directory, compaction.snapshot_file)
         read_fd, write_fd = os.pipe()
@@ -378,7 +378,7 @@ class Compactor:
     child, publish, answer), `maybe_start` at the end of the turn (begin and
     fork). ``watch(fd)``/``unwatch(fd)`` put a child's pidfd in and out of the
     loop's selector; ``reopen()`` reopens the queue after a publish that
-    failed (the Queue closed itself, as after any failed write).
+    failed (the Engine closed itself, as after any failed write).
 
     ``compact`` over the wire answers after CURRENT is published, with the
     published seq, which covers every write applied before the request: a
@@ -511,7 +511,7 @@ class Compactor:
         self._start(queue, reason, now)
 
     def reset(self, why: str) -> None:
-        """The Queue is being replaced (a failed write): kill the child, answer who waited.
+        """The Engine is being replaced (a failed write): kill the child, answer who waited.
 
         This turn's requests are not answered here: the failed batch's answers replace them.
         """
@@ -535,7 +535,7 @@ class Compactor:
 
     # -- steps ----------------------------------------------------------------------------
 
-    def _start(self, queue: Queue, reason: str, now: float) -> None:
+    def _start(self, queue: Engine, reason: str, now: float) -> None:
         needed = queue.snapshot_bytes_bound()  # what the new snapshot may take, at most
         try:
             free = self._free_bytes(self.directory)
@@ -548,7 +548,7 @@ class Compactor:
             return
         try:
             compaction = queue.begin_compaction()
-        except WRITE_FAILURES as exc:  # the rotation failed: the Queue closed itself
+        except WRITE_FAILURES as exc:  # the rotation failed: the Engine closed itself
             self._failed(f"rotating the WAL failed: {type(exc).__name__}: {exc}", reopening=True)
             self._reopen()
             return
@@ -574,7 +574,7 @@ class Compactor:
         compaction = flight.compaction
         try:
             self.service.queue.finish_compaction(compaction)
-        except WRITE_FAILURES as exc:  # publishing or deleting failed: the Queue closed itself
+        except WRITE_FAILURES as exc:  # publishing or deleting failed: the Engine closed itself
             self._failed(f"publishing the snapshot failed: {type(exc).__name__}: {exc}", reopening=True)
             self._reopen()
             return
@@ -606,7 +606,7 @@ class Compactor:
     def _abandon_files(self, flight: InFlight) -> None:
         queue = self.service.queue
         if queue is None or queue.compaction_in_progress is not flight.compaction:
-            return  # the Queue it began on is gone (closed or replaced)
+            return  # the Engine it began on is gone (closed or replaced)
         try:
             queue.abandon_compaction(flight.compaction)
         except OSError as exc:  # the partial snapshot stays: an orphan the next open deletes

@@ -8,7 +8,7 @@ fsync in another thread waited as long; freeing 2 GB 8 MiB per loop turn
 (as fast as the loop turns) still made a WAL fsync wait 100-230 ms about
 every 2 s while it lasted in some runs, and 1 MiB every 25 ms (40 MiB/s)
 up to 90 ms; at 16 MiB/s the worst was 48 ms (`scripts/probe_snapshot_io.py`; the 40 s
-baseline without freeing: none over 20 ms). So walqueued's Queue runs on
+baseline without freeing: none over 20 ms). So walqueued's Engine runs on
 `FreeingInSteps`, whose `unlink` opens the file, removes its name (under
 1 ms: the directory entry only) and keeps the descriptor; the loop calls
 `free_step(now)` each turn, which shrinks the oldest such file by

@@ -27,7 +27,7 @@ One loop turn = one ``select()`` call, on one thread:
 
 While one batch is fsyncing, the next requests accumulate in the kernel's
 socket buffers and become the next turn's batch, so the batch size adapts
-to the load. The Queue is synchronous and the fsync blocks the whole process
+to the load. The Engine is synchronous and the fsync blocks the whole process
 anyway, so asyncio would add scheduling we cannot use and hide where a turn
 ends; ``selectors`` makes the turn boundary explicit (docs/protocol.md).
 
@@ -63,11 +63,13 @@ import stat
 from collections import deque
 from collections.abc import Callable
 
-from walqueue import Queue, protocol
+from walqueue import protocol
 from walqueue.directory import Directory
+from walqueue.engine import Engine
 from walqueue.metrics import render_prometheus
 from walqueue.unix_socket import unix_address
 
+from .accepting import Acceptor
 from .clock import Clock, DaemonNow, SystemClock
 from .commit import GroupCommit
 from .compaction import (
@@ -88,9 +90,7 @@ from .connection import (
     PeerConnection,
     Selector,
     late_frame_message,
-    peer_credentials,
 )
-from .descriptors import ACCEPT_PAUSE_SECONDS, OUT_OF_DESCRIPTORS, RateLimitedLog, SpareDescriptor
 from .exits import EXIT_FAILURE, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, DaemonExit
 from .freeing import FreeingInSteps
 from .log import log
@@ -99,6 +99,7 @@ from .recorder import Recorder
 from .service import DEFAULT_MAX_LEASE_SECONDS, QueueService
 from .systemd import Notifier
 from .turn_timer import TurnTimer
+from .wakeup import SignalWakeup
 
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_HELLO_TIMEOUT_SECONDS = 10.0
@@ -192,12 +193,12 @@ def bind_listener(path: str, mode: int) -> socket.socket:
 
 
 class Loop:
-    """The event loop over one Queue. ``run()`` serves until SIGTERM/SIGINT and returns an exit code.
+    """The event loop over one Engine. ``run()`` serves until SIGTERM/SIGINT and returns an exit code.
 
-    ``queue`` is the opened Queue (the service owns it from here on);
+    ``queue`` is the opened Engine (walqueue.engine) (the service owns it from here on);
     ``listener`` the listening socket; ``socket_path`` is unlinked at exit
     (None when systemd owns the socket); ``hook`` and
-    ``preallocate_wal_bytes`` are passed to the Queue reopened after a
+    ``preallocate_wal_bytes`` are passed to the Engine reopened after a
     failed write; ``compact_wal_bytes`` and ``compact_wal_ratio`` say when
     to compact (walqueue.daemon.compaction), ``child_hook`` (tests only)
     runs in each snapshot child before it writes, and
@@ -208,7 +209,7 @@ class Loop:
     def __init__(
         self,
         directory: str,
-        queue: Queue,
+        queue: Engine,
         listener: socket.socket,
         *,
         socket_path: str | None,
@@ -230,7 +231,6 @@ class Loop:
     ) -> None:
         freeze_heap()  # the recovered state: out of the cyclic collector's reach
         self.directory = directory
-        self.listener = listener
         self.socket_path = socket_path
         self.max_connections = max_connections
         self.notifier = notifier
@@ -239,7 +239,7 @@ class Loop:
         self.hello_timeout_seconds = hello_timeout_seconds
         self.compact_wal_bytes = compact_wal_bytes
         self.metrics_endpoint = metrics_endpoint  # GET /metrics, served and rendered by this loop
-        # The Queue's files (the one `queue` was opened on, for the deletions a turn frees in steps).
+        # The Engine's files (the one `queue` was opened on, for the deletions a turn frees in steps).
         self.filesystem = filesystem or FreeingInSteps()
         self.recorder = Recorder(next_seq=queue.stats().last_seq + 1, now=self.now(),
                                  recovery_seconds=recovery_seconds, clock=self.clock.monotonic_seconds,
@@ -247,11 +247,13 @@ class Loop:
         self.service = QueueService(queue, report=self.report, max_lease_seconds=max_lease_seconds,
                                compact=lambda peer, request_id: self.compaction.request(peer, request_id))
         self.selector = Selector()
+        self.acceptor = Acceptor(listener, self.selector, _LISTENER, self.clock.monotonic_seconds,
+                                 hello_timeout_seconds)
         self.commit = GroupCommit(
             self.service, directory=directory, recorder=self.recorder, clock=self.clock,
             compact_wal_bytes=compact_wal_bytes, compact_wal_ratio=compact_wal_ratio,
             # A reopen uses the descriptor the daemon reached at start, never the path again.
-            open_queue=lambda: Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
+            open_queue=lambda: Engine(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
                                      filesystem=self.filesystem, opened=opened),
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _COMPACTION),
             unwatch=self.selector.unregister, child_hook=child_hook,
@@ -268,23 +270,16 @@ class Loop:
         self.listing_budget = ListingBudget()
         self._listings_started = 0
         self._next_watchdog = self.clock.monotonic_seconds()
-        self._accept_paused_until: float | None = None
-        self._spare_descriptor = SpareDescriptor()  # spent to refuse a connection on EMFILE
-        self._accept_failures = RateLimitedLog(f"accept failed, pausing accepts for {ACCEPT_PAUSE_SECONDS:g} s")
         self._touched: set[PeerConnection] = set()  # connections with news this turn
         self._deferring: set[PeerConnection] = set()  # connections with deferred requests
         # Connections a turn polled readable but did not read (TURN_WORK_SECONDS): read first next turn.
         self._unread: dict[PeerConnection, None] = {}
         self._receive_buffer = bytearray(MAX_RECV_BYTES)  # one buffer all connections share
         self._receive_view = memoryview(self._receive_buffer)
-        # (monotonic deadline, connection) in accept order, so deadlines are ascending.
-        self._awaiting_hello: deque[tuple[float, PeerConnection]] = deque()
-        self._wake_read, self._wake_write = socket.socketpair()
-        self._wake_read.setblocking(False)
-        self._wake_write.setblocking(False)
+        self._wakeup = SignalWakeup()
 
     @property
-    def queue(self) -> Queue:
+    def queue(self) -> Engine:
         return self.service.queue
 
     def report(self, now: int) -> protocol.DaemonStats:
@@ -306,7 +301,7 @@ class Loop:
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        previous_wakeup = signal.set_wakeup_fd(self._wake_write.fileno(), warn_on_full_buffer=False)
+        previous_wakeup = signal.set_wakeup_fd(self._wakeup.write_fd(), warn_on_full_buffer=False)
         self.register_listener()
         code = EXIT_OK
         try:
@@ -335,14 +330,12 @@ class Loop:
 
     def register_listener(self) -> None:
         """Watch the listening socket and the wakeup socket (``run`` does; so do turn-driving tests)."""
-        self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
-        self.selector.register(self._wake_read, selectors.EVENT_READ, _WAKEUP)
+        self.acceptor.register()
+        self._wakeup.register(self.selector, _WAKEUP)
 
     def one_turn(self) -> None:
         clock = self.clock
-        if self._accept_paused_until is not None and clock.monotonic_seconds() >= self._accept_paused_until:
-            self._accept_paused_until = None
-            self.selector.register(self.listener, selectors.EVENT_READ, _LISTENER)
+        self.acceptor.resume_if_due(clock.monotonic_seconds())
         timeout = self._timeout()
         events = self.selector.select(timeout)
         polled = clock.monotonic_seconds()  # for this turn's reads
@@ -359,9 +352,11 @@ class Loop:
         read_until = polled + TURN_WORK_SECONDS
         for key, mask in events:
             if key.data is _LISTENER:
-                self._accept()
+                for conn in self.acceptor.accept(self.connections, self.max_connections):
+                    self.connections[conn.sock.fileno()] = conn
+                    self._settle(conn)
             elif key.data is _WAKEUP:
-                self._drain_wakeup()
+                self._wakeup.drain()
             elif metrics is not None and metrics.owns(key.data):
                 metrics.on_event(key.data, mask, polled)
             elif key.data is _COMPACTION:
@@ -379,8 +374,8 @@ class Loop:
                     else:
                         self._unread[conn] = None  # still readable: the next poll reports it again
         self.turn += 1
-        if self._awaiting_hello:
-            self._expire_hellos()
+        for conn in self.acceptor.expired_hellos(clock.monotonic_seconds()):
+            self._fatal(conn, None, f"no hello within {self.hello_timeout_seconds:g} s")
         self._expire_frames()
         timer.part("reading")
         fsynced_before = self.recorder.fsync_seconds_total
@@ -419,20 +414,6 @@ class Loop:
                 metrics.publish(render_prometheus(self.report(self.now())), clock.monotonic_seconds())
         timer.end()
 
-    def _expire_hellos(self) -> None:
-        """Close connections that did not say hello in time: they hold a slot for nothing."""
-        monotonic_seconds = self.clock.monotonic_seconds()
-        while self._awaiting_hello:
-            deadline, conn = self._awaiting_hello[0]
-            if conn.greeted or conn.closed:
-                self._awaiting_hello.popleft()
-            elif deadline <= monotonic_seconds:
-                self._awaiting_hello.popleft()
-                if not conn.closing:
-                    self._fatal(conn, None, f"no hello within {self.hello_timeout_seconds:g} s")
-            else:
-                return
-
     def _expire_frames(self) -> None:
         """Close connections whose frame in progress is past its deadline, saying why."""
         for conn in self.frame_deadlines.expired(self.clock.monotonic_seconds()):
@@ -453,10 +434,8 @@ class Loop:
             deadlines.append(freeing)  # a deleted file's next step of blocks to free
         if (child := self.compaction.next_deadline()) is not None:
             deadlines.append(child - monotonic_seconds)  # a snapshot child to kill if it still runs
-        if self._awaiting_hello:
-            deadlines.append(self._awaiting_hello[0][0] - monotonic_seconds)
-        if self._accept_paused_until is not None:
-            deadlines.append(self._accept_paused_until - monotonic_seconds)
+        if (accepting := self.acceptor.next_deadline()) is not None:
+            deadlines.append(accepting - monotonic_seconds)  # a hello due, or accepts to resume
         if self.metrics_endpoint is not None and (scrape := self.metrics_endpoint.next_deadline()) is not None:
             deadlines.append(scrape - monotonic_seconds)
         if (frame := self.frame_deadlines.next_deadline()) is not None:
@@ -487,59 +466,7 @@ class Loop:
             self.notifier.notify("WATCHDOG=1")
             self._next_watchdog = self.clock.monotonic_seconds() + self.notifier.watchdog_seconds
 
-    def _drain_wakeup(self) -> None:
-        try:
-            while self._wake_read.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
-
     # -- connections -------------------------------------------------------------
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                # No descriptor left: refuse the waiting connection and keep
-                # serving (never a failed write). Otherwise the listener stays
-                # readable, so stop watching it for a moment instead of spinning.
-                monotonic_seconds = self.clock.monotonic_seconds()
-                if exc.errno in OUT_OF_DESCRIPTORS and self._spare_descriptor.refuse_one(
-                        self.listener, monotonic_seconds, exc):
-                    continue
-                self._accept_failures.event(monotonic_seconds, str(exc))
-                self.selector.unregister(self.listener)
-                self._accept_paused_until = monotonic_seconds + ACCEPT_PAUSE_SECONDS
-                return
-            sock.setblocking(False)
-            credentials = peer_credentials(sock)
-            name = f"fd={sock.fileno()}"
-            if credentials is not None:
-                name += f" pid={credentials[0]} uid={credentials[1]}"
-            if len(self.connections) >= self.max_connections:
-                log.warning("refused connection %s: %d connections open", name, len(self.connections))
-                # Before any hello: in version 1's bytes (no code), which every client reads.
-                error = protocol.Error(
-                    id=None,
-                    error="WalQueueError",
-                    message=f"too many connections ({self.max_connections}); try again later",
-                    fatal=True,
-                )
-                try:
-                    sock.send(protocol.encode(error))
-                except OSError:
-                    pass
-                sock.close()
-                continue
-            conn = PeerConnection(sock=sock, name=name)
-            self.connections[sock.fileno()] = conn
-            self._awaiting_hello.append((self.clock.monotonic_seconds() + self.hello_timeout_seconds, conn))
-            self._settle(conn)
-            # DEBUG: every walqueue-ctl call is a connection, and INFO is the operator's log.
-            log.debug("connect %s", name)
 
     def _close(self, conn: PeerConnection, reason: str) -> None:
         if conn.closed:
@@ -704,10 +631,10 @@ class Loop:
                  self.service.parked.live)
         self.compaction.stop()  # kill and reap a snapshot child first; its requests are answered
         try:
-            self.selector.unregister(self.listener)
+            self.selector.unregister(self.acceptor.listener)
         except (KeyError, ValueError):
             pass
-        self.listener.close()
+        self.acceptor.listener.close()
         # Parked reserves end early with no leases; their clients retry later.
         self.service.end_all_waits()
         self._queue_answers()
@@ -724,7 +651,7 @@ class Loop:
                 break
             for key, _ in self.selector.select(max(0.0, deadline - clock.monotonic_seconds())):
                 if key.data is _WAKEUP:
-                    self._drain_wakeup()  # another signal: keep draining answers
+                    self._wakeup.drain()  # another signal: keep draining answers
                 elif isinstance(key.data, PeerConnection):
                     self._send(key.data)
                     self._settle(key.data)
@@ -744,17 +671,15 @@ class Loop:
                 pass
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
-        self._spare_descriptor.close()
+        self.acceptor.close()
         self.selector.close()
-        self._wake_read.close()
-        self._wake_write.close()
+        self._wakeup.close()
         log.info("stopped")
 
     def close_without_serving(self) -> None:
         """Release what __init__ made, for a Loop whose run() never ran (tests); the queue stays open."""
-        self._spare_descriptor.close()
+        self.acceptor.close()
         self.compaction.stop()
         self.filesystem.close_all()
         self.selector.close()
-        self._wake_read.close()
-        self._wake_write.close()
+        self._wakeup.close()

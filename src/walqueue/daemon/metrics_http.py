@@ -3,7 +3,7 @@ and the textfile (``--metrics-textfile``, walqueue.daemon.metrics_textfile).
 
 Served from the daemon's own selector loop, with non-blocking sockets and no
 thread: the process stays single-threaded (so it may fork a child to write
-a snapshot), and only the loop ever reads the Queue. The loop registers the
+a snapshot), and only the loop ever reads the Engine. The loop registers the
 endpoint's sockets in its selector, hands their events to `on_event`, and at
 the end of a turn in which a complete scrape or the textfile waits for text
 (`wanted`) renders the text and `publish`es it. Text younger than

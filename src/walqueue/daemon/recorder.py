@@ -4,7 +4,7 @@ Daemon layer, no I/O. The loop and the group commit (walqueue.daemon.commit)
 feed a `Recorder` — fsync durations, requests, failures, compactions — and
 the service asks it for a `DaemonStats` when a client or the metrics
 endpoint wants one. The recorder observes: it never opens a batch or
-touches the Queue except to read figures for a report.
+touches the Engine except to read figures for a report.
 
 Definitions (docs/metrics.md has the operator's version):
 

@@ -1,6 +1,6 @@
-"""The sans-IO service: walqueued's requests applied to its Queue, with no I/O of its own.
+"""The sans-IO service: walqueued's requests applied to its queue's Engine, with no I/O of its own.
 
-The service owns the (injected) Queue. The loop hands it the decoded
+The service owns the (injected) Engine (walqueue.engine). The loop hands it the decoded
 requests of one turn, after `begin_turn(now, monotonic_seconds)`; it applies
 them and leaves their answers, already encoded (or, for a listing, as a
 lazy iterator of messages), in `outbox`, in the order they were produced.
@@ -14,7 +14,7 @@ What it decides:
 
 * Dispatch: one handler per request type (`QueueService._handlers`, a table).
   InvalidRequest, KeyConflict and StaleLease — errors raised before the
-  Queue writes anything — become that request's error answer; anything else
+  Engine writes anything — become that request's error answer; anything else
   propagates to the group commit (walqueue.daemon.commit), which tells a
   failed write from a bug.
 * Parking: a ``reserve`` (or the reserve half of ``ack_and_reserve``) with
@@ -34,7 +34,7 @@ What it decides:
 * Chunking: list answers are split so that no message carries more than
   ``protocol.CHUNK_BUDGET_BYTES`` of items; a ``tasks`` listing is produced
   lazily, as fast as the client reads it, and ends with QueueClosed if the
-  Queue is replaced meanwhile (`queue_epoch`).
+  Engine is replaced meanwhile (`queue_epoch`).
 
 Invariant: an answer in `outbox` may be sent only after the batch of its
 turn has exited without error; `fail_turn` replaces the answers of a turn
@@ -52,16 +52,16 @@ from typing import Protocol
 from walqueue import (
     InvalidRequest,
     KeyConflict,
-    Lease,
-    Queue,
     StaleLease,
     protocol,
     validation,
 )
+from walqueue.engine import Engine, lease_of, view_of
 
 from .log import log, one_line
+from .steering import SteeringRequests, WorkerNames
 
-# Errors a request can cause without the Queue writing anything; the batch
+# Errors a request can cause without the Engine writing anything; the batch
 # goes on. Anything else raised inside a batch propagates to the commit.
 REQUEST_ERRORS = (InvalidRequest, KeyConflict, StaleLease)
 # SPEC §8b: the longest lease a reserve or touch may ask for (12 h, SQS's visibility limit),
@@ -89,7 +89,7 @@ class Peer(Protocol):
 
 
 class ListingInterrupted(Exception):
-    """A lazily produced ``tasks`` answer outlived the Queue it was reading."""
+    """A lazily produced ``tasks`` answer outlived the Engine it was reading."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +199,22 @@ class ParkedReserves:
         return dropped
 
 
+def wire_put(request: protocol.Put) -> dict:
+    """A put's validated request (validation.put_request). Its payload was just decoded and
+    is used for nothing else, so it is stored without a copy when it is plain JSON already."""
+    return validation.put_request(request.task_id, request.payload, request.key, request.available_at,
+                                  request.max_attempts, copy=False)
+
+
+def wire_puts(requests: list[protocol.PutItem]) -> list[dict]:
+    """wire_put of a put_many's items, their payloads counted against one budget."""
+    containers = validation.Containers()
+    return [validation.put_request(item.task_id, item.payload, item.key, item.available_at,
+                                   item.max_attempts, where=f"requests[{index}].", copy=False,
+                                   containers=containers)
+            for index, item in enumerate(requests)]
+
+
 def chunked(request_id: int, items: list[protocol.Raw], message_type: type) -> list:
     """Split a list answer (its items already encoded) into messages of at most
     CHUNK_BUDGET_BYTES of items each."""
@@ -242,8 +258,9 @@ def unsendable_answer(peer: Peer, request_id: int | None, exc: Exception) -> byt
     return encode_answer(peer, [error])
 
 
-class QueueService:
-    """One Queue served to many peers; see the module docstring.
+class QueueService(SteeringRequests):
+    """One Engine served to many peers; see the module docstring (and walqueue.daemon.steering
+    for cancel, workers and listing in pages).
 
     ``compact(peer, request_id)`` takes a ``compact`` request, which the
     compactor (walqueue.daemon.compaction) answers through `answer` once a
@@ -251,12 +268,12 @@ class QueueService:
     full report (DaemonStats) for ``daemon_stats``.
     """
 
-    def __init__(self, queue: Queue, *, compact: Callable[[Peer, int], None],
+    def __init__(self, queue: Engine, *, compact: Callable[[Peer, int], None],
                  report: Callable[[int], protocol.DaemonStats],
                  max_lease_seconds: int = DEFAULT_MAX_LEASE_SECONDS) -> None:
         self.queue = queue
         self.max_lease_seconds = max_lease_seconds
-        self.queue_epoch = 0  # bumped whenever the Queue is replaced after a failure
+        self.queue_epoch = 0  # bumped whenever the Engine is replaced after a failure
         self.parked = ParkedReserves()
         self.paused = False  # walqueue-ctl pause: every reserve leases nothing
         self.backup_holder: Peer | None = None  # the peer pinning a backup's files
@@ -268,7 +285,9 @@ class QueueService:
         self._report = report
         self._turn_requests: list[tuple[Peer, int]] = []
         self._turn_outbox_start = 0
+        self.worker_names = WorkerNames()  # the worker names open connections used (SPEC §8b)
         self._handlers: dict[type, Callable] = {
+            **self._steering_handlers(),
             protocol.Put: self._put,
             protocol.PutMany: self._put_many,
             protocol.Reserve: self._reserve,
@@ -312,6 +331,10 @@ class QueueService:
             log.debug("request %d from %s: %s: %s", request.id, peer.name, type(exc).__name__,
                       one_line(str(exc)))
             self._answer(peer, request.id, [protocol.error_to_wire(request.id, exc)])
+        else:
+            worker = getattr(request, "worker", None)
+            if worker is not None:
+                self.worker_names.note(peer, worker)
 
     def fail_turn(self, message: str) -> int:
         """Answer every request of this turn's failed batch with QueueClosed ``message``.
@@ -337,11 +360,11 @@ class QueueService:
         """How many requests `handle` took since `begin_turn`."""
         return len(self._turn_requests)
 
-    def replace_queue(self, queue: Queue | None) -> Queue:
-        """Swap in the Queue reopened after a failure (None while there is none); returns the old one.
+    def replace_queue(self, queue: Engine | None) -> Engine:
+        """Swap in the Engine reopened after a failure (None while there is none); returns the old one.
 
         Listings in progress read the old state, which may hold the failed
-        batch's undurable changes: they end, whether or not a new Queue comes.
+        batch's undurable changes: they end, whether or not a new Engine comes.
         """
         old, self.queue = self.queue, queue
         self.queue_epoch += 1
@@ -414,6 +437,7 @@ class QueueService:
     def forget(self, peer: Peer) -> None:
         """Drop everything the service holds for a closed peer: its waits, its backup pin."""
         self.drop_waits(peer)
+        self.worker_names.forget(peer)
         if self.backup_holder is peer:
             self.backup_holder = None
             log.warning("backup pin released: %s closed before ending its backup", peer.name)
@@ -463,19 +487,20 @@ class QueueService:
         encoded: list[protocol.Raw] = []
         while len(encoded) < limit:
             # Each lease is encoded at once from its fields (the stored payload, not a copy).
-            leases = self.queue.reserve_fields(worker, now=self.now, lease_seconds=lease_seconds,
-                                               limit=limit - len(encoded))
+            leased = self.queue.reserve(worker, now=self.now, lease_seconds=lease_seconds,
+                                        limit=limit - len(encoded))
             carried = 0
-            for fields in leases:
+            for task in leased:
                 try:
-                    encoded.append(protocol.Raw(protocol.encode_value(protocol.WireLease(*fields))))
+                    encoded.append(protocol.Raw(protocol.encode_value(protocol.WireLease(
+                        task.task_id, task.worker, task.generation, task.deadline, task.attempts,
+                        task.payload))))
                     carried += 1
                 except ENCODING_ERRORS as exc:
-                    task_id, _, _, deadline, _, _ = fields
                     log.error("task %s leased to %s but not handed out: the wire cannot carry its "
-                              "payload (%s); its lease ends at %d", one_line(repr(task_id)),
-                              one_line(repr(worker)), exc, deadline)
-            if carried == len(leases):  # all carried, or nothing was due
+                              "payload (%s); its lease ends at %d", one_line(repr(task.task_id)),
+                              one_line(repr(worker)), exc, task.deadline)
+            if carried == len(leased):  # all carried, or nothing was due
                 break
         return encoded
 
@@ -494,20 +519,21 @@ class QueueService:
         peer.answer_bytes += len(encoded)
         self.outbox.append(Answer(peer, request_id, encoded))
 
+    _chunked = staticmethod(chunked)
+
     def _answer_leases(self, peer: Peer, request_id: int, leases: list[protocol.Raw]) -> None:
         self._answer(peer, request_id, chunked(request_id, leases, protocol.Leases))
 
     # -- the requests --------------------------------------------------------------------
 
     def _put(self, peer: Peer, request: protocol.Put) -> None:
-        # The request's payload was just decoded and is used for nothing else.
-        task_id = self.queue.put_without_copy(request)
+        task_id, = self.queue.put([wire_put(request)])
         self._answer(peer, request.id, [protocol.PutOk(id=request.id, task_id=task_id)])
         if self.parked:
             self.serve_parked()
 
     def _put_many(self, peer: Peer, request: protocol.PutMany) -> None:
-        task_ids = self.queue.put_many_without_copy(request.requests)
+        task_ids = self.queue.put(wire_puts(request.requests))
         self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
         if self.parked:
             self.serve_parked()
@@ -534,25 +560,25 @@ class QueueService:
         validation.time_plus(self.now, request.lease_seconds, "lease_seconds")
         self._check_lease_bound(request.lease_seconds)
         self._check_may_park(peer, request)
-        # The request stands for the lease: ack/release/touch read only its
-        # task_id, worker and generation, which identify a lease.
-        self.queue.ack(request, now=self.now)
+        self.queue.ack(request.task_id, request.worker, request.generation, now=self.now)
         self._reserve_or_park(peer, request)
 
     def _ack(self, peer: Peer, request: protocol.Ack) -> None:
-        self.queue.ack(request, now=self.now)
+        self.queue.ack(request.task_id, request.worker, request.generation, now=self.now)
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
 
     def _release(self, peer: Peer, request: protocol.Release) -> None:
-        self.queue.release(request, now=self.now, delay=request.delay)
+        self.queue.release(request.task_id, request.worker, request.generation, now=self.now,
+                           delay=request.delay)
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
         if self.parked:
             self.serve_parked()
 
     def _touch(self, peer: Peer, request: protocol.Touch) -> None:
         self._check_lease_bound(request.lease_seconds)
-        lease = self.queue.touch(request, now=self.now, lease_seconds=request.lease_seconds)
-        self._answer(peer, request.id, [protocol.LeaseOk(id=request.id, lease=lease)])
+        task = self.queue.touch(request.task_id, request.worker, request.generation, now=self.now,
+                                lease_seconds=request.lease_seconds)
+        self._answer(peer, request.id, [protocol.LeaseOk(id=request.id, lease=lease_of(task))])
 
     def _revive(self, peer: Peer, request: protocol.Revive) -> None:
         task_ids = self.queue.revive(request.task_ids, now=self.now)
@@ -561,7 +587,8 @@ class QueueService:
             self.serve_parked()
 
     def _get(self, peer: Peer, request: protocol.Get) -> None:
-        self._answer(peer, request.id, [protocol.TaskOk(id=request.id, task=self.queue.get(request.task_id))])
+        task = self.queue.get(request.task_id)
+        self._answer(peer, request.id, [protocol.TaskOk(id=request.id, task=None if task is None else view_of(task))])
 
     def _tasks(self, peer: Peer, request: protocol.Tasks) -> None:
         self.outbox.append(Answer(peer, request.id, self._listing(request.id, request.status)))
@@ -623,19 +650,17 @@ class QueueService:
                                  f"{MAX_FORCE_RELEASE_TASKS} a request")
         task_ids = list(dict.fromkeys(validation.name(task_id, f"task_ids[{index}]")
                                       for index, task_id in enumerate(request.task_ids)))
-        leases = []
+        leases = []  # (task_id, worker, generation, deadline) of each
         for task_id in task_ids:
-            view = self.queue.get(task_id)
-            if view is None or view.status != "leased" or view.deadline <= self.now:
-                status = "unknown" if view is None else "expired" if view.status == "leased" else view.status
+            task = self.queue.get(task_id)
+            if task is None or task.status != "leased" or task.deadline <= self.now:
+                status = "unknown" if task is None else "expired" if task.status == "leased" else task.status
                 raise InvalidRequest(f"task {task_id!r} is {status}, not leased: there is no lease to release")
-            leases.append(Lease(task_id=task_id, worker=view.worker, generation=view.generation,
-                                deadline=view.deadline, attempts=view.attempts, payload={}))
-        for lease in leases:
-            self.queue.release(lease, now=self.now)
+            leases.append((task_id, task.worker, task.generation, task.deadline))
+        for task_id, worker, generation, deadline in leases:
+            self.queue.release(task_id, worker, generation, now=self.now)
             log.warning("lease of task %s (worker %s, generation %d, deadline %d) released by force by %s",
-                        one_line(repr(lease.task_id)), one_line(repr(lease.worker)), lease.generation,
-                        lease.deadline, peer.name)
+                        one_line(repr(task_id)), one_line(repr(worker)), generation, deadline, peer.name)
         self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
         if self.parked:
             self.serve_parked()
@@ -654,7 +679,7 @@ class QueueService:
         ends it with an error (ListingInterrupted).
         """
         epoch = self.queue_epoch
-        views = self.queue.tasks(status)  # raises InvalidRequest now, inside the batch
+        views = map(view_of, self.queue.tasks(status))  # raises InvalidRequest now, inside the batch
 
         def chunks():
             batch: list[protocol.Raw] = []

@@ -4,7 +4,7 @@
 EXTEND_TIMEOUT_USEC= to the datagram socket NOTIFY_SOCKET names, and does
 nothing when it is unset. `activated_listener` takes the listening socket
 systemd passed (LISTEN_FDS / LISTEN_PID). `open_reporting_progress` opens the
-Queue while telling systemd that a long recovery is still starting, so READY=1
+Engine while telling systemd that a long recovery is still starting, so READY=1
 comes only after recovery and listening (SPEC §8).
 """
 
@@ -17,8 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from walqueue import Queue
 from walqueue.directory import Directory
+from walqueue.engine import Engine
 from walqueue.fs import OsFileSystem
 
 from .exits import EXIT_USAGE, DaemonExit
@@ -87,17 +87,17 @@ def activated_listener(environ: dict[str, str]) -> socket.socket | None:
 
 def open_reporting_progress(directory: str, hook: Callable[[str], None] | None, notifier: Notifier,
                             preallocate_wal_bytes: int = 0, filesystem: OsFileSystem | None = None,
-                            opened: Directory | None = None) -> Queue:
-    """Open (recover) the Queue; while that takes long, tell systemd it is still starting.
+                            opened: Directory | None = None) -> Engine:
+    """Open (recover) the Engine; while that takes long, tell systemd it is still starting.
 
     Recovery runs in a helper thread so the main thread can send STATUS= and
-    EXTEND_TIMEOUT_USEC= every RECOVERY_REPORT_SECONDS; it raises what Queue() raises.
+    EXTEND_TIMEOUT_USEC= every RECOVERY_REPORT_SECONDS; it raises what Engine() raises.
     """
     outcome: dict[str, object] = {}
 
     def recover() -> None:
         try:
-            outcome["queue"] = Queue(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
+            outcome["queue"] = Engine(directory, hook=hook, preallocate_bytes=preallocate_wal_bytes,
                                      filesystem=filesystem, opened=opened)
         except BaseException as exc:  # handed to the main thread below
             outcome["error"] = exc

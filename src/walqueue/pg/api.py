@@ -51,7 +51,7 @@ from walqueue import retry
 from walqueue.errors import QueueClosed
 from walqueue.pg import calls, schema, wakeup
 from walqueue.pg.calls import Call, DatabaseUnavailable, check_dsn, describe
-from walqueue.values import Lease, QueueStats, TaskView
+from walqueue.values import Lease, QueueStats, TaskView, WorkerView
 
 log = logging.getLogger("walqueue.pg")
 
@@ -395,9 +395,26 @@ class ClientApi:
         """The task, or None if no task has that id."""
         return self._run(self._one, calls.get_call, task_id)
 
-    def tasks(self, status: str | None = None) -> list[TaskView]:
-        """All tasks (or those with `status`) in task_id order."""
-        return self._run(self._one, calls.tasks_call, status)
+    def tasks(self, status: str | None = None, *, after: str | None = None,
+              limit: int | None = None) -> list[TaskView]:
+        """All tasks (or those with `status`) in task_id order; with `after`, only those whose
+        id is greater; with `limit` (1 to 10,000), at most that many: one statement on an
+        index, O(limit) (SPEC §8b)."""
+        if after is None and limit is None:
+            return self._run(self._one, calls.tasks_call, status)
+        return self._run(self._one, calls.tasks_page_call, status, after=after, limit=limit)
+
+    def cancel(self, task_id: str) -> None:
+        """Complete a dead task, or a ready one that is due, without running it (SPEC §8b):
+        one statement, which deletes the live row only while it is in one of those states.
+        A completed task: nothing happens. Raises InvalidRequest, naming the case, for a task
+        not yet due, leased or unknown."""
+        return self._run(self._one, calls.cancel_call, task_id)
+
+    def workers(self) -> list[WorkerView]:
+        """The workers seen in leases, by name, with how many each holds; `connected` is False
+        (a database does not know its clients' worker names; docs/postgres.md)."""
+        return self._run(self._one, calls.workers_call)
 
     def stats(self) -> QueueStats:
         """Counts by status; last_seq, snapshot_seq and wal_bytes are 0 (no WAL of ours)."""

@@ -25,23 +25,22 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.numeric import Int4, Int8
 
-from walqueue import validation
+from walqueue import cancel, listing, validation
 from walqueue.backend import ACK_AND_RESERVE, FORCE_RELEASE
 from walqueue.codec import MAX_FRAME_BYTES, MAX_FRAME_TEXT, canonical_json, mebibytes
 from walqueue.dsn import redacted
 from walqueue.errors import InvalidRequest, KeyConflict, StaleLease, Unavailable, WalQueueError
 from walqueue.pg import schema
 from walqueue.pg.queries import CHANNEL_PREFIX, Queries
-from walqueue.queue import _put_request, _put_request_of
-from walqueue.state import State, identity_of
-from walqueue.values import Lease, QueueStats, TaskView
+from walqueue.puts import identity_of, plan_puts
+from walqueue.values import Lease, QueueStats, TaskView, WorkerView
 
 # What Client and AsyncClient do beyond the common contract (walqueue.backend).
 CAPABILITIES = frozenset({ACK_AND_RESERVE, FORCE_RELEASE})
@@ -167,16 +166,12 @@ def put_call(statements: Queries, queue: str, task_id: Any, payload: Any, *, key
         if available_at != 0:
             raise InvalidRequest(f"task {task_id!r}: give delay or available_at, not both")
         available_at = validation.time_plus(now, delay, "delay")
-    request = _put_request(task_id, payload, key, available_at, max_attempts, "")
+    request = validation.put_request(task_id, payload, key, available_at, max_attempts)
     return _put_requests(statements, queue, [request], lambda ids: ids[0], "put")
 
 
 def put_many_call(statements: Queries, queue: str, requests: Iterable[Any]) -> Call:
-    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
-        raise InvalidRequest("requests must be a list of PutRequest or mappings")
-    containers = validation.Containers()  # the request's, shared by its payloads
-    validated = [_put_request_of(item, index, containers) for index, item in enumerate(requests)]
-    return _put_requests(statements, queue, validated, lambda ids: ids, "put_many")
+    return _put_requests(statements, queue, validation.put_requests(requests), lambda ids: ids, "put_many")
 
 
 def _put_requests(statements: Queries, queue: str, requests: list[dict],
@@ -186,7 +181,7 @@ def _put_requests(statements: Queries, queue: str, requests: list[dict],
     # The rules inside one list (identical duplicates collapse, any other
     # collision is a KeyConflict) are the library's own, against an empty
     # store; a list of one has nothing to collide with.
-    ids, unique = State().plan_put(requests) if len(requests) > 1 else (
+    ids, unique = plan_puts(requests) if len(requests) > 1 else (
         [requests[0]["task_id"]], requests)
     texts = [canonical_json(request["payload"]).decode("utf-8") for request in unique]
     total = sum(map(len, texts))
@@ -294,7 +289,7 @@ def _reserve_arguments(lease_seconds: Any, limit: Any, wait: Any) -> tuple[int, 
 def reserve_call(statements: Queries, queue: str, worker: Any, *, lease_seconds: Any,
                  limit: Any, wait: Any) -> Call:
     """Its `convert` gives the leases, or with a `wait` a `Reserved` (what a waiter needs)."""
-    worker = validation.name(worker, "worker")
+    worker = cancel.check_worker(validation.name(worker, "worker"))
     lease_seconds, limit, wait = _reserve_arguments(lease_seconds, limit, wait)
     return Call(statements.reserve, (queue, encode_name(worker), Int8(lease_seconds), Int4(limit)),
                 _reserved(worker, wait), _invalid, "reserve", wait, limit)
@@ -410,6 +405,57 @@ def tasks_call(statements: Queries, queue: str, status: Any) -> Call:
     status = validation.status(status)
     return Call(statements.tasks, (queue, status), lambda rows: [_view(row) for row in rows],
                 name="tasks")
+
+
+def tasks_page_call(statements: Queries, queue: str, status: Any, *, after: Any, limit: Any) -> Call:
+    """A page of `tasks` (SPEC §8b): one statement on an index that serves it (O(limit));
+    `limit` None is every task after the cursor."""
+    status = validation.status(status)
+    after, limit = listing.check_page(after, limit)
+    cursor = b"" if after is None else encode_name(after)
+    bound = None if limit is None else Int8(limit)
+    if status is None:
+        statement, params = statements.page_all, (queue, cursor, bound)
+    elif status == "completed":
+        statement, params = statements.page_completed, (queue, cursor, bound)
+    else:
+        statement, params = statements.page_live, (queue, status, cursor, bound)
+    return Call(statement, params, lambda rows: [_view(row) for row in rows], name="tasks")
+
+
+def cancel_call(statements: Queries, queue: str, task_id: Any) -> Call:
+    """SPEC §8b's cancel in one statement. Retried after a lost answer: cancelling a completed
+    task does nothing."""
+    task_id = validation.name(task_id, "task_id")
+
+    def convert(rows: list[tuple]) -> None:
+        ((cancelled, now, status, attempts, max_attempts, generation, available_at, deadline, worker,
+          completed),) = rows
+        if cancelled:
+            return
+        if status is None and completed:
+            return  # completed already: nothing happens
+        view = None if status is None else TaskView(
+            task_id, task_id, status, attempts, max_attempts, generation, available_at, deadline,
+            decode_name(worker), None)
+        problem = cancel.refusal(task_id, view, now)
+        if problem is None:
+            # Cancellable as this statement's snapshot saw it, yet not deleted: a concurrent
+            # transaction (a reserve, a reap) changed it first.
+            problem = (f"task {task_id!r} changed while it was being cancelled (a worker leased "
+                       f"it at that moment?): look at it again")
+        if problem is not None:
+            raise InvalidRequest(problem)
+
+    return Call(statements.cancel, (queue, encode_name(task_id)), convert, name="cancel")
+
+
+def workers_call(statements: Queries, queue: str) -> Call:
+    """The workers seen in leases; `connected` is always False: PostgreSQL's clients are not
+    this client's to see (docs/postgres.md)."""
+    return Call(statements.workers, (queue,),
+                lambda rows: [WorkerView(decode_name(worker), count, False) for worker, count in rows],
+                name="workers")
 
 
 def stats_call(statements: Queries, queue: str) -> Call:

@@ -92,6 +92,8 @@ class Migration:
 MIGRATION_FILES: tuple[tuple[int, int, str, str], ...] = (
     (1, 1, "tables task, live, completed, listener; the operation functions",
      "0001_tables_and_functions.sql"),
+    (2, 1, "index live_status_task: tasks of one live status in pages (SPEC §8b)",
+     "0002_listing_index.sql"),
 )
 MIGRATIONS: tuple[Migration, ...] = tuple(
     Migration(version, description, compatibility, sql_text(MIGRATIONS_DIRECTORY, name))

@@ -23,6 +23,10 @@ version 1's bytes. The versions:
 
 A new request type needs no new version: a daemon that does not know it
 answers a fatal ``InvalidRequest`` (code ``unknown_request`` from version 6).
+So SPEC §8b's calls came as new requests, not as new fields: ``Cancel``,
+``Workers`` (answered ``WorkerList``) and ``TasksPage`` (``Tasks`` with a
+cursor and a limit, answered ``TaskList``); ``Tasks`` is unchanged, and a
+client lists through ``TasksPage`` only when given ``after`` or ``limit``.
 
 This module does no I/O and keeps no state: it only declares.
 """
@@ -35,7 +39,7 @@ from typing import Any, get_type_hints
 
 import msgspec
 
-from walqueue import Lease, QueueStats, TaskView
+from walqueue import Lease, QueueStats, TaskView, WorkerView
 
 __all__ = [
     "CLOCK_REPORTING_VERSION", "COMPACTION_REPORTING_VERSION", "DAEMON_PROTOCOL_VERSIONS",
@@ -46,7 +50,7 @@ __all__ = [
     "WireDaemonStats", "REQUEST_TAGS", "WRITING_REQUESTS", "Request", "Response",
     "Hello", "Put", "PutMany", "Reserve", "Ack", "AckAndReserve", "Release", "Touch", "Revive", "Get",
     "Tasks", "Stats", "Compact", "DaemonStatsReq", "Pause", "Resume", "BackupBegin", "BackupEnd",
-    "ForceRelease",
+    "ForceRelease", "Cancel", "Workers", "TasksPage", "WireWorker", "WorkerList",
     "HelloOk", "PutOk", "TaskIds", "Leases", "Done", "LeaseOk", "TaskOk", "TaskList", "StatsOk",
     "Compacted", "PauseState", "Manifest", "Error", "DaemonStatsOk",
 ]
@@ -236,9 +240,38 @@ class ForceRelease(_Message, tag="force_release"):
     task_ids: list[str]
 
 
+class Cancel(_Message, tag="cancel"):
+    """SPEC §8b: complete a due ready or a dead task without running it; answered ``Done``.
+
+    Written as revive (if dead), reserve and ack by ``walqueue:cancel`` in the
+    turn's batch (walqueue.cancel); a completed task: ``Done``, nothing written.
+    """
+
+    id: int
+    task_id: str
+
+
+class Workers(_Message, tag="workers"):
+    """SPEC §8b: every worker name holding a lease or used by an open connection (``WorkerList``)."""
+
+    id: int
+
+
+class TasksPage(_Message, tag="tasks_page"):
+    """``Tasks`` in pages (SPEC §8b): the tasks after the id ``after``, at most ``limit``
+    (at most walqueue.listing.MAX_PAGE_TASKS), in task_id order; answered ``TaskList``.
+    The daemon's cost is O(limit), whatever the number of tasks."""
+
+    id: int
+    status: str | None = None
+    after: str | None = None
+    limit: int = 1000
+
+
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
     | AckAndReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
+    | Cancel | Workers | TasksPage
 )
 # The tags a daemon of this version knows: a body of another "type" is a newer client's request.
 REQUEST_TAGS = frozenset(kind.__struct_config__.tag for kind in Request.__args__)
@@ -246,7 +279,7 @@ REQUEST_TAGS = frozenset(kind.__struct_config__.tag for kind in Request.__args__
 # Requests that may append to the WAL; the others only read state. (Resume
 # serves parked reserves; BackupBegin compacts a queue never compacted.)
 WRITING_REQUESTS = (Put, PutMany, Reserve, Ack, Release, Touch, Revive, Compact, AckAndReserve, Resume,
-                    BackupBegin, ForceRelease)
+                    BackupBegin, ForceRelease, Cancel)
 
 
 # -- values carried by answers ------------------------------------------------
@@ -328,6 +361,7 @@ Payload = dict[str, Any]
 WireLease = _wire_twin(Lease, payload=Payload)
 WireTask = _wire_twin(TaskView, payload=Payload | None)
 WireStats = _wire_twin(QueueStats)
+WireWorker = _wire_twin(WorkerView)
 # Unlike the other values, DaemonStats is sent through its twin: only a Struct
 # can leave out a field (``version``) that a version-1 peer does not know.
 WireDaemonStats = _wire_twin(DaemonStats, omit_defaults=True, queue=WireStats)
@@ -451,7 +485,14 @@ class DaemonStatsOk(_Message, tag="daemon_stats_ok"):
     stats: WireDaemonStats
 
 
+class WorkerList(_Message, tag="worker_list"):
+    """Answer to ``Workers``: in worker order."""
+
+    id: int
+    workers: list[WireWorker]
+
+
 Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
-    | PauseState | Manifest | DaemonStatsOk
+    | PauseState | Manifest | DaemonStatsOk | WorkerList
 )

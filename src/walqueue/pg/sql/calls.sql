@@ -83,3 +83,66 @@ released AS (
 SELECT (SELECT index FROM refused), (SELECT status FROM refused),
        {schema}.announce((SELECT queue FROM args),
                          (SELECT count(*) FROM released WHERE status = 'ready'), NULL)
+
+-- name: cancel
+-- SPEC §8b: a dead task, or a ready one due at the server's now, becomes completed without being
+-- leased, in this one statement. The live row is deleted only while it is in one of those states
+-- (a DELETE re-checks its WHERE clause on the row's newest version after waiting for its lock, so
+-- a task that a concurrent reserve leased, or a reap changed, is refused, never completed under
+-- someone's lease); its tombstone gets the counters the daemon's records leave (walqueue.cancel:
+-- attempts + 1, or 1 for a dead task, generation + 1, available_at now for a dead task). Its row
+-- in task stays: the key is taken for ever. The one row answers whether it was cancelled, and the
+-- task as the statement's snapshot saw it, from which a refusal's message is made.
+WITH args AS (SELECT %b::text AS queue, %b::bytea AS id, {schema}.clock() AS now),
+cancelled AS (
+    DELETE FROM {schema}.live AS l USING args
+    WHERE l.queue = args.queue AND l.task_id = args.id
+      AND (l.status = 'dead' OR (l.status = 'ready' AND l.available_at <= args.now))
+    RETURNING l.status, l.attempts, l.generation, l.available_at
+),
+tombstone AS (
+    INSERT INTO {schema}.completed (queue, task_id, attempts, generation, available_at)
+    SELECT args.queue, args.id, CASE WHEN c.status = 'dead' THEN 1 ELSE c.attempts + 1 END,
+           c.generation + 1, CASE WHEN c.status = 'dead' THEN args.now ELSE c.available_at END
+    FROM cancelled AS c, args
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM tombstone), args.now, l.status, l.attempts, l.max_attempts,
+       l.generation, l.available_at, l.deadline, l.worker,
+       EXISTS (SELECT 1 FROM {schema}.completed AS c WHERE c.queue = args.queue AND c.task_id = args.id)
+FROM args LEFT JOIN {schema}.live AS l ON l.queue = args.queue AND l.task_id = args.id
+
+-- name: workers
+-- SPEC §8b on PostgreSQL: the workers seen in leases (a client's connections are not the
+-- database's to see), with how many each holds, by name (bytea order is the UTF-8 order).
+SELECT l.worker, count(*) FROM {schema}.live AS l
+WHERE l.queue = %b AND l.status = 'leased'
+GROUP BY l.worker ORDER BY l.worker
+
+-- name: page_all
+-- A page of every task after a cursor (SPEC §8b): task's primary key (queue, task_id) gives the
+-- order, and the LIMIT stops the scan, so a page costs O(limit) whatever the history. The cursor
+-- is '' for the first page (every id is longer); LIMIT NULL is no limit.
+SELECT v.task_id, v.key, v.status, v.attempts, v.max_attempts, v.generation, v.available_at,
+       v.deadline, v.worker, v.payload
+FROM {schema}.task_view AS v WHERE v.queue = %b AND v.task_id > %b
+ORDER BY v.task_id LIMIT %b
+
+-- name: page_completed
+-- A page of completed tasks: completed's primary key (queue, task_id).
+SELECT c.task_id, t.key, 'completed', c.attempts, t.max_attempts, c.generation, c.available_at,
+       NULL::bigint, NULL::bytea, NULL::text
+FROM {schema}.completed AS c
+JOIN {schema}.task AS t ON t.queue = c.queue AND t.task_id = c.task_id
+WHERE c.queue = %b AND c.task_id > %b
+ORDER BY c.task_id LIMIT %b
+
+-- name: page_live
+-- A page of ready, leased or dead tasks: the index live_status_task (queue, status, task_id) of
+-- migration 2.
+SELECT l.task_id, t.key, l.status, l.attempts, l.max_attempts, l.generation, l.available_at,
+       l.deadline, l.worker, l.payload
+FROM {schema}.live AS l
+JOIN {schema}.task AS t ON t.queue = l.queue AND t.task_id = l.task_id
+WHERE l.queue = %b AND l.status = %b AND l.task_id > %b
+ORDER BY l.task_id LIMIT %b
