@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""The long differential run of walqueue._speedups against the pure reference (issue 22).
+
+Seeded random cases (tests/speedups_cases.py: frame walks of random and
+damaged buffers, snapshot loads of random and rule-breaking entries, snapshot
+writes of random states), each run both ways in this process; every
+difference is printed with its case number (rerun one: --seed S --start N
+--count 1). tests/unit/test_speedups.py runs a few thousand of the same in
+the suite. Exit 1 if any case differs, 2 if the extension is not built.
+
+    .venv/bin/python scripts/speedups_differential.py --count 1000000 --seed 22
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.speedups_cases import LONG_RUN_MIX, check_case  # noqa: E402
+from walqueue import speedups  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=22)
+    parser.add_argument("--start", type=int, default=0, help="skip this many cases first")
+    parser.add_argument("--report-every", type=int, default=100_000)
+    args = parser.parse_args()
+    if not speedups.COMPILED:
+        print(f"nothing to compare: {speedups.describe()}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    kinds, differences = Counter(), 0
+    started = time.perf_counter()
+    for index in range(args.start + args.count):
+        kind, difference = check_case(rng, LONG_RUN_MIX)
+        if index < args.start:
+            continue
+        kinds[kind] += 1
+        if difference is not None:
+            differences += 1
+            print(f"case {index} ({kind}): {difference}", flush=True)
+        done = index + 1 - args.start
+        if done % args.report_every == 0:
+            print(f"{done} cases, {differences} differences, {time.perf_counter() - started:.0f} s",
+                  flush=True)
+    elapsed = time.perf_counter() - started
+    print(f"seed {args.seed}: {args.count} cases ({dict(kinds)}), {differences} differences, "
+          f"{elapsed:.0f} s; {speedups.describe()}")
+    return 1 if differences else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
