@@ -83,8 +83,9 @@ def render_prometheus(stats: DaemonStats) -> str:
     queue = stats.queue
     out.gauge(PREFIX + "info", "walqueued's queue directory (always 1).", 1,
               {"directory": stats.directory})
-    out.gauge(PREFIX + "build_info", "The daemon's walqueue version (always 1).", 1,
-              {"version": stats.version})
+    out.gauge(PREFIX + "build_info", "The daemon's walqueue version and which path runs its hot "
+              "loops, compiled or pure (always 1).", 1,
+              {"version": stats.version, "speedups": stats.speedups})
     out.family(PREFIX + "tasks", "gauge", "Tasks in the queue by status.",
                [(PREFIX + "tasks", {"status": status}, getattr(queue, status))
                 for status in ("ready", "leased", "completed", "dead")])

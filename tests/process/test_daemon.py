@@ -15,7 +15,7 @@ import time
 import pytest
 
 import walqueue
-from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease
+from walqueue import InvalidRequest, KeyConflict, PutRequest, QueueClosed, StaleLease, speedups
 from walqueue import protocol as p
 from walqueue.client import Client, Connection, DaemonUnavailable
 
@@ -90,6 +90,7 @@ def test_walqueued_reports_its_version_to_a_version_2_hello_and_on_its_command_l
     sock.close()
     with Client(daemon.socket_path) as client:  # this package's clients announce the newest version
         assert client.daemon_stats().version == walqueue.__version__
+        assert client.daemon_stats().speedups == speedups.PATH   # protocol version 7
     version_1 = raw_connect(daemon.socket_path)  # a version-1 client is sent version 1's fields
     version_1.sendall(p.encode(p.Hello(id=1, version=1)) + p.encode(p.DaemonStatsReq(id=2)))
     assert read_message(version_1).walqueue_version == ""
@@ -97,7 +98,7 @@ def test_walqueued_reports_its_version_to_a_version_2_hello_and_on_its_command_l
     version_1.close()
     printed = subprocess.run([sys.executable, "-m", "walqueue.daemon.cli", "--version"], env=child_env(),
                              capture_output=True, text=True, timeout=60)
-    assert printed.returncode == 0 and printed.stdout == f"walqueued {walqueue.__version__}\n"
+    assert printed.returncode == 0 and printed.stdout == f"walqueued {walqueue.__version__}\n{speedups.describe()}\n"
 
 
 def test_pipelined_requests_are_answered_by_id(daemon):

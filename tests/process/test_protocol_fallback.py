@@ -106,7 +106,8 @@ def test_a_daemon_that_speaks_up_to_4_is_spoken_to_in_4(workdir):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION]
+    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION,
+                             p.COMPACTION_REPORTING_VERSION]
 
 
 def test_a_daemon_that_speaks_up_to_5_is_spoken_to_in_5(workdir):
@@ -117,12 +118,24 @@ def test_a_daemon_that_speaks_up_to_5_is_spoken_to_in_5(workdir):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
+    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
+
+
+def test_a_daemon_that_speaks_up_to_6_is_spoken_to_in_6(workdir):
+    # A daemon of version 6 refuses with a code; the fields of version 7 (speedups) stay unsent.
+    server = OldDaemon(str(workdir / "six.sock"), newest=p.ERROR_CODE_VERSION, code=p.UNSUPPORTED_VERSION)
+    server.start()
+    try:
+        with Client(str(workdir / "six.sock")) as client:
+            assert client.stats().ready == 1
+    finally:
+        server.close()
+    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION]
 
 
 @pytest.mark.parametrize("refusal, code", [
     ("no", msgspec.UNSET),   # a daemon before codes, whatever its words
-    ("versión 6 no soportada", msgspec.UNSET),
+    ("versión 7 no soportada", msgspec.UNSET),
     ("we have moved on", p.UNSUPPORTED_VERSION),   # a daemon with codes: the code decides
 ], ids=["old-terse", "old-other-words", "coded"])
 def test_the_fallback_does_not_read_the_refusal_s_text(workdir, refusal, code):
@@ -133,11 +146,11 @@ def test_the_fallback_does_not_read_the_refusal_s_text(workdir, refusal, code):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
+    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
 
 
 def test_a_coded_refusal_that_is_not_about_the_version_is_not_a_fallback(workdir):
-    server = OldDaemon(str(workdir / "other.sock"), newest=0, refusal="protocol version 6 is not supported",
+    server = OldDaemon(str(workdir / "other.sock"), newest=0, refusal="protocol version 7 is not supported",
                        code="something_else")
     server.start()
     try:
@@ -145,7 +158,7 @@ def test_a_coded_refusal_that_is_not_about_the_version_is_not_a_fallback(workdir
             client.stats()
     finally:
         server.close()
-    assert server.hellos == [p.ERROR_CODE_VERSION]   # no second hello, whatever the text says
+    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION]   # no second hello, whatever the text says
     assert isinstance(refused.value.__cause__, InvalidRequest)
 
 

@@ -407,7 +407,7 @@ def sample_stats(**changes) -> DaemonStats:
         last_compaction_error='OSError: [Errno 28] No space left on device: "snapshot"',
         compaction_retry_in_seconds=3.5, last_compaction_pause_seconds=0.004, snapshot_bytes=4096,
         snapshot_bytes_written_total=8192, wal_bytes_written_total=65536, slow_turns_total=3,
-        longest_turn_seconds=0.25,
+        longest_turn_seconds=0.25, speedups="compiled",
     )
     fields.update(changes)
     return DaemonStats(**fields)
@@ -452,7 +452,7 @@ def test_every_metric_family_is_present_with_its_type_and_value():
     assert value(families, "walqueue_wal_bytes") == 12345
     assert value(families, "walqueue_compaction_threshold_bytes") == 64 << 20
     assert value(families, "walqueue_info", directory="/var/lib/walqueue") == 1
-    assert value(families, "walqueue_build_info", version="1.2.3") == 1
+    assert value(families, "walqueue_build_info", version="1.2.3", speedups="compiled") == 1
     # One HELP and one TYPE line per family, HELP first, each naming the family.
     lines = text.splitlines()
     helps = [line.split()[2] for line in lines if line.startswith("# HELP ")]
@@ -493,12 +493,13 @@ def test_the_daemon_report_crosses_the_wire_field_by_field():
         return dataclasses.replace(report, **{name: DaemonStats.__dataclass_fields__[name].default
                                               for name in names[names.index(first_added):]})
 
-    version_4 = without("slow_turns_total", stats)
+    version_6 = without("speedups", stats)
+    version_4 = without("slow_turns_total", version_6)
     version_3 = without("compact_wal_ratio", version_4)
     version_2 = without("clock_steps_total", version_3)
     version_1 = dataclasses.replace(version_2, version="")
     reader = p.FrameReader()
-    for protocol_version, expected in ((5, stats), (4, version_4), (3, version_3), (2, version_2),
+    for protocol_version, expected in ((7, stats), (6, version_6), (5, version_6), (4, version_4), (3, version_3), (2, version_2),
                                        (1, version_1)):
         reader.feed(p.encode(p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats, protocol_version))))
         decoded = p.decode_response(reader.next_body())

@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 import walqueue
-from walqueue import InvalidRequest, Queue
+from walqueue import InvalidRequest, Queue, speedups
 from walqueue import protocol as p
 from walqueue.client import calls
 from walqueue.ctl import cli as ctl_cli
@@ -21,7 +21,11 @@ TWENTY_MB = 20_000_000
 def test_every_tool_prints_its_version_in_one_format(name):
     result = CliRunner().invoke(TOOLS[name], ["--version"], prog_name=name)
     assert result.exit_code == 0, result.output
-    assert result.output == f"{name} {walqueue.__version__}\n"
+    first, *more = result.output.splitlines()
+    assert first == f"{name} {walqueue.__version__}"
+    # walqueued says which path runs its hot loops too (issue 22); the others say nothing more.
+    assert more == ([speedups.describe()] if name == "walqueued" else [])
+    assert result.output.endswith("\n")
 
 
 def test_a_put_too_large_for_the_wire_names_the_16_mib_limit():

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import click
 
 import walqueue
-from walqueue import CorruptStore, QueueLocked
+from walqueue import CorruptStore, QueueLocked, speedups
 from walqueue.directory import LAST, Directory, foreign_entries, open_queue_directory
 from walqueue.wal import MAX_PREALLOCATE_BYTES
 
@@ -115,8 +115,11 @@ Exit codes:
     epilog=EXIT_CODES_HELP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+# The one --version line of every tool, then which path runs recovery's hot loops (issue 22).
 @click.version_option(walqueue.__version__, "--version", prog_name="walqueued",
-                      message="%(prog)s %(version)s", help="Print the version and exit.")
+                      message="%(prog)s %(version)s\n" + speedups.describe().replace("%", "%%"),
+                      help="Print the version and which path runs the hot loops (compiled or pure), "
+                           "and exit.")
 def cli() -> None:
     pass
 
@@ -405,8 +408,8 @@ def _serve(directory: str, reached: Directory, listener, socket_path: str, *, mo
             log.error("cannot open %s: %s", directory, exc)
         return code
     recovery_seconds = time.monotonic() - started
-    log.info("recovered %s in %.3f s: %s (walqueue %s)", directory, recovery_seconds, queue.stats(),
-             walqueue.__version__)
+    log.info("recovered %s in %.3f s: %s (walqueue %s, speedups %s)", directory, recovery_seconds,
+             queue.stats(), walqueue.__version__, speedups.PATH)
     owned_path = None
     if listener is not None:
         log.info("listening on the socket passed by systemd (fd %d)", SD_LISTEN_FDS_START)

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 
 import walqueue
+from walqueue import speedups
 from walqueue.metrics import FSYNC_WINDOW, FSYNC_WINDOW_SECONDS
 from walqueue.protocol import DaemonStats
 
@@ -222,6 +223,7 @@ class Recorder:
             last_recovery_seconds=self.last_recovery_seconds,
             directory=directory,
             version=walqueue.__version__,
+            speedups=speedups.PATH,
             compaction_failures_total=self.compaction_failures_total,
             last_compaction_pause_seconds=self.last_compaction_pause_seconds,
             snapshot_bytes_written_total=self.snapshot_bytes_written_total,
