@@ -16,6 +16,8 @@ from setuptools.command.build_ext import build_ext
 class OptionalBuildExt(build_ext):
     """build_ext whose failure is a warning, never an install error."""
 
+    failed: list[str] = []   # the extensions that did not build: not copied, nothing more said
+
     def run(self):
         try:
             super().run()
@@ -27,6 +29,12 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except Exception as error:  # noqa: BLE001 -- CompileError, LinkError, missing headers
             self._warn(error)
+            self.failed.append(ext.name)
+
+    def copy_extensions_to_source(self):
+        # --inplace (pip install -e): a second warning for the missing file would only confuse.
+        self.extensions = [ext for ext in self.extensions if ext.name not in self.failed]
+        super().copy_extensions_to_source()
 
     @staticmethod
     def _warn(error):

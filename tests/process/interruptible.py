@@ -16,6 +16,7 @@ def announce_and_wait(name: str) -> None:
     # (CI once read it between its creation and its write, and found it empty).
     directory = Path(os.environ["WALQUEUE_INTERRUPT_DIR"])
     (directory / f".{name}").write_text(str(os.getpid()))
+    (directory / f"{name}.extensions").write_text(os.environ.get("WALQUEUE_NO_EXTENSIONS", ""))
     os.replace(directory / f".{name}", directory / name)
     threading.Event().wait(WAIT_SECONDS)
 

@@ -58,17 +58,21 @@ def kill_group(group: int) -> None:
             pass
 
 
+@pytest.mark.parametrize("pass_", ["inline", "pure"])
 @pytest.mark.parametrize("to", ["the-script", "its-group"])
-def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to):
+def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to, pass_):
     """Issue 23: Ctrl-C on scripts/test left the pytest processes running.
 
     "its-group" is a terminal's Ctrl-C (the foreground group gets SIGINT); "the-script" is
     SIGINT to the script alone (a supervisor, or `kill -INT`), which a foreground pytest
-    used to hold off until it ended by itself.
+    used to hold off until it ended by itself. "pure": the Ctrl-C comes during the pure-Python
+    path's pass (WALQUEUE_NO_EXTENSIONS=1), which runs where the in-process group ran.
     """
+    waiting = "tests/process/interruptible.py::test_inline -q -p no:cacheprovider"
     env = child_env({"WALQUEUE_INTERRUPT_DIR": str(workdir),
                      "WALQUEUE_TEST_BESIDE": "tests/process/interruptible.py::test_beside -q -p no:cacheprovider",
-                     "WALQUEUE_TEST_INLINE": "tests/process/interruptible.py::test_inline -q -p no:cacheprovider"})
+                     "WALQUEUE_TEST_INLINE": waiting if pass_ == "inline" else "",
+                     "WALQUEUE_TEST_PURE": waiting if pass_ == "pure" else ""})
     script = subprocess.Popen([str(REPO / "scripts" / "test")], cwd=REPO, env=env, start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids = []
@@ -76,6 +80,8 @@ def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to):
         wait_until(lambda: all((workdir / name).exists() for name in ("beside", "inline")), SCRIPT_SECONDS,
                    "both pytest processes running their test")
         pids = [int((workdir / name).read_text()) for name in ("beside", "inline")]
+        if pass_ == "pure":
+            assert (workdir / "inline.extensions").read_text() == "1"
         if to == "the-script":
             script.send_signal(signal.SIGINT)
         else:

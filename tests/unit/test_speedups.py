@@ -227,3 +227,17 @@ def test_without_the_variable_the_built_extension_is_used():
     assert out.splitlines()[0] == "compiled True False"
     assert "speedups: compiled (" in out and "_speedups" in out
 
+
+
+def test_a_failed_build_of_the_extension_warns_and_installs_on(tmp_path):
+    # setup.py as pip runs it, in a copy, with a compiler that always fails (CC=/bin/false).
+    for name in ("setup.py", "pyproject.toml", "README.md", "src/walqueue/_speedups.c"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    env = dict(os.environ, CC="/bin/false")
+    result = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("WARNING: walqueue._speedups was not built") == 1, result.stderr
+    assert "pure-Python path" in result.stderr
+    assert not list(tmp_path.rglob("_speedups*.so"))
