@@ -769,13 +769,25 @@ static void put(Out *out, const char *text, Py_ssize_t size)
 
 #define PUT(text) put(out, text, sizeof(text) - 1)
 
+static char HEX_PAIRS[256][2];   /* "00" to "ff", filled at import */
+
+static void fill_hex_pairs(void)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int c = 0; c < 256; c++) { HEX_PAIRS[c][0] = hex[c >> 4]; HEX_PAIRS[c][1] = hex[c & 15]; }
+}
+
 /* A JSON string as canonical_json writes it (ensure_ascii=False): the worst case is 6
  * bytes per input byte plus the quotes, reserved by the caller. */
 static void put_string(Out *out, const unsigned char *text, Py_ssize_t size)
 {
     static const char hex[] = "0123456789abcdef";
     out->buf[out->size++] = '"';
-    for (Py_ssize_t i = 0; i < size; i++) {
+    /* The common case, a name with nothing to escape, in one copy. */
+    Py_ssize_t plain = 0;
+    while (plain < size && text[plain] >= 0x20 && text[plain] != '"' && text[plain] != '\\') plain++;
+    put(out, (const char *)text, plain);
+    for (Py_ssize_t i = plain; i < size; i++) {
         unsigned char c = text[i];
         if (c >= 0x20 && c != '"' && c != '\\') { out->buf[out->size++] = (char)c; continue; }
         out->buf[out->size++] = '\\';
@@ -796,11 +808,24 @@ static void put_string(Out *out, const unsigned char *text, Py_ssize_t size)
     out->buf[out->size++] = '"';
 }
 
+/* The decimal digits of a number, as %lld writes them (snprintf was a third of the time
+ * of a tombstone's frame). */
 static void put_number(Out *out, long long value)
 {
-    char text[32];
-    int size = snprintf(text, sizeof text, "%lld", value);
-    put(out, text, size);
+    char text[24];
+    int size = 0;
+    unsigned long long magnitude = value < 0 ? 0ull - (unsigned long long)value : (unsigned long long)value;
+    if (magnitude < 10) {
+        if (value < 0) out->buf[out->size++] = '-';
+        out->buf[out->size++] = (char)('0' + magnitude);
+        return;
+    }
+    do {
+        text[sizeof text - 1 - size++] = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude);
+    if (value < 0) text[sizeof text - 1 - size++] = '-';
+    put(out, text + sizeof text - size, size);
 }
 
 static int get_view(PyObject *object, Py_buffer *view, int format)
@@ -880,11 +905,10 @@ static PyObject *py_tombstone_frames(PyObject *self, PyObject *args)
         OUT_PUT(",\"deadline\":null,\"generation\":");
         put_number(o, generation);
         OUT_PUT(",\"identity\":\"");
-        static const char hex[] = "0123456789abcdef";
-        for (int i = 0; i < IDENTITY_BYTES; i++) {
-            unsigned char c = identity[IDENTITY_BYTES * index + i];
-            o->buf[o->size++] = hex[c >> 4];
-            o->buf[o->size++] = hex[c & 15];
+        const unsigned char *digest = identity + IDENTITY_BYTES * index;
+        for (int i = 0; i < IDENTITY_BYTES; i++) {   /* two hex digits a byte, by table */
+            memcpy(o->buf + o->size, HEX_PAIRS[digest[i]], 2);
+            o->size += 2;
         }
         OUT_PUT("\",\"key\":");
         put_string(o, key, key_size);
@@ -935,6 +959,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
 {
     const char *sha = "portable";
     init_hex();
+    fill_hex_pairs();
 #ifdef HAVE_SHA_NI
     if (cpu_has_sha_ni()) {
         sha256_blocks = sha256_blocks_ni;

@@ -36,9 +36,11 @@ from tests.speedups_cases import (
     snapshot_bytes,
     snapshot_differs,
     tombstone_entry,
+    write_differs,
 )
 from walqueue import Queue, speedups
 from walqueue.codec import encode_frame
+from walqueue.state import State
 from walqueue.tombstones import ENTRY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,3 +243,16 @@ def test_a_failed_build_of_the_extension_warns_and_installs_on(tmp_path):
     assert result.stderr.count("WARNING: walqueue._speedups was not built") == 1, result.stderr
     assert "pure-Python path" in result.stderr
     assert not list(tmp_path.rglob("_speedups*.so"))
+
+
+@compiled_only
+@pytest.mark.parametrize("numbers", [(1, 3, 1, 0), (9, 9, 9, 9), (10, 10, 10, 10), (99, 100, 101, 2**32 - 1),
+                                     (1, 2**32, 2**32, 2**63 - 1), (1, 2**63 - 1, 2**62, -1)])
+def test_snapshot_entries_of_edge_numbers_and_names_that_need_escapes_are_written_alike(numbers):
+    # The extension writes the digits and the escapes itself (no snprintf, no JSON encoder).
+    state = State()
+    for index in range(600):
+        name = f"n-{index:05d}" if index % 50 else f'q"\\\n\x01-{index:05d}é'
+        state.tombstones.add(name, name if index % 7 else "k" + name,
+                             hashlib.sha256(name.encode()).digest(), *numbers)
+    assert write_differs(state) is None
