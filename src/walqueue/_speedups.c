@@ -617,11 +617,20 @@ error:
 
 typedef struct { uint32_t hash, index; } Hashed;
 
-static int by_hash(const void *left, const void *right)
+/* Sort by (hash, index): a stable radix sort on the hash, of entries already in index
+ * order, so equal hashes keep their index order. `spare` holds `count` more. (glibc's qsort
+ * was a tenth of a restart: a merge sort with a malloc per block and a call per compare.) */
+static void sort_by_hash(Hashed *hashes, Hashed *spare, Py_ssize_t count)
 {
-    const Hashed *a = left, *b = right;
-    if (a->hash != b->hash) return a->hash < b->hash ? -1 : 1;
-    return a->index < b->index ? -1 : a->index > b->index;
+    Hashed *from = hashes, *to = spare;
+    for (int shift = 0; shift < 32; shift += 8) {
+        Py_ssize_t starts[257] = {0};
+        for (Py_ssize_t i = 0; i < count; i++) starts[((from[i].hash >> shift) & 0xFF) + 1]++;
+        for (int b = 0; b < 256; b++) starts[b + 1] += starts[b];
+        for (Py_ssize_t i = 0; i < count; i++) to[starts[(from[i].hash >> shift) & 0xFF]++] = from[i];
+        Hashed *swap = from; from = to; to = swap;
+    }
+    /* Four passes: the result is back in `hashes`. */
 }
 
 static PyObject *py_load_tombstones(PyObject *self, PyObject *args)
@@ -652,7 +661,7 @@ static PyObject *py_load_tombstones(PyObject *self, PyObject *args)
     bounds = PyMem_Malloc(sizeof(uint32_t) * (size_t)(limit + 1));
     identities = PyMem_Malloc((size_t)limit * IDENTITY_BYTES + 1);
     numbers = PyMem_Malloc(sizeof(unsigned long long) * 4 * (size_t)limit + 1);
-    hashes = PyMem_Malloc(sizeof(Hashed) * (size_t)limit + 1);
+    hashes = PyMem_Malloc(sizeof(Hashed) * 2 * (size_t)limit + 1);   /* and sort_by_hash's spare */
     if (!names || !bounds || !identities || !numbers || !hashes) { PyErr_NoMemory(); goto out; }
     Py_ssize_t count = 0, used = 0;
     const unsigned char *previous = (const unsigned char *)last_id;
@@ -705,7 +714,7 @@ static PyObject *py_load_tombstones(PyObject *self, PyObject *args)
         offset += LENGTH_BYTES + length + DIGEST_BYTES;
     }
     if (count == 0) { result = Py_None; Py_INCREF(result); goto out; }
-    qsort(hashes, (size_t)count, sizeof(Hashed), by_hash);
+    sort_by_hash(hashes, hashes + limit, count);
     PyObject *number_bytes;
     if (wide) {
         int64_t *packed = PyMem_Malloc(sizeof(int64_t) * 4 * (size_t)count);
