@@ -143,3 +143,20 @@ def test_bench_listing_tiny_run_prints_every_row_with_its_ratio():
     assert [(row[0], row[1]) for row in rows] == [
         (where, status) for where in ("library", "walqueued") for status in ("completed", "ready", "all")]
     assert [row[-2] for row in rows] == ["1,500", "20", "1,520"] * 2  # the whole listings' tasks
+
+
+def test_bench_speedups_and_the_long_differential_run_end_to_end(tmp_path):
+    # Issue 22: both paths' rows beside the floor, and a few seeded differential cases.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_speedups.py"), "--tombstones", "1000",
+         "--wal-cycles", "100", "--runs", "1", "--tmp-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for row in ("| restart, tombstones/s |", "| WAL replay, frames/s |", "| snapshot writing, tombstones/s |"):
+        assert row in done.stdout, done.stdout
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "speedups_differential.py"), "--count", "200", "--seed", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode in (0, 2), done.stdout + done.stderr   # 2: no extension to compare
+    if done.returncode == 0:
+        assert "seed 1: 200 cases" in done.stdout and "0 differences" in done.stdout
