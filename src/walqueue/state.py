@@ -53,7 +53,7 @@ from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
 from .listing import LiveIndex
 from .monitoring import Monitoring
-from .puts import identity_of, plan_puts
+from .puts import identity_digest, identity_of, plan_puts
 from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
@@ -158,21 +158,21 @@ class State:
 
     def due_ready(self, now: int, limit: int) -> list[str]:
         """Up to `limit` ready tasks with available_at <= now, in lease order."""
-        return self._peek(self._ready, READY, "available_at", now, limit)
+        return _peek(self.tasks, self._ready, READY, "available_at", now, limit)
 
     def expired(self, now: int, limit: int) -> list[str]:
         """Up to `limit` leased tasks with deadline <= now, by (deadline, task_id)."""
-        return self._peek(self._leases, LEASED, "deadline", now, limit)
+        return _peek(self.tasks, self._leases, LEASED, "deadline", now, limit)
 
     def next_due_time(self) -> int | None:
         """The earliest available_at of a ready task or deadline of a lease."""
-        times = [self._peek_time(self._ready, READY, "available_at"), self.next_lease_deadline()]
+        times = [_peek_time(self.tasks, self._ready, READY, "available_at"), self.next_lease_deadline()]
         times = [time for time in times if time is not None]
         return min(times) if times else None
 
     def next_lease_deadline(self) -> int | None:
         """The earliest deadline of a lease."""
-        return self._peek_time(self._leases, LEASED, "deadline")
+        return _peek_time(self.tasks, self._leases, LEASED, "deadline")
 
     def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
         """The earliest time since which a ready task has been due, or None if none is due at
@@ -183,35 +183,6 @@ class State:
         """How many leased tasks are at or past the middle of their lease at `now`
         (Monitoring.leases_past_half)."""
         return self.monitoring.leases_past_half(self.tasks, self._leases, now)
-
-    def _peek(self, heap, status, attribute, now, limit) -> list[str]:
-        tasks = self.tasks
-        picked: list[str] = []
-        seen: set[str] = set()
-        kept: list[tuple[int, str]] = []
-        while heap and len(picked) < limit and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
-            time, task_id = entry
-            task = tasks.get(task_id)
-            if (task is None or task.status != status or getattr(task, attribute) != time
-                    or task_id in seen):
-                continue  # stale, or a duplicate of an entry already kept
-            seen.add(task_id)
-            picked.append(task_id)
-            kept.append(entry)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        return picked
-
-    def _peek_time(self, heap, status, attribute) -> int | None:
-        tasks = self.tasks
-        while heap:
-            time, task_id = heap[0]
-            task = tasks.get(task_id)
-            if task is not None and task.status == status and getattr(task, attribute) == time:
-                return time
-            heapq.heappop(heap)
-        return None
 
     def plan_put(self, requests: list[dict]) -> tuple[list[str], list[dict]]:
         """puts.plan_puts (SPEC §2: ids per request, the new tasks) against this state's tasks."""
@@ -259,7 +230,7 @@ class State:
         seq = validation.integer(record["seq"], "seq", minimum=1)
         if seq != self.last_seq + 1:
             raise InvalidRequest(f"seq {seq} does not follow seq {self.last_seq}")
-        return getattr(self, "_check_" + op)(record)
+        return getattr(self, _CHECKS[op])(record)
 
     def commit(self, change: tuple, body_bytes: int | None = None) -> None:
         """Apply a change `check` returned.
@@ -270,7 +241,7 @@ class State:
         """
         op, record, targets = change
         self.snapshot_growth += snapshot_growth_of(op, record, targets, body_bytes)
-        getattr(self, "_commit_" + op)(record, targets)
+        getattr(self, _COMMITS[op])(record, targets)
         self.last_seq = record["seq"]
 
     def _check_put(self, record):
@@ -364,7 +335,8 @@ class State:
         (task,) = targets
         # The task leaves the live tasks for the tombstones: stale heap and
         # FIFO entries for it find no live task and are dropped.
-        identity = bytes.fromhex(task.pin_identity())
+        identity = bytes.fromhex(task.identity) if task.identity is not None else identity_digest(
+            task.task_id, task.payload, task.available_at, task.max_attempts)
         self.monitoring.lease_ended(task.task_id)
         del self.tasks[task.task_id]
         del self.task_id_by_key[task.key]
@@ -626,6 +598,45 @@ class State:
         heapq.heapify(self._ready)
         heapq.heapify(self._leases)
         self.last_seq = seq
+
+
+# op -> the names of State's check and commit of that op, built once, not per record (looked
+# up by name on the instance, so a test that patches one, tests/broken.py, still reaches it).
+_CHECKS = {op: "_check_" + op for op in RECORD_FIELDS}
+_COMMITS = {op: "_commit_" + op for op in RECORD_FIELDS}
+
+
+def _peek(tasks: dict, heap, status, attribute, now, limit) -> list[str]:
+    """Up to `limit` live entries of `heap` due at `now`, in heap order; stale ones are dropped."""
+    if not heap or heap[0][0] > now:
+        return []  # nothing due: the common case of the reap before every reserve
+    picked: list[str] = []
+    seen: set[str] = set()
+    kept: list[tuple[int, str]] = []
+    while heap and len(picked) < limit and heap[0][0] <= now:
+        entry = heapq.heappop(heap)
+        time, task_id = entry
+        task = tasks.get(task_id)
+        if (task is None or task.status != status or getattr(task, attribute) != time
+                or task_id in seen):
+            continue  # stale, or a duplicate of an entry already kept
+        seen.add(task_id)
+        picked.append(task_id)
+        kept.append(entry)
+    for entry in kept:
+        heapq.heappush(heap, entry)
+    return picked
+
+
+def _peek_time(tasks: dict, heap, status, attribute) -> int | None:
+    """The time of the first live entry of `heap` (stale ones are dropped), or None."""
+    while heap:
+        time, task_id = heap[0]
+        task = tasks.get(task_id)
+        if task is not None and task.status == status and getattr(task, attribute) == time:
+            return time
+        heapq.heappop(heap)
+    return None
 
 
 def _merged(live: list[str], tombstones) -> Iterator:
