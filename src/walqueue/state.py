@@ -227,8 +227,9 @@ class State:
         if record.keys() != fields:
             raise InvalidRequest(
                 f"{op} record has fields {sorted(record)}, expected {sorted(fields)}")
-        seq = validation.integer(record["seq"], "seq", minimum=1)
-        if seq != self.last_seq + 1:
+        seq = record["seq"]
+        if type(seq) is not int or seq != self.last_seq + 1 or seq > validation.MAX_INT:
+            seq = validation.integer(seq, "seq", minimum=1)  # raises what is wrong, if not the next seq
             raise InvalidRequest(f"seq {seq} does not follow seq {self.last_seq}")
         return getattr(self, _CHECKS[op])(record)
 
@@ -251,15 +252,7 @@ class State:
         new_ids: set[str] = set()
         new_keys: set[str] = set()
         for index, task in enumerate(tasks):
-            where = f"tasks[{index}]"
-            if type(task) is not dict or task.keys() != PUT_TASK_FIELDS:
-                raise InvalidRequest(f"{where} must be an object with fields {sorted(PUT_TASK_FIELDS)}")
-            task_id = validation.name(task["task_id"], f"{where}.task_id")
-            key = validation.name(task["key"], f"{where}.key")
-            validation.integer(task["available_at"], f"{where}.available_at")
-            validation.integer(task["max_attempts"], f"{where}.max_attempts", minimum=1)
-            if type(task["payload"]) is not dict:
-                raise InvalidRequest(f"{where}.payload must be an object")
+            task_id, key = _put_task_names(task, index)
             if key in new_keys or self._key_taken(key):
                 raise KeyConflict(f"key {key!r} is already used")
             if task_id in new_ids or task_id in self.tasks or task_id in self.tombstones:
@@ -604,6 +597,34 @@ class State:
 # up by name on the instance, so a test that patches one, tests/broken.py, still reaches it).
 _CHECKS = {op: "_check_" + op for op in RECORD_FIELDS}
 _COMMITS = {op: "_commit_" + op for op in RECORD_FIELDS}
+
+
+def _put_task_names(task: Any, index: int) -> tuple[str, str]:
+    """(task_id, key) of task `index` of a put record, its fields checked (State._check_put).
+
+    The common case, every field plain and in range, is told in one expression;
+    the field names of an error (``tasks[3].key``) are built only for a task
+    that fails, by the checks in validation, which then raise what is wrong.
+    """
+    if type(task) is dict and task.keys() == PUT_TASK_FIELDS:
+        task_id, key = task["task_id"], task["key"]
+        available_at, max_attempts = task["available_at"], task["max_attempts"]
+        if (type(task_id) is str and 0 < len(task_id) <= validation.MAX_NAME_BYTES and task_id.isascii()
+                and type(key) is str and 0 < len(key) <= validation.MAX_NAME_BYTES and key.isascii()
+                and type(available_at) is int and 0 <= available_at <= validation.MAX_INT
+                and type(max_attempts) is int and 1 <= max_attempts <= validation.MAX_INT
+                and type(task["payload"]) is dict):
+            return task_id, key
+    where = f"tasks[{index}]"
+    if type(task) is not dict or task.keys() != PUT_TASK_FIELDS:
+        raise InvalidRequest(f"{where} must be an object with fields {sorted(PUT_TASK_FIELDS)}")
+    task_id = validation.name(task["task_id"], f"{where}.task_id")
+    key = validation.name(task["key"], f"{where}.key")
+    validation.integer(task["available_at"], f"{where}.available_at")
+    validation.integer(task["max_attempts"], f"{where}.max_attempts", minimum=1)
+    if type(task["payload"]) is not dict:
+        raise InvalidRequest(f"{where}.payload must be an object")
+    return task_id, key
 
 
 def _peek(tasks: dict, heap, status, attribute, now, limit) -> list[str]:
