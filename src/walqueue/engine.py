@@ -69,7 +69,6 @@ class Engine:
         self.directory = os.fspath(directory)
         self._closed = True
         self._batch_depth = 0
-        self._batch_context = _Batch(self)  # one for every batch: it only counts their depth
         self._compaction: Compaction | None = None
         # The directory's files (walqueue.store), recovered: the state they hold.
         self._store, self._state = Store.open(self.directory, hook=hook, filesystem=filesystem,
@@ -298,7 +297,7 @@ class Engine:
         the operations inside only after the block has exited without error.
         """
         self.check_open()
-        return self._batch_context
+        return _Batch(self)
 
     def compact(self) -> int:
         """Publish a snapshot of the whole state and drop the WAL it covers.
