@@ -202,7 +202,7 @@ class Engine:
         self.check_open()
         validation.name(task_id, "task_id")
         validation.time_plus(validation.integer(now, "now"), cancelling.CANCEL_LEASE_SECONDS,
-                             "the cancel's lease (now + 60)")
+                             f"the cancel's lease (now + {cancelling.CANCEL_LEASE_SECONDS})")
         task = self._state.get(task_id)
         view = None if task is None else view_of(task)
         if cancelling.check(task_id, view, now):
