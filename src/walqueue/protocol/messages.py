@@ -19,7 +19,8 @@ version 1's bytes. The versions:
    ``wal_bytes_written_total``);
 5. the slow loop turns of ``DaemonStats`` (``slow_turns_total``,
    ``longest_turn_seconds``);
-6. ``Error.code``, the stable code of what went wrong (``ERROR_CODES``).
+6. ``Error.code``, the stable code of what went wrong (``ERROR_CODES``);
+7. the leases expired since start in ``DaemonStats`` (``expired_total``).
 
 A new request type needs no new version: a daemon that does not know it
 answers a fatal ``InvalidRequest`` (code ``unknown_request`` from version 6).
@@ -43,7 +44,7 @@ from walqueue import Lease, QueueStats, TaskView, WorkerView
 
 __all__ = [
     "CLOCK_REPORTING_VERSION", "COMPACTION_REPORTING_VERSION", "DAEMON_PROTOCOL_VERSIONS",
-    "ERROR_CODE_VERSION", "PROTOCOL_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
+    "ERROR_CODE_VERSION", "EXPIRY_REPORTING_VERSION", "PROTOCOL_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
     "COMPACTION_FAILED", "ERROR_CODES", "LISTING_INTERRUPTED", "PROTOCOL_ERROR", "REQUEST_REFUSED",
     "UNKNOWN_REQUEST", "UNSENDABLE_ANSWER", "UNSUPPORTED_VERSION", "WRITE_FAILED",
     "Raw", "Payload", "PutItem", "BackupFile", "DaemonStats", "WireLease", "WireTask", "WireStats",
@@ -56,12 +57,13 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1  # the first version: every daemon speaks it, and clients fall back to it last
-DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4, 5, 6)  # what walqueued speaks
+DAEMON_PROTOCOL_VERSIONS = (1, 2, 3, 4, 5, 6, 7)  # what walqueued speaks
 VERSION_REPORTING_VERSION = 2  # the first to carry walqueue versions
 CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and offset
 COMPACTION_REPORTING_VERSION = 4  # the first to carry the compaction figures of DaemonStats
 TURN_REPORTING_VERSION = 5  # the first to carry the slow loop turns of DaemonStats
 ERROR_CODE_VERSION = 6  # the first to carry Error.code
+EXPIRY_REPORTING_VERSION = 7  # the first to carry DaemonStats.expired_total
 
 # -- error codes --------------------------------------------------------------
 #
@@ -334,6 +336,8 @@ class DaemonStats:
     # Protocol version 5: loop turns that answered no one for over 100 ms (walqueue.daemon.turn_timer).
     slow_turns_total: int = 0
     longest_turn_seconds: float = 0.0
+    # Protocol version 7: leases expired (reaped) since start, by reserve's reap or the timer's.
+    expired_total: int = 0
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
