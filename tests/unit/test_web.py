@@ -277,6 +277,24 @@ def test_the_history_gives_rates_and_compactions_and_no_spike_across_a_restart()
     assert drawing.count("<polyline") == 2 and "expiries" not in drawing
 
 
+@pytest.mark.parametrize("daemon", [True, False], ids=["walqueued", "postgresql"])
+def test_the_plot_draws_expiries_per_second_from_either_backends_count(daemon):
+    backend = FakeBackend([task("a")], daemon=daemon)
+    clock = [NOW]
+    source = Source(backend, clock=lambda: clock[0])
+    try:
+        for expired in (0, 30, 40):   # sampled 10 s apart
+            backend.expired = expired
+            source.history.add(source.read_sample())
+            clock[0] += 10
+        assert [rate.expiries for rate in source.history.rates()] == [3.0, 1.0]
+        drawing = svg(source.history.rates(), now=clock[0])
+        assert drawing.count("<polyline") == 3 and 'class="series-expiries"' in drawing
+        assert "expiries/s" in drawing
+    finally:
+        source.close()
+
+
 def test_a_connection_that_sends_no_request_head_is_closed_at_the_deadline(monkeypatch):
     """The head deadline of walqueue.web.bounds, on a real uvicorn server."""
     import uvicorn
@@ -376,7 +394,7 @@ def test_the_plot_draws_the_rates_the_sampler_saw():
             clock[0] += 10
         drawing = client.get("/plot.svg")
     assert drawing.headers["content-type"].startswith("image/svg+xml")
-    assert drawing.text.count("<polyline") == 2 and "no samples yet" not in drawing.text
+    assert drawing.text.count("<polyline") == 3 and "no samples yet" not in drawing.text  # expiries at 0
     assert [rate.puts for rate in source.history.rates()] == [1.0, 1.0]
 
 

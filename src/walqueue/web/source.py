@@ -111,12 +111,20 @@ class Source:
             at=overview.at,
             total=stats.ready + stats.leased + stats.completed + stats.dead,
             completed=stats.completed,
-            expired=getattr(daemon if daemon is not None else stats, "expired_total", None),
+            expired=self._expired_total(daemon),
             started=getattr(daemon, "start_time_seconds", None),
             compactions=getattr(daemon, "compactions_total", None),
             last_compaction_seconds=getattr(daemon, "last_compaction_seconds", None),
             last_compaction_pause_seconds=getattr(daemon, "last_compaction_pause_seconds", None))
         return sample
+
+    def _expired_total(self, daemon: Any | None) -> int | None:
+        """Leases expired so far, where the backend counts them: walqueued's report (protocol
+        version 7), PostgreSQL's `expired_total()` (schema version 3); None elsewhere."""
+        if daemon is not None:
+            return getattr(daemon, "expired_total", None)
+        counted = getattr(self.client, "expired_total", None)
+        return counted() if callable(counted) else None
 
     def page(self, status: str | None, prefix: str, after: str | None, size: int) -> Page:
         """At most `size` tasks (of `status`, their id starting with `prefix`) after `after`.
