@@ -368,6 +368,12 @@ def workers_call() -> Call:
                                                  for w in answer.workers])
 
 
+def connections_call() -> Call:
+    return Call(p.Connections(id=0), lambda answer: [
+        p.ConnectionView(c.connection, tuple(c.workers), c.leases, c.requests, c.last_request_age_seconds)
+        for c in answer.connections])
+
+
 def stats_call() -> Call:
     return Call(p.Stats(id=0), lambda answer: p.stats_from_wire(answer.stats))
 

@@ -28,6 +28,8 @@ So SPEC §8b's calls came as new requests, not as new fields: ``Cancel``,
 ``Workers`` (answered ``WorkerList``) and ``TasksPage`` (``Tasks`` with a
 cursor and a limit, answered ``TaskList``); ``Tasks`` is unchanged, and a
 client lists through ``TasksPage`` only when given ``after`` or ``limit``.
+``Connections`` (answered ``ConnectionList``) came the same way, beside
+``Workers``, whose ``WorkerView`` SPEC fixes.
 
 This module does no I/O and keeps no state: it only declares.
 """
@@ -52,6 +54,7 @@ __all__ = [
     "Hello", "Put", "PutMany", "Reserve", "Ack", "AckAndReserve", "Release", "Touch", "Revive", "Get",
     "Tasks", "Stats", "Compact", "DaemonStatsReq", "Pause", "Resume", "BackupBegin", "BackupEnd",
     "ForceRelease", "Cancel", "Workers", "TasksPage", "WireWorker", "WorkerList",
+    "Connections", "ConnectionView", "WireConnection", "ConnectionList",
     "HelloOk", "PutOk", "TaskIds", "Leases", "Done", "LeaseOk", "TaskOk", "TaskList", "StatsOk",
     "Compacted", "PauseState", "Manifest", "Error", "DaemonStatsOk",
 ]
@@ -259,6 +262,13 @@ class Workers(_Message, tag="workers"):
     id: int
 
 
+class Connections(_Message, tag="connections"):
+    """Each open connection that sent a request: its worker names, leases, requests and the age
+    of its last request (``ConnectionList``). Not SPEC's; walqueue-web and walqueue-ctl show it."""
+
+    id: int
+
+
 class TasksPage(_Message, tag="tasks_page"):
     """``Tasks`` in pages (SPEC §8b): the tasks after the id ``after``, at most ``limit``
     (at most walqueue.listing.MAX_PAGE_TASKS), in task_id order; answered ``TaskList``.
@@ -273,7 +283,7 @@ class TasksPage(_Message, tag="tasks_page"):
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
     | AckAndReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
-    | Cancel | Workers | TasksPage
+    | Cancel | Workers | TasksPage | Connections
 )
 # The tags a daemon of this version knows: a body of another "type" is a newer client's request.
 REQUEST_TAGS = frozenset(kind.__struct_config__.tag for kind in Request.__args__)
@@ -340,6 +350,25 @@ class DaemonStats:
     expired_total: int = 0
 
 
+@dataclass(frozen=True)
+class ConnectionView:
+    """One open connection as walqueued sees it (the answer to ``Connections``).
+
+    ``connection`` is the daemon's label of it (as in its log: peer process and the hello's
+    client name); ``workers`` the worker names it used in requests that succeeded (its most
+    recent, at most walqueue.daemon.steering.MAX_WORKER_NAMES_PER_CONNECTION), by name;
+    ``leases`` the leases those names hold now (a name two connections use counts for both);
+    ``requests`` how many requests it sent; ``last_request_age_seconds`` how long ago its
+    last one arrived (by the daemon's monotonic clock).
+    """
+
+    connection: str
+    workers: tuple[str, ...]
+    leases: int
+    requests: int
+    last_request_age_seconds: float
+
+
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
     """The wire Struct of a frozen dataclass: the same fields, in the same order.
 
@@ -366,6 +395,7 @@ WireLease = _wire_twin(Lease, payload=Payload)
 WireTask = _wire_twin(TaskView, payload=Payload | None)
 WireStats = _wire_twin(QueueStats)
 WireWorker = _wire_twin(WorkerView)
+WireConnection = _wire_twin(ConnectionView)
 # Unlike the other values, DaemonStats is sent through its twin: only a Struct
 # can leave out a field (``version``) that a version-1 peer does not know.
 WireDaemonStats = _wire_twin(DaemonStats, omit_defaults=True, queue=WireStats)
@@ -496,7 +526,14 @@ class WorkerList(_Message, tag="worker_list"):
     workers: list[WireWorker]
 
 
+class ConnectionList(_Message, tag="connection_list"):
+    """Answer to ``Connections``: in the order the connections sent their first request."""
+
+    id: int
+    connections: list[WireConnection]
+
+
 Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
-    | PauseState | Manifest | DaemonStatsOk | WorkerList
+    | PauseState | Manifest | DaemonStatsOk | WorkerList | ConnectionList
 )
