@@ -203,6 +203,20 @@ def test_workers_are_listed():
     assert "w\\u202e1" in page and "\u202e" not in page
 
 
+def test_the_workers_page_shows_each_daemon_connection_and_none_on_postgresql():
+    from walqueue.protocol import ConnectionView
+    backend = FakeBackend([task("l", "leased", worker="w1", deadline=NOW + 60)])
+    backend.open_connections = [ConnectionView("fd=7 pid=41 client='<script>x</script>'", ("w1", "w\u202e2"),
+                                               1, 1503, 185.0)]
+    with client_for(backend) as client:
+        page = client.get("/workers").text
+    assert "<h2>Connections</h2>" in page and "<script>x" not in page and "&lt;script&gt;x" in page
+    row = page[page.index("fd=7"):]
+    assert "w1, w\\u202e2" in row and "1503" in row and "3 min 5 s ago" in row
+    with client_for(FakeBackend([], daemon=False)) as client:
+        assert "Connections" not in client.get("/workers").text
+
+
 def test_an_unexpected_host_header_is_refused():
     with client_for(FakeBackend()) as client:
         assert client.get("/", headers={"Host": "attacker.example:8765"}).status_code == 421

@@ -35,6 +35,7 @@ class FakeBackend:
         self.calls: list[tuple] = []
         self.clock = clock
         self.closed = False
+        self.open_connections = []  # what connections() answers
         self.expired = 0  # leases expired so far: daemon_stats().expired_total, or expired_total()
 
     def add(self, view):
@@ -116,6 +117,11 @@ class FakeBackend:
             if view.worker is not None:
                 held[view.worker] = held.get(view.worker, 0) + 1
         return [WorkerRow(worker, count, 1) for worker, count in sorted(held.items())]
+
+    def connections(self):  # walqueued's (walqueue.protocol.ConnectionView); PostgreSQL has none
+        if DAEMON_STATS not in self.capabilities:
+            raise AttributeError("connections")
+        return list(self.open_connections)
 
     def close(self):
         self.closed = True

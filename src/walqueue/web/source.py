@@ -26,6 +26,7 @@ from typing import Any
 
 from walqueue import InvalidRequest, QueueStats, TaskView
 from walqueue.backend import DAEMON_STATS, FORCE_RELEASE
+from walqueue.protocol.errors import UnknownRequest
 
 from .samples import History, Sample
 
@@ -164,6 +165,16 @@ class Source:
 
     def workers(self) -> list[Any]:
         return list(self.client.workers())
+
+    def connections(self) -> list[Any] | None:
+        """walqueued's open connections (walqueue.protocol.ConnectionView): [] where the backend
+        has none to show (PostgreSQL), None from a daemon too old to know the request."""
+        if not self.has_daemon_stats or not callable(getattr(self.client, "connections", None)):
+            return []
+        try:
+            return list(self.client.connections())
+        except UnknownRequest:
+            return None
 
     # -- writes (the app checks --allow-writes and the CSRF token first) ---------------
 
