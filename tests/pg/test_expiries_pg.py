@@ -64,3 +64,15 @@ def test_a_role_granted_before_the_count_existed_still_expires_and_reads_it(post
         (again,) = client.reserve("w", lease_seconds=5)
         assert again.attempts == 2 and client.expired_total() == 1
     clock.close()
+
+
+def test_the_async_client_reads_the_count_too(postgres):
+    import asyncio
+
+    from walqueue.pg import AsyncClient
+
+    async def main() -> int:
+        async with AsyncClient(postgres.dsn, queue=unique_name("aio")) as client:
+            return await client.expired_total()
+
+    assert asyncio.run(main()) == 0
