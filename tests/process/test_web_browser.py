@@ -236,6 +236,8 @@ def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
         screenshot(browser, "leases")
         browser.get(server.url + "/workers")
         assert "worker-a" in browser.find_element(By.TAG_NAME, "main").text
+        # walqueued's connections, the dashboard's own among them (the real daemon's Connections view).
+        assert "client='walqueue-web'" in browser.find_element(By.CSS_SELECTOR, "table.connections").text
         screenshot(browser, "workers")
         browser.get(server.url + "/dead")
         screenshot(browser, "dead")
