@@ -79,11 +79,12 @@ class HelloRefused(DaemonUnavailable):
 # than the first refuses that hello (UnsupportedVersion) and closes the
 # connection; the client then connects again announcing the next one
 # (walqueued 0.1 speaks only version 1; the daemons before the slow-turn
-# figures, up to 4; those before error codes, up to 5). The newest brings the
-# daemon's walqueue version, its clock, its compaction figures, its slow loop
-# turns and the errors' codes (walqueue.protocol.messages).
-CLIENT_PROTOCOL_VERSIONS = (p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION, p.COMPACTION_REPORTING_VERSION,
-                            p.PROTOCOL_VERSION)
+# figures, up to 4; those before error codes, up to 5; those before the
+# expiry count, up to 6). The newest brings the daemon's walqueue version, its
+# clock, its compaction figures, its slow loop turns, the errors' codes and
+# the leases expired (walqueue.protocol.messages).
+CLIENT_PROTOCOL_VERSIONS = (p.EXPIRY_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION,
+                            p.COMPACTION_REPORTING_VERSION, p.PROTOCOL_VERSION)
 
 
 def hello_request(name: str, version: int = CLIENT_PROTOCOL_VERSIONS[0]) -> p.Hello:
@@ -365,6 +366,12 @@ def cancel_call(task_id: Any) -> Call:
 def workers_call() -> Call:
     return Call(p.Workers(id=0), lambda answer: [WorkerView(w.worker, w.leases, w.connected)
                                                  for w in answer.workers])
+
+
+def connections_call() -> Call:
+    return Call(p.Connections(id=0), lambda answer: [
+        p.ConnectionView(c.connection, tuple(c.workers), c.leases, c.requests, c.last_request_age_seconds)
+        for c in answer.connections])
 
 
 def stats_call() -> Call:
