@@ -19,16 +19,22 @@ a cancel's, nor a cancel's for a client's.
 Three records are not one transaction: a crash between them (the crash matrix
 finds every such point) leaves the task revived (ready), or leased by
 CANCEL_WORKER. The caller got no answer and cancels again, which must then
-finish the job: a ready task is cancelled as any other, and a task leased by
-CANCEL_WORKER is an interrupted cancel, finished by the ack alone while its
-lease lasts (CANCEL_LEASE_SECONDS, long enough for the retry after a restart;
-no worker can be handed the task meanwhile).
+finish the job, whenever it comes: a ready or dead task is cancelled as any
+other; a task leased by CANCEL_WORKER is an interrupted cancel, finished by
+the ack alone while its lease lasts, and once the lease has lapsed by an
+`expire` of it first (then revive if that made it dead, reserve and ack).
+The lease is CANCEL_LEASE_SECONDS, one second: the ack is in the same batch
+at the same `now`, so one second is all it needs, and a cancel cut short
+holds its task for one second, not a minute: then the lease is reaped like
+any other (walqueued's timer, or the next reserve) and the task is ready
+again, one attempt used (dead if it was its last), as if the cancel had never
+been asked; a cancel retried later still finishes it.
 
 Readings (docs/spec.md):
   - completed: nothing happens, nothing is written (cancelling twice is harmless,
     so a lost answer may be retried);
-  - ready but not due, leased (also a lease past its deadline that no reap has
-    ended yet), unknown: InvalidRequest, the message saying which case, and
+  - ready but not due, leased by a worker (also a lease past its deadline that
+    no reap has ended yet), unknown: InvalidRequest, the message saying which case, and
     when it becomes cancellable or which lease holds it;
   - the completed task keeps its key (ids and keys are never reused), and its
     counters are those the records leave: attempts + 1 (1 for a task that was
@@ -43,9 +49,9 @@ from .values import TaskView
 
 RESERVED_WORKER_PREFIX = "walqueue:"
 CANCEL_WORKER = "walqueue:cancel"
-# The cancel's lease is acked in the same batch; it lasts only if a crash interrupts the cancel,
-# and then holds the task for the cancel that is retried (see the header).
-CANCEL_LEASE_SECONDS = 60
+# The cancel's lease is acked in the same batch at the same `now`; it outlives the batch only if a
+# crash interrupts the cancel, and then holds the task for one second (see the header).
+CANCEL_LEASE_SECONDS = 1
 
 
 def reserved_worker(worker: str) -> bool:
@@ -70,11 +76,7 @@ def refusal(task_id: str, task: TaskView | None, now: int) -> str | None:
         return (f"task {task_id!r} is ready but not due until {task.available_at} (now={now}); "
                 f"it can be cancelled from then on")
     if task.status == "leased" and task.worker == CANCEL_WORKER:
-        if now < task.deadline:
-            return None  # an interrupted cancel: finished by its ack
-        return (f"task {task_id!r} is held by the lease of a cancel that was interrupted; it "
-                f"ended at {task.deadline} (now={now}), and once the lease is reaped (the next "
-                f"reserve, or within a second on walqueued) the task can be cancelled again")
+        return None  # an interrupted cancel: finished by its ack (after an expire, once lapsed)
     if task.status == "leased":
         return (f"task {task_id!r} is leased by {task.worker!r} (generation {task.generation}, "
                 f"deadline {task.deadline}); it can be cancelled once that lease ends "
@@ -96,11 +98,17 @@ def check(task_id: str, task: TaskView | None, now: int) -> bool:
 def records(task: TaskView, now: int) -> list[dict]:
     """The records that cancel `task` (dead, ready and due at `now`, or held by an interrupted
     cancel), without their "seq"."""
-    if task.status == "leased":  # CANCEL_WORKER's: the interrupted cancel's last record
-        return [{"generation": task.generation, "now": now, "op": "ack", "task_id": task.task_id,
-                 "worker": CANCEL_WORKER}]
-    planned = []
-    if task.status == "dead":
+    planned: list[dict] = []
+    if task.status == "leased":  # CANCEL_WORKER's: an interrupted cancel
+        if now < task.deadline:  # its lease still holds: only its ack is missing
+            return [{"generation": task.generation, "now": now, "op": "ack", "task_id": task.task_id,
+                     "worker": CANCEL_WORKER}]
+        # Lapsed: end it as a reap would (ready at its deadline, due now; dead at its last attempt).
+        planned.append({"now": now, "op": "expire", "task_ids": [task.task_id]})
+        dead = task.attempts >= task.max_attempts
+    else:
+        dead = task.status == "dead"
+    if dead:
         planned.append({"now": now, "op": "revive", "task_ids": [task.task_id]})
     planned.append({"lease_seconds": CANCEL_LEASE_SECONDS, "now": now, "op": "reserve",
                     "task_ids": [task.task_id], "worker": CANCEL_WORKER})

@@ -6,7 +6,8 @@ controls), start a new line that forges a table row, reorder what follows
 (bidi controls), or hide in plain sight: `é` composed (NFC) and `e` plus a
 combining accent (NFD) look the same, and so do `ab` and `a<U+200B>b`.
 
-Three pure functions, one rule each:
+Three pure functions, one rule each (and `duration`, a time span as an
+operator reads it, which walqueue-ctl top and walqueue-web share):
 
 * `name(text)` is what tables and messages print for a name: exact and
   unambiguous. Every character that a terminal would act on or not show
@@ -105,3 +106,17 @@ def json_text(encoded: str) -> str:
 def json_line(value: Any) -> str:
     """`value` as one line of JSON, safe to print (see json_text)."""
     return json_text(json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+
+
+def duration(seconds: float, *, zero_remainder: bool = False) -> str:
+    """42 s, 3 min 5 s, 2 h 10 min, 3 d 4 h: whole seconds, at most two units. A zero second unit
+    is left out ("3 min") unless `zero_remainder` ("3 min 0 s", for columns that keep their width)."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60),
+                                              ("min", 60, "s", 1)):
+        if whole >= size:
+            rest = whole % size // smaller_size
+            return f"{whole // size} {unit}" + (f" {rest} {smaller}" if rest or zero_remainder else "")
+    raise AssertionError("unreachable")

@@ -70,6 +70,7 @@ class Engine:
         self._closed = True
         self._batch_depth = 0
         self._compaction: Compaction | None = None
+        self.expired_total = 0  # leases this Engine expired (reserve's reap and expire_due): a metric
         # The directory's files (walqueue.store), recovered: the state they hold.
         self._store, self._state = Store.open(self.directory, hook=hook, filesystem=filesystem,
                                               preallocate_bytes=preallocate_bytes, opened=opened,
@@ -137,6 +138,7 @@ class Engine:
             self._append({"now": now, "op": "expire", "seq": self._next_seq(),
                           "task_ids": expired})
             count += len(expired)
+        self.expired_total += count
         return count
 
     # A lease is named by its task_id, worker and generation (errors call them lease.*).
@@ -202,7 +204,7 @@ class Engine:
         self.check_open()
         validation.name(task_id, "task_id")
         validation.time_plus(validation.integer(now, "now"), cancelling.CANCEL_LEASE_SECONDS,
-                             "the cancel's lease (now + 60)")
+                             f"the cancel's lease (now + {cancelling.CANCEL_LEASE_SECONDS})")
         task = self._state.get(task_id)
         view = None if task is None else view_of(task)
         if cancelling.check(task_id, view, now):

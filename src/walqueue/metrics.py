@@ -114,6 +114,8 @@ def render_prometheus(stats: DaemonStats) -> str:
                f"{FSYNC_WINDOW_SECONDS:g} s (NaN if none), count and sum since start.",
                fsync_samples)
     out.counter(PREFIX + "requests_total", "Requests applied since start.", stats.requests_total)
+    out.counter(PREFIX + "leases_expired_total",
+                "Leases that expired (reaped past their deadline) since start.", stats.expired_total)
     out.gauge(PREFIX + "requests_per_fsync",
               "Mean requests per group-commit batch over the fsync window (NaN if none).",
               stats.requests_per_fsync)

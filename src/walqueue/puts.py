@@ -16,12 +16,19 @@ from collections.abc import Callable
 from .codec import canonical_json
 from .errors import KeyConflict
 
+_sha256 = hashlib.sha256
+
 
 def identity_of(task_id: str, payload: dict, available_at: int, max_attempts: int) -> str:
     """The identity of a put request (SPEC §2), with its ORIGINAL available_at."""
+    return identity_digest(task_id, payload, available_at, max_attempts).hex()
+
+
+def identity_digest(task_id: str, payload: dict, available_at: int, max_attempts: int) -> bytes:
+    """identity_of as its 32 raw bytes (what a tombstone stores: no hex round trip)."""
     request = {"available_at": available_at, "max_attempts": max_attempts,
                "payload": payload, "task_id": task_id}
-    return hashlib.sha256(canonical_json(request)).hexdigest()
+    return _sha256(canonical_json(request)).digest()
 
 
 def identity_of_request(request: dict) -> str:

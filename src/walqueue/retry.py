@@ -51,7 +51,8 @@ DEFAULT_RETRY_SECONDS = 10.0
 RETRY_BACKOFF_SECONDS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 # Rule 1, by API method name.
-READS = frozenset({"get", "tasks", "tasks_page", "workers", "stats", "daemon_stats"})
+READS = frozenset({"get", "tasks", "tasks_page", "workers", "stats", "daemon_stats", "expired_total",
+                   "connections"})
 # cancel: a second cancel of the task the first completed does nothing (SPEC §8b).
 IDEMPOTENT_WRITES = frozenset({"put", "put_many", "pause", "resume", "cancel"})
 NEVER_RETRIED = frozenset({"reserve", "ack", "ack_and_reserve", "release", "touch", "revive",

@@ -33,6 +33,8 @@ I/O, no clock.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .codec import FRAME_OVERHEAD_BYTES, canonical_json
 from .validation import STATUSES
 
@@ -56,6 +58,12 @@ def _put_entry_extra_bytes() -> int:
 PUT_ENTRY_EXTRA_BYTES = _put_entry_extra_bytes()
 
 
+@lru_cache(maxsize=4096)
+def _name_bytes(name: str) -> int:
+    """The length of a name's canonical JSON: a reserve's worker, the same few again and again."""
+    return len(canonical_json(name))
+
+
 def _digits(number: int) -> int:
     """The length of a non-negative integer in canonical JSON."""
     return len(str(number))
@@ -77,7 +85,7 @@ def growth(op: str, record: dict, targets: list, body_bytes: int | None) -> int:
     if op == "reserve":
         deadline = record["now"] + record["lease_seconds"]
         per_task = (leased - ready + 2 + _digits(deadline) - _NULL_BYTES
-                    + len(canonical_json(record["worker"])) - _NULL_BYTES)
+                    + _name_bytes(record["worker"]) - _NULL_BYTES)
         return len(targets) * per_task
     if op == "ack":
         (task,) = targets

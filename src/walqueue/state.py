@@ -53,7 +53,7 @@ from .codec import canonical_json
 from .errors import InvalidRequest, KeyConflict, StaleLease
 from .listing import LiveIndex
 from .monitoring import Monitoring
-from .puts import identity_of, plan_puts
+from .puts import identity_digest, identity_of, plan_puts
 from .snapshot_size import growth as snapshot_growth_of
 from .tombstones import Tombstone, TombstoneStore
 
@@ -158,21 +158,21 @@ class State:
 
     def due_ready(self, now: int, limit: int) -> list[str]:
         """Up to `limit` ready tasks with available_at <= now, in lease order."""
-        return self._peek(self._ready, READY, "available_at", now, limit)
+        return _peek(self.tasks, self._ready, READY, "available_at", now, limit)
 
     def expired(self, now: int, limit: int) -> list[str]:
         """Up to `limit` leased tasks with deadline <= now, by (deadline, task_id)."""
-        return self._peek(self._leases, LEASED, "deadline", now, limit)
+        return _peek(self.tasks, self._leases, LEASED, "deadline", now, limit)
 
     def next_due_time(self) -> int | None:
         """The earliest available_at of a ready task or deadline of a lease."""
-        times = [self._peek_time(self._ready, READY, "available_at"), self.next_lease_deadline()]
+        times = [_peek_time(self.tasks, self._ready, READY, "available_at"), self.next_lease_deadline()]
         times = [time for time in times if time is not None]
         return min(times) if times else None
 
     def next_lease_deadline(self) -> int | None:
         """The earliest deadline of a lease."""
-        return self._peek_time(self._leases, LEASED, "deadline")
+        return _peek_time(self.tasks, self._leases, LEASED, "deadline")
 
     def ready_due_since(self, now: int, seq_time: Callable[[int], int]) -> int | None:
         """The earliest time since which a ready task has been due, or None if none is due at
@@ -183,35 +183,6 @@ class State:
         """How many leased tasks are at or past the middle of their lease at `now`
         (Monitoring.leases_past_half)."""
         return self.monitoring.leases_past_half(self.tasks, self._leases, now)
-
-    def _peek(self, heap, status, attribute, now, limit) -> list[str]:
-        tasks = self.tasks
-        picked: list[str] = []
-        seen: set[str] = set()
-        kept: list[tuple[int, str]] = []
-        while heap and len(picked) < limit and heap[0][0] <= now:
-            entry = heapq.heappop(heap)
-            time, task_id = entry
-            task = tasks.get(task_id)
-            if (task is None or task.status != status or getattr(task, attribute) != time
-                    or task_id in seen):
-                continue  # stale, or a duplicate of an entry already kept
-            seen.add(task_id)
-            picked.append(task_id)
-            kept.append(entry)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        return picked
-
-    def _peek_time(self, heap, status, attribute) -> int | None:
-        tasks = self.tasks
-        while heap:
-            time, task_id = heap[0]
-            task = tasks.get(task_id)
-            if task is not None and task.status == status and getattr(task, attribute) == time:
-                return time
-            heapq.heappop(heap)
-        return None
 
     def plan_put(self, requests: list[dict]) -> tuple[list[str], list[dict]]:
         """puts.plan_puts (SPEC §2: ids per request, the new tasks) against this state's tasks."""
@@ -256,10 +227,11 @@ class State:
         if record.keys() != fields:
             raise InvalidRequest(
                 f"{op} record has fields {sorted(record)}, expected {sorted(fields)}")
-        seq = validation.integer(record["seq"], "seq", minimum=1)
-        if seq != self.last_seq + 1:
+        seq = record["seq"]
+        if type(seq) is not int or seq != self.last_seq + 1 or seq > validation.MAX_INT:
+            seq = validation.integer(seq, "seq", minimum=1)  # raises what is wrong, if not the next seq
             raise InvalidRequest(f"seq {seq} does not follow seq {self.last_seq}")
-        return getattr(self, "_check_" + op)(record)
+        return getattr(self, _CHECKS[op])(record)
 
     def commit(self, change: tuple, body_bytes: int | None = None) -> None:
         """Apply a change `check` returned.
@@ -270,7 +242,7 @@ class State:
         """
         op, record, targets = change
         self.snapshot_growth += snapshot_growth_of(op, record, targets, body_bytes)
-        getattr(self, "_commit_" + op)(record, targets)
+        getattr(self, _COMMITS[op])(record, targets)
         self.last_seq = record["seq"]
 
     def _check_put(self, record):
@@ -280,15 +252,7 @@ class State:
         new_ids: set[str] = set()
         new_keys: set[str] = set()
         for index, task in enumerate(tasks):
-            where = f"tasks[{index}]"
-            if type(task) is not dict or task.keys() != PUT_TASK_FIELDS:
-                raise InvalidRequest(f"{where} must be an object with fields {sorted(PUT_TASK_FIELDS)}")
-            task_id = validation.name(task["task_id"], f"{where}.task_id")
-            key = validation.name(task["key"], f"{where}.key")
-            validation.integer(task["available_at"], f"{where}.available_at")
-            validation.integer(task["max_attempts"], f"{where}.max_attempts", minimum=1)
-            if type(task["payload"]) is not dict:
-                raise InvalidRequest(f"{where}.payload must be an object")
+            task_id, key = _put_task_names(task, index)
             if key in new_keys or self._key_taken(key):
                 raise KeyConflict(f"key {key!r} is already used")
             if task_id in new_ids or task_id in self.tasks or task_id in self.tombstones:
@@ -364,7 +328,8 @@ class State:
         (task,) = targets
         # The task leaves the live tasks for the tombstones: stale heap and
         # FIFO entries for it find no live task and are dropped.
-        identity = bytes.fromhex(task.pin_identity())
+        identity = bytes.fromhex(task.identity) if task.identity is not None else identity_digest(
+            task.task_id, task.payload, task.available_at, task.max_attempts)
         self.monitoring.lease_ended(task.task_id)
         del self.tasks[task.task_id]
         del self.task_id_by_key[task.key]
@@ -626,6 +591,73 @@ class State:
         heapq.heapify(self._ready)
         heapq.heapify(self._leases)
         self.last_seq = seq
+
+
+# op -> the names of State's check and commit of that op, built once, not per record (looked
+# up by name on the instance, so a test that patches one, tests/broken.py, still reaches it).
+_CHECKS = {op: "_check_" + op for op in RECORD_FIELDS}
+_COMMITS = {op: "_commit_" + op for op in RECORD_FIELDS}
+
+
+def _put_task_names(task: Any, index: int) -> tuple[str, str]:
+    """(task_id, key) of task `index` of a put record, its fields checked (State._check_put).
+
+    The common case, every field plain and in range, is told in one expression;
+    the field names of an error (``tasks[3].key``) are built only for a task
+    that fails, by the checks in validation, which then raise what is wrong.
+    """
+    if type(task) is dict and task.keys() == PUT_TASK_FIELDS:
+        task_id, key = task["task_id"], task["key"]
+        available_at, max_attempts = task["available_at"], task["max_attempts"]
+        if (type(task_id) is str and 0 < len(task_id) <= validation.MAX_NAME_BYTES and task_id.isascii()
+                and type(key) is str and 0 < len(key) <= validation.MAX_NAME_BYTES and key.isascii()
+                and type(available_at) is int and 0 <= available_at <= validation.MAX_INT
+                and type(max_attempts) is int and 1 <= max_attempts <= validation.MAX_INT
+                and type(task["payload"]) is dict):
+            return task_id, key
+    where = f"tasks[{index}]"
+    if type(task) is not dict or task.keys() != PUT_TASK_FIELDS:
+        raise InvalidRequest(f"{where} must be an object with fields {sorted(PUT_TASK_FIELDS)}")
+    task_id = validation.name(task["task_id"], f"{where}.task_id")
+    key = validation.name(task["key"], f"{where}.key")
+    validation.integer(task["available_at"], f"{where}.available_at")
+    validation.integer(task["max_attempts"], f"{where}.max_attempts", minimum=1)
+    if type(task["payload"]) is not dict:
+        raise InvalidRequest(f"{where}.payload must be an object")
+    return task_id, key
+
+
+def _peek(tasks: dict, heap, status, attribute, now, limit) -> list[str]:
+    """Up to `limit` live entries of `heap` due at `now`, in heap order; stale ones are dropped."""
+    if not heap or heap[0][0] > now:
+        return []  # nothing due: the common case of the reap before every reserve
+    picked: list[str] = []
+    seen: set[str] = set()
+    kept: list[tuple[int, str]] = []
+    while heap and len(picked) < limit and heap[0][0] <= now:
+        entry = heapq.heappop(heap)
+        time, task_id = entry
+        task = tasks.get(task_id)
+        if (task is None or task.status != status or getattr(task, attribute) != time
+                or task_id in seen):
+            continue  # stale, or a duplicate of an entry already kept
+        seen.add(task_id)
+        picked.append(task_id)
+        kept.append(entry)
+    for entry in kept:
+        heapq.heappush(heap, entry)
+    return picked
+
+
+def _peek_time(tasks: dict, heap, status, attribute) -> int | None:
+    """The time of the first live entry of `heap` (stale ones are dropped), or None."""
+    while heap:
+        time, task_id = heap[0]
+        task = tasks.get(task_id)
+        if task is not None and task.status == status and getattr(task, attribute) == time:
+            return time
+        heapq.heappop(heap)
+    return None
 
 
 def _merged(live: list[str], tombstones) -> Iterator:

@@ -209,9 +209,11 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _json_value(value: Any, path: str, depth: int, budget: _Budget) -> Any:
+def _json_value(value: Any, path: Any, depth: int, budget: _Budget) -> Any:
+    # `path` is the field's name or a (parent, key or index) pair, spelled out only for an
+    # error: formatting it for every item cost more than the rest of the walk.
     if depth > MAX_PAYLOAD_DEPTH:
-        raise InvalidRequest(f"{path} is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
+        raise InvalidRequest(f"{_spelled(path)} is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
     if value is None or value is True or value is False:
         return value
     if isinstance(value, str):
@@ -220,34 +222,48 @@ def _json_value(value: Any, path: str, depth: int, budget: _Budget) -> Any:
     if isinstance(value, int):
         if not MIN_PAYLOAD_INT <= value <= MAX_PAYLOAD_INT:
             raise InvalidRequest(
-                f"{path} is an integer of {value.bit_length()} bits, outside [-2**63, 2**64 - 1]: "
+                f"{_spelled(path)} is an integer of {value.bit_length()} bits, outside [-2**63, 2**64 - 1]: "
                 f"the daemon's wire format cannot carry it (send it as a string)")
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidRequest(f"{path} is {value!r}; only finite numbers are allowed")
+            raise InvalidRequest(f"{_spelled(path)} is {value!r}; only finite numbers are allowed")
         return float(value)
-    if isinstance(value, (Mapping, list, tuple)):
+    if isinstance(value, (list, tuple)):
         budget.one_more()
+        return [_json_value(item, (path, index), depth + 1, budget) for index, item in enumerate(value)]
     if isinstance(value, Mapping):
+        budget.one_more()
         copy = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidRequest(f"{path} has a key {key!r} that is not a str")
-            _check_utf8(key, f"{path} key")
-            copy[str(key)] = _json_value(item, f"{path}[{key!r}]", depth + 1, budget)
+                raise InvalidRequest(f"{_spelled(path)} has a key {key!r} that is not a str")
+            _check_utf8(key, (path, _KEY))
+            copy[str(key)] = _json_value(item, (path, key), depth + 1, budget)
         return copy
-    if isinstance(value, (list, tuple)):
-        return [_json_value(item, f"{path}[{index}]", depth + 1, budget)
-                for index, item in enumerate(value)]
-    raise InvalidRequest(f"{path} is a {type(value).__name__}, which is not a JSON value")
+    raise InvalidRequest(f"{_spelled(path)} is a {type(value).__name__}, which is not a JSON value")
 
 
-def _check_utf8(text: str, path: str) -> None:
+_KEY = object()  # the last step of a path that names an object's key itself
+
+
+def _spelled(path: Any) -> str:
+    """`payload['a'][0]` from (("payload", "a"), 0); (parent, _KEY) names a key of parent."""
+    steps = []
+    while isinstance(path, tuple):
+        path, step = path
+        steps.append(step)
+    text = path
+    for step in reversed(steps):
+        text += " key" if step is _KEY else f"[{step!r}]" if isinstance(step, str) else f"[{step}]"
+    return text
+
+
+def _check_utf8(text: str, path: Any) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidRequest(f"{path} {text!r} is not encodable as UTF-8") from None
+        raise InvalidRequest(f"{_spelled(path)} {text!r} is not encodable as UTF-8") from None
 
 
 def status(value: Any, field: str = "status") -> str | None:

@@ -31,7 +31,7 @@ from .codec import (
     torn_write_length,
 )
 from .errors import CorruptStore
-from .fs import Directory, OsFileSystem, release_pages
+from .fs import RELEASE_BYTES, Directory, OsFileSystem, release_pages
 
 # The largest preallocation step Queue accepts: far beyond any useful step
 # (a few MiB amortize the allocation), small enough not to fill a disk by a typo.
@@ -117,29 +117,30 @@ class SegmentReader:
                 except StopIteration as stop:
                     self.tail = stop.value
                     break
-                # The pages already read go back (see fs.release_pages).
-                released = release_pages(data, released, frame.offset)
-                record = frame.value  # codec guarantees a JSON object
+                offset, record = frame.offset, frame.value  # codec guarantees a JSON object
+                if offset - released >= RELEASE_BYTES:  # the test inline: a call per frame costs
+                    # The pages already read go back (see fs.release_pages).
+                    released = release_pages(data, released, offset)
                 seq = record.get("seq")
                 if type(seq) is not int:
                     report_or_raise(problems, CorruptStore(
-                        f"{filename}: frame at offset {frame.offset} is not a record with a seq",
-                        file=filename, offset=frame.offset))
+                        f"{filename}: frame at offset {offset} is not a record with a seq",
+                        file=filename, offset=offset))
                     self.last_seq += 1
                     continue
                 if seq != self.last_seq + 1:
                     # Keeping going, a seq beyond the expected one right after
                     # damage is the damage already reported, not a gap.
                     if not (seq > self.last_seq + 1 and problems is not None
-                            and problems.resumed_at == (filename, frame.offset)):
-                        what = "first frame" if frame.offset == 0 else "frame"
+                            and problems.resumed_at == (filename, offset)):
+                        what = "first frame" if offset == 0 else "frame"
                         report_or_raise(problems, CorruptStore(
-                            f"{filename}: {what} at offset {frame.offset} has seq {seq}, "
-                            f"expected {self.last_seq + 1}", file=filename, offset=frame.offset,
+                            f"{filename}: {what} at offset {offset} has seq {seq}, "
+                            f"expected {self.last_seq + 1}", file=filename, offset=offset,
                             seq=seq))
                     self.last_seq = seq - 1
-                self.last_seq += 1
-                yield frame.offset, record, frame.end - frame.offset - FRAME_OVERHEAD_BYTES
+                self.last_seq = seq
+                yield offset, record, frame.end - offset - FRAME_OVERHEAD_BYTES
             tail = self.tail
             if tail.kind == "damaged":
                 if self.newest:

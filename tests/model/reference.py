@@ -47,7 +47,7 @@ EXPIRE_IDS_PER_FRAME = 10_000
 # SPEC §8b: worker names the queue keeps for itself; cancel's records use the first.
 CANCEL_WORKER = "walqueue:cancel"
 RESERVED_WORKER_PREFIX = "walqueue:"
-CANCEL_LEASE_SECONDS = 60  # how long a crash between a cancel's reserve and ack holds the task
+CANCEL_LEASE_SECONDS = 1  # how long a crash between a cancel's reserve and ack holds the task
 FRAME_OVERHEAD_BYTES = 4 + 32
 STATUSES = ("ready", "leased", "completed", "dead")
 
@@ -642,19 +642,23 @@ class ReferenceQueue:
         _check_int(now, "now")
         _check_sum(now, CANCEL_LEASE_SECONDS, "now + the cancel's lease")
         task = self.tasks_by_id.get(task_id)
-        interrupted = (task is not None and task.status == "leased" and task.worker == CANCEL_WORKER
-                       and now < task.deadline)
+        interrupted = task is not None and task.status == "leased" and task.worker == CANCEL_WORKER
         if task is None or (task.status == "leased" and not interrupted) or (
                 task.status == "ready" and task.available_at > now):
             status = None if task is None else task.status
             raise ModelInvalidRequest(f"cannot cancel {task_id!r}: status {status}")
         if task.status == "completed":
             return
+        if interrupted and now < task.deadline:  # a cancel a crash cut after its reserve: its ack
+            self._append({"generation": task.generation, "now": now, "op": "ack", "task_id": task_id,
+                          "worker": CANCEL_WORKER})
+            return
+        if interrupted:  # its lease lapsed: ended as a reap ends it, then cancelled as any task
+            self._append({"now": now, "op": "expire", "task_ids": [task_id]})
         if task.status == "dead":
             self._append({"now": now, "op": "revive", "task_ids": [task_id]})
-        if not interrupted:  # a cancel a crash cut after its reserve needs only its ack
-            self._append({"lease_seconds": CANCEL_LEASE_SECONDS, "now": now, "op": "reserve",
-                          "task_ids": [task_id], "worker": CANCEL_WORKER})
+        self._append({"lease_seconds": CANCEL_LEASE_SECONDS, "now": now, "op": "reserve",
+                      "task_ids": [task_id], "worker": CANCEL_WORKER})
         self._append({"generation": task.generation, "now": now, "op": "ack", "task_id": task_id,
                       "worker": CANCEL_WORKER})
 

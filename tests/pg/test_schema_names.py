@@ -72,7 +72,7 @@ REFUSED = {
     "not a str": 7,
 }
 
-TABLES = ["completed", "listener", "live", "schema_migrations", "task", "task_view"]
+TABLES = ["completed", "expiry_count", "listener", "live", "schema_migrations", "task", "task_view"]
 
 
 def namespaces(dsn: str) -> list[str]:

@@ -48,7 +48,7 @@ def test_every_statement_the_code_runs_is_a_named_query():
     assert calls.statements("s").names == {
         "put", "put_one", "reserve", "ack", "ack_and_reserve", "release", "touch", "revive", "get",
         "tasks", "stats", "force_release", "setup", "cancel", "workers", "page_all", "page_completed",
-        "page_live"}
+        "page_live", "expired_total"}
     assert queries.Queries(wakeup.WAKEUP_FILE, "s").names == {
         "listen", "backend_pid", "probe", "register", "unregister", "sweep", "reap"}
     assert schema.bookkeeping("s").names == {

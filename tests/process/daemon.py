@@ -36,6 +36,14 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def sigint_at_its_default() -> None:
+    """A child's preexec_fn: SIGINT at its default action, as a terminal's shell gives it. A
+    runner started in the background (`cmd &` in a script) ignores SIGINT and passes that on,
+    so a Python child would install no KeyboardInterrupt handler and a shell could not trap it:
+    a test of what Ctrl-C does would then fail for its runner's reason, not the code's."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_until(condition, timeout: float, what: str, interval: float = 0.01):
     """Poll ``condition`` until it returns a truthy value or ``timeout`` passes."""
     deadline = time.monotonic() + timeout

@@ -28,7 +28,7 @@ from walqueue.fs import OsFileSystem
 from walqueue.snapshot import load_snapshot, read_current
 from walqueue.wal import list_segments
 
-from .daemon import REPO, STOP_SECONDS, child_env, wait_until
+from .daemon import REPO, STOP_SECONDS, child_env, sigint_at_its_default, wait_until
 from .test_ctl_process import ctl, json_lines
 
 SEED = int(os.environ.get("WALQUEUE_TEST_SEED", "20261129"))
@@ -242,7 +242,7 @@ def half_way_backup(daemon, dest) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "tests.process.interrupted_ctl", "--socket",
                                 daemon.socket_path, "backup", str(dest)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=child_env(), cwd=REPO)
+                               env=child_env(), cwd=REPO, preexec_fn=sigint_at_its_default)
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
         ready = selector.select(timeout=STOP_SECONDS)

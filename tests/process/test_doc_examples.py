@@ -43,6 +43,7 @@ import pytest
 from walqueue.ctl import cli as ctl_cli
 from walqueue.daemon import cli as daemon_cli
 from walqueue.schedule import cli as schedule_cli
+from walqueue.web import cli as web_cli
 from walqueue.worker import cli as worker_cli
 
 from .daemon import REPO, Daemon, child_env
@@ -53,7 +54,8 @@ DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Documents whose every Python block must be an example.
 ALL_PYTHON_RUNS = (REPO / "README.md", REPO / "docs" / "daemon.md")
 # Documents whose every sh and python block is an example or says why not (not-run=REASON).
-WALKED = (REPO / "README.md", REPO / "docs" / "operations.md", REPO / "docs" / "postgres.md")
+WALKED = (REPO / "README.md", REPO / "docs" / "operations.md", REPO / "docs" / "postgres.md",
+          REPO / "docs" / "web.md")
 COMMAND_LANGUAGES = ("sh", "python")
 
 
@@ -187,10 +189,31 @@ def check_scripts_block(block: Block) -> None:
         assert f'"scripts" / "{words[0].split("/")[1]}"' in runs, f"test_scripts.py does not run {words[0]}"
 
 
+def check_serving_block(block: Block) -> None:
+    """walqueue-web serves until stopped (and pip would install into this suite's own venv):
+    each walqueue-web command must parse as walqueue-web parses it, and a test must start one."""
+    starts = (REPO / "tests" / "process" / "test_web_process.py").read_text()
+    assert '"walqueue.web.cli"' in starts, "no test starts walqueue-web"
+    served = 0
+    for words in commands(block.code):
+        program = Path(words[0]).name
+        if program == "pip":
+            assert words[1] == "install", f"{block.name}: {words}"
+            continue
+        assert program == "walqueue-web", f"{block.name}: {words}"
+        try:
+            web_cli.main.make_context("walqueue-web", words[1:])
+        except click.ClickException as exc:
+            raise AssertionError(f"{block.name}: {' '.join(words)}: {exc}") from None
+        served += 1
+    assert served, f"{block.name} starts no walqueue-web"
+
+
 # Why a block of a walked document cannot run here, and how that is checked.
 REASONS = {
     "server": check_server_block,
     "scripts": check_scripts_block,
+    "serves": check_serving_block,
 }
 
 
@@ -266,6 +289,9 @@ def test_the_reason_a_block_is_not_run_holds(block: Block):
 
 def test_a_wrong_command_in_a_server_block_is_caught():
     # The checks can fail: a mistyped option, an unknown command, a unit that does not exist.
+    block = Block(REPO / "docs" / "web.md", 0, "sh", ["not-run=serves"], "walqueue-web q --allow-write\n")
+    with pytest.raises(AssertionError):
+        check_serving_block(block)
     for code in ("walqueue-ctl stats --nope\nsystemctl status walqueued\n",
                  "walqueue-ctl --socket /run/walqueue/walqueued.sock statz\n",
                  "systemctl enable --now walqueue-workr@orders\n",
@@ -277,8 +303,9 @@ def test_a_wrong_command_in_a_server_block_is_caught():
 
 # The programs whose commands the prose names inline, `walqueue-ctl --dsn URL migrate`.
 PROGRAMS = {"walqueue-ctl": ctl_cli, "walqueued": daemon_cli.cli, "walqueue-worker": worker_cli.main,
-            "walqueue-scheduler": schedule_cli.main}
-INLINE = re.compile(r"`((?:\.venv/bin/)?(?:walqueue-ctl|walqueued|walqueue-worker|walqueue-scheduler)(?: [^`\n]*)?)`")
+            "walqueue-scheduler": schedule_cli.main, "walqueue-web": web_cli.main}
+INLINE = re.compile(r"`((?:\.venv/bin/)?(?:walqueue-ctl|walqueued|walqueue-worker|walqueue-scheduler|walqueue-web)"
+                    r"(?: [^`\n]*)?)`")
 
 
 def option_names(command: click.Command) -> set[str]:

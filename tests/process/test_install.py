@@ -126,7 +126,7 @@ def test_install_serve_upgrade_and_roll_back_in_a_temporary_prefix(make_daemon, 
     assert (paths["sysusers"] / "walqueue.conf").read_text() == (REPO / "systemd" / "walqueue.sysusers").read_text()
     assert os.readlink(paths["bin"] / "walqueued") == f"{venv}/bin/walqueued"
     assert installed_ctl(workdir, "--version").stdout == f"walqueue-ctl {walqueue.__version__}\n"
-    for command in ("walqueued", "walqueue-ctl", "walqueue-worker", "walqueue-scheduler"):
+    for command in ("walqueued", "walqueue-ctl", "walqueue-worker", "walqueue-scheduler", "walqueue-web"):
         assert os.readlink(paths["bin"] / command) == f"{venv}/bin/{command}"  # operations.md's table
     if ANALYZE is not None:
         assert analyze_verify(paths["systemd"]) == (0, "")

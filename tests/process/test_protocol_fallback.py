@@ -106,8 +106,8 @@ def test_a_daemon_that_speaks_up_to_4_is_spoken_to_in_4(workdir):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION,
-                             p.COMPACTION_REPORTING_VERSION]
+    assert server.hellos == [p.EXPIRY_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION,
+                            p.COMPACTION_REPORTING_VERSION]
 
 
 def test_a_daemon_that_speaks_up_to_5_is_spoken_to_in_5(workdir):
@@ -118,11 +118,10 @@ def test_a_daemon_that_speaks_up_to_5_is_spoken_to_in_5(workdir):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
+    assert server.hellos == [p.EXPIRY_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
 
 
-def test_a_daemon_that_speaks_up_to_6_is_spoken_to_in_6(workdir):
-    # A daemon of version 6 refuses with a code; the fields of version 7 (speedups) stay unsent.
+def test_a_daemon_that_speaks_up_to_6_is_spoken_to_in_6_and_reports_no_expiries(workdir):
     server = OldDaemon(str(workdir / "six.sock"), newest=p.ERROR_CODE_VERSION, code=p.UNSUPPORTED_VERSION)
     server.start()
     try:
@@ -130,7 +129,7 @@ def test_a_daemon_that_speaks_up_to_6_is_spoken_to_in_6(workdir):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION]
+    assert server.hellos == [p.EXPIRY_REPORTING_VERSION, p.ERROR_CODE_VERSION]
 
 
 @pytest.mark.parametrize("refusal, code", [
@@ -146,7 +145,7 @@ def test_the_fallback_does_not_read_the_refusal_s_text(workdir, refusal, code):
             assert client.stats().ready == 1
     finally:
         server.close()
-    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
+    assert server.hellos == [p.EXPIRY_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION]
 
 
 def test_a_coded_refusal_that_is_not_about_the_version_is_not_a_fallback(workdir):
@@ -158,7 +157,7 @@ def test_a_coded_refusal_that_is_not_about_the_version_is_not_a_fallback(workdir
             client.stats()
     finally:
         server.close()
-    assert server.hellos == [p.SPEEDUPS_REPORTING_VERSION]   # no second hello, whatever the text says
+    assert server.hellos == [p.EXPIRY_REPORTING_VERSION]   # no second hello, whatever the text says
     assert isinstance(refused.value.__cause__, InvalidRequest)
 
 

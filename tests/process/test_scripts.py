@@ -8,7 +8,7 @@ import pytest
 
 from walqueue.client import Client
 
-from .daemon import REPO, child_env, wait_until
+from .daemon import REPO, child_env, sigint_at_its_default, wait_until
 
 SCRIPT_SECONDS = 300.0  # scripts/test may (re)install the venv first
 
@@ -74,7 +74,7 @@ def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to, pass_):
                      "WALQUEUE_TEST_INLINE": waiting if pass_ == "inline" else "",
                      "WALQUEUE_TEST_PURE": waiting if pass_ == "pure" else ""})
     script = subprocess.Popen([str(REPO / "scripts" / "test")], cwd=REPO, env=env, start_new_session=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              preexec_fn=sigint_at_its_default, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids = []
     try:
         wait_until(lambda: all((workdir / name).exists() for name in ("beside", "inline")), SCRIPT_SECONDS,

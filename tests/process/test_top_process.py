@@ -16,7 +16,7 @@ import pytest
 
 from walqueue.ctl import top
 
-from .daemon import REPO, child_env
+from .daemon import REPO, child_env, sigint_at_its_default
 from .test_ctl_process import ctl
 
 DRAW_SECONDS = 15.0
@@ -62,13 +62,10 @@ def wait_reading(process: subprocess.Popen, master: int, seconds: float) -> tupl
 
 def controlling_terminal() -> None:
     # In the child, after setsid(): make stdin (the pty) its controlling
-    # terminal, so Ctrl-C on it becomes SIGINT for the child; and give SIGINT
-    # its default action, which a runner started in the background (`cmd &`
-    # in a script ignores SIGINT) would otherwise pass on as "ignored", so
-    # that Python installs no KeyboardInterrupt handler and Ctrl-C does nothing.
+    # terminal, so Ctrl-C on it becomes SIGINT for the child.
     import fcntl
 
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    sigint_at_its_default()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 

@@ -112,8 +112,16 @@ def shown_ids(browser):
     return browser.execute_script('return [...document.querySelectorAll("td.id a")].map(a => a.textContent);')
 
 
-def screenshot(browser, name):
-    browser.save_screenshot(str(REPO / "docs" / f"web-{name}.png"))
+def screenshot(browser, name, *, whole=False):
+    """The window as docs/web-NAME.png; `whole`: the window grown to the page's height first."""
+    width, height = browser.get_window_size()["width"], browser.get_window_size()["height"]
+    if whole:
+        page_height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(width, max(height, min(page_height + 120, 2000)))
+    try:
+        browser.save_screenshot(str(REPO / "docs" / f"web-{name}.png"))
+    finally:
+        browser.set_window_size(width, height)
 
 
 def post_without_token(url, fields):
@@ -200,7 +208,7 @@ def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
         stats = client.stats()
         assert int(text_of(browser, "count-leased")) == stats.leased == 2
         assert int(text_of(browser, "count-dead")) == stats.dead == 2
-        screenshot(browser, "overview")
+        screenshot(browser, "overview", whole=True)   # down to the last compactions
 
         # Paging: page after page follows on, at any depth (each page costs the daemon O(page)).
         browser.get(server.url + "/tasks?size=200")
@@ -228,6 +236,8 @@ def test_the_dashboard_of_a_daemon_in_a_browser(browser, daemon, web):
         screenshot(browser, "leases")
         browser.get(server.url + "/workers")
         assert "worker-a" in browser.find_element(By.TAG_NAME, "main").text
+        # walqueued's connections, the dashboard's own among them (the real daemon's Connections view).
+        assert "client='walqueue-web'" in browser.find_element(By.CSS_SELECTOR, "table.connections").text
         screenshot(browser, "workers")
         browser.get(server.url + "/dead")
         screenshot(browser, "dead")

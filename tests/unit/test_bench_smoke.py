@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark scripts (bench_library.py: issue 2;
-bench_history.py and probe_recovery_floor.py: issue 11; bench_peers.py with its PostgreSQL rows: issue 13):
+bench_history.py and probe_recovery_floor.py: issue 11; bench_peers.py with its PostgreSQL rows: issue 13;
+bench_replay.py: issue 22):
 they run end to end and print their tables. Tiny sizes, one run: this checks
 the scripts, not the speed."""
 
@@ -57,6 +58,19 @@ def test_bench_ab_compares_two_trees_and_prints_its_table():
     assert [row.split(" | ")[0][2:] for row in rows[1:]] == [
         "put_batch100_us", "put_many1000_us_per_task", "reserve_ack_batch100_us",
         "reserve_release_batch100_us", "recover_wal_s", "recover_snapshot_s"]
+
+
+def test_bench_replay_compares_two_trees_on_one_fixture():
+    # Both sides are this checkout: it checks the script, not the speed.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_replay.py"), str(ROOT / "src"), "--cycles", "50",
+         "--rounds", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("WAL replay of 150 frames (50 put/reserve/ack cycles), 1 rounds")
+    assert [line.split()[0] for line in lines[1:]] == ["other", "this"]
+    assert all("frames/s" in line for line in lines[1:])
 
 
 def test_bench_history_tiny_run_prints_a_row_per_size_and_cleans_up(tmp_path):

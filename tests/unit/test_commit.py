@@ -78,6 +78,7 @@ def problems_with_a_failed_fsync(directory) -> list[str]:
     """What goes wrong when the turn's fsync fails."""
     service, commit, recorder = build(directory, FsyncFailsOnce())
     original = service.queue
+    original.expired_total = 3  # leases its reaps expired before the failure: a counter outlives it
     peer = FakePeer("w")
 
     def apply() -> None:
@@ -100,6 +101,8 @@ def problems_with_a_failed_fsync(directory) -> list[str]:
         service.queue.close()
     if recorder.write_failures_total != 1:
         problems.append(f"{recorder.write_failures_total} write failures counted")
+    if recorder.expired_before_reopens != 3:
+        problems.append(f"the expiries before the reopen became {recorder.expired_before_reopens}, not 3")
     original.close()
     return problems
 

@@ -38,12 +38,14 @@ class FakeClient:
     """The Client API over an in-process Queue; `now` is set by the test."""
 
     instances: list["FakeClient"] = []
+    connections_to_show: list = []  # what connections() answers (walqueue.protocol.ConnectionView)
 
     def __init__(self, queue: Queue, clock: list[int], path: str, **options) -> None:
         self.queue, self.clock, self.path, self.options = queue, clock, path, options
         self.closed = False
         self.paused = False
         self.listings = []  # the tasks() calls: (status, after, limit)
+        self.shown_connections = list(FakeClient.connections_to_show)
         FakeClient.instances.append(self)
 
     def put(self, task_id, payload, *, key=None, available_at=0, delay=None, max_attempts=3):
@@ -81,6 +83,9 @@ class FakeClient:
 
     def workers(self):
         return self.queue.workers()
+
+    def connections(self):  # walqueued's view; the library has no connections
+        return list(self.shown_connections)
 
     def stats(self):
         return self.queue.stats()

@@ -11,6 +11,7 @@ from tests.unit import test_ctl
 from tests.unit.test_ctl import FakeClient, lines
 from walqueue.ctl.errors import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from walqueue.ctl.output import PAGE_TASKS
+from walqueue.protocol import ConnectionView
 
 # test_ctl.py's fixtures: the fake daemon, its queue and its clock.
 run, queue, clock = test_ctl.run, test_ctl.queue, test_ctl.clock
@@ -69,6 +70,26 @@ def test_workers_prints_a_table_or_json_lines(run, queue):
 
 def test_workers_with_none_says_so(run):
     assert run("workers").stdout.strip() == "no workers"
+
+
+def test_workers_on_walqueued_shows_each_connections_requests_and_last_requests_age(run, queue, monkeypatch):
+    shown = [ConnectionView("fd=7 pid=41 uid=1000 client='walqueue-worker'", ("zeta", "\u202ex"), 2, 1503, 0.25),
+             ConnectionView("fd=9 pid=42 uid=0", (), 0, 1, 12.0)]
+    monkeypatch.setattr(FakeClient, "connections_to_show", shown)
+    queue.put("t", {})
+    queue.reserve("zeta", now=100, lease_seconds=30)
+    table = run("workers")
+    assert table.exit_code == EXIT_OK, table.output
+    head, connections = table.stdout.split("\n\n")
+    assert head.splitlines()[1].split() == ["zeta", "1", "no"]
+    rows = connections.splitlines()
+    assert rows[0].split() == ["CONNECTION", "WORKERS", "LEASES", "REQUESTS", "LAST", "REQUEST"]
+    assert rows[1].endswith("2       1503      0.2 s ago") and "zeta, \\u202ex" in rows[1]
+    assert rows[2].split()[-6:] == ["-", "0", "1", "12.0", "s", "ago"]
+    assert lines(run("workers", "--connections", "--json"))[0] == {
+        "connection": "fd=7 pid=41 uid=1000 client='walqueue-worker'", "workers": ["zeta", "\u202ex"],
+        "leases": 2, "requests": 1503, "last_request_age_seconds": 0.25}
+    assert lines(run("workers", "--json")) == [{"worker": "zeta", "leases": 1, "connected": False}]
 
 
 def test_tasks_reads_the_listing_in_pages_of_a_thousand(run, queue):

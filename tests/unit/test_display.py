@@ -74,3 +74,10 @@ def test_json_text_keeps_the_value_exactly_and_shows_nothing_raw(value):
 def test_json_text_leaves_plain_json_untouched():
     encoded = '{"task_id":"a","payload":{"to":"ada@example.com"}}'
     assert display.json_text(encoded) is encoded
+
+
+def test_a_duration_reads_as_an_operator_says_it_with_or_without_its_zero_remainder():
+    from walqueue.display import duration
+    assert [duration(s) for s in (0, 59.9, 60, 185, 3600, 3725, 90000)] == [
+        "0 s", "59 s", "1 min", "3 min 5 s", "1 h", "1 h 2 min", "1 d 1 h"]
+    assert duration(60, zero_remainder=True) == "1 min 0 s" and duration(3600, zero_remainder=True) == "1 h 0 min"

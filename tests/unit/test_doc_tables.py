@@ -151,8 +151,10 @@ def test_an_option_table_names_every_option_with_its_default(document, heading, 
 
 def test_the_install_table_names_every_command_scripts_install_links():
     install = (REPO / "scripts" / "install").read_text()
-    linked = re.findall(r'ln -sfn "\$prefix/current/bin/([\w-]+)" "\$bin_dir/\1"', install)
-    assert set(linked) == {"walqueued", "walqueue-ctl", "walqueue-worker", "walqueue-scheduler"}
+    (commands,) = re.findall(r'for command in ([\w -]+); do\n(?:.*\n){0,3}?\s+ln -sfn "\$prefix/current/bin/\$command" '
+                             r'"\$bin_dir/\$command"', install)
+    linked = commands.split()
+    assert set(linked) == {"walqueued", "walqueue-ctl", "walqueue-worker", "walqueue-scheduler", "walqueue-web"}
     (table,) = tables(section("operations.md", "### On a server: scripts/install"))
     (row,) = [row for row in table if row[0].startswith("`/usr/local/bin/")]
     assert set(re.findall(r"`(?:/usr/local/bin/)?([\w-]+)`", row[0])) == set(linked)

@@ -364,6 +364,7 @@ EXPECTED_FAMILIES = {
     "walqueue_wal_bytes": "gauge",
     "walqueue_compaction_threshold_bytes": "gauge",
     "walqueue_wal_segments": "gauge",
+    "walqueue_leases_expired": "counter",
     "walqueue_fsync_duration_seconds": "summary",
     "walqueue_requests": "counter",
     "walqueue_requests_per_fsync": "gauge",
@@ -407,7 +408,7 @@ def sample_stats(**changes) -> DaemonStats:
         last_compaction_error='OSError: [Errno 28] No space left on device: "snapshot"',
         compaction_retry_in_seconds=3.5, last_compaction_pause_seconds=0.004, snapshot_bytes=4096,
         snapshot_bytes_written_total=8192, wal_bytes_written_total=65536, slow_turns_total=3,
-        longest_turn_seconds=0.25, speedups="compiled",
+        longest_turn_seconds=0.25, expired_total=9, speedups="compiled",
     )
     fields.update(changes)
     return DaemonStats(**fields)
@@ -437,6 +438,7 @@ def test_every_metric_family_is_present_with_its_type_and_value():
     assert value(families, "walqueue_fsync_duration_seconds_count") == 60
     assert value(families, "walqueue_fsync_duration_seconds_sum") == 0.75
     assert value(families, "walqueue_requests_total") == 500
+    assert value(families, "walqueue_leases_expired_total") == 9
     assert value(families, "walqueue_write_failures_total") == 3
     assert value(families, "walqueue_compactions_total") == 4
     assert value(families, "walqueue_compaction_failures_total") == 2
@@ -493,14 +495,14 @@ def test_the_daemon_report_crosses_the_wire_field_by_field():
         return dataclasses.replace(report, **{name: DaemonStats.__dataclass_fields__[name].default
                                               for name in names[names.index(first_added):]})
 
-    version_6 = without("speedups", stats)
+    version_6 = without("expired_total", stats)
     version_4 = without("slow_turns_total", version_6)
     version_3 = without("compact_wal_ratio", version_4)
     version_2 = without("clock_steps_total", version_3)
     version_1 = dataclasses.replace(version_2, version="")
     reader = p.FrameReader()
-    for protocol_version, expected in ((7, stats), (6, version_6), (5, version_6), (4, version_4), (3, version_3), (2, version_2),
-                                       (1, version_1)):
+    for protocol_version, expected in ((7, stats), (6, version_6), (5, version_6), (4, version_4),
+                                       (3, version_3), (2, version_2), (1, version_1)):
         reader.feed(p.encode(p.DaemonStatsOk(id=9, stats=p.daemon_stats_to_wire(stats, protocol_version))))
         decoded = p.decode_response(reader.next_body())
         assert p.daemon_stats_from_wire(decoded.stats) == expected

@@ -74,3 +74,23 @@ def test_a_page_is_answered_in_its_turn_with_at_most_its_limit(harness):
     assert [task.task_id for task in answer.tasks] == ["t010", "t011", "t012", "t013", "t014"]
     ((_, refused),) = harness.turn(100, 0.0, (peer, p.TasksPage(id=2, limit=10_001)))
     assert refused.error == "InvalidRequest" and "limit" in refused.message
+
+
+def test_each_connection_is_shown_with_its_names_leases_requests_and_last_requests_age(harness):
+    one, two, admin = FakePeer("one"), FakePeer("two"), FakePeer("admin")
+    harness.queue.put("a", {})
+    harness.queue.put("b", {})
+    harness.turn(100, 10.0, (one, p.Reserve(id=1, worker="alpha", lease_seconds=1000, limit=2)),
+                 (one, p.Touch(id=2, task_id="zz", worker="beta", generation=1, lease_seconds=5)),
+                 (two, p.Get(id=3, task_id="a")))
+    harness.turn(101, 12.0, (one, p.Get(id=4, task_id="a")))
+    ((_, answer),) = harness.turn(104, 15.5, (admin, p.Connections(id=5)))
+    shown = {view.connection: view for view in answer.connections}
+    assert [view.connection for view in answer.connections] == ["one", "two", "admin"]   # first request's order
+    # A touch that failed (unknown task) did not make "beta" one's name; alpha's two leases count.
+    assert shown["one"] == p.WireConnection("one", ("alpha",), 2, 3, 3.5)
+    assert shown["two"] == p.WireConnection("two", (), 0, 1, 5.5)
+    assert shown["admin"].requests == 1 and shown["admin"].last_request_age_seconds == 0.0
+    harness.service.forget(two)
+    ((_, answer),) = harness.turn(105, 16.0, (admin, p.Connections(id=6)))
+    assert [view.connection for view in answer.connections] == ["one", "admin"]

@@ -773,3 +773,20 @@ def test_the_json_lines_front_end_refuses_a_payload_with_too_many_objects_and_ar
     assert result.returncode == 0, result.stderr
     answer = result.stdout.strip()
     assert '"ok": false' in answer and "InvalidRequest" in answer and "objects and arrays" in answer
+
+
+@pytest.mark.parametrize(("payload", "named"), [
+    ({"a": [0, {" key": {1}}]}, "payload['a'][1][' key'] is a set"),
+    ({"a": [{"b": "\ud800"}]}, "payload['a'][0]['b'] '\\ud800' is not encodable"),
+    ({"a": {"\ud800": 1}}, "payload['a'] key '\\ud800' is not encodable"),
+    ({"a": [{2: 1}]}, "payload['a'][0] has a key 2 that is not a str"),
+])
+def test_an_error_names_the_path_to_the_bad_value(payload, named):
+    """The walk spells its path out only for an error (formatting it for every item of a large
+    payload cost more than the walk): the name is the one a reader would write, a key named
+    ' key' included."""
+    from walqueue.validation import payload as checked
+
+    with pytest.raises(InvalidRequest) as error:
+        checked(payload)
+    assert named in str(error.value)

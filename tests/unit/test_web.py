@@ -203,6 +203,20 @@ def test_workers_are_listed():
     assert "w\\u202e1" in page and "\u202e" not in page
 
 
+def test_the_workers_page_shows_each_daemon_connection_and_none_on_postgresql():
+    from walqueue.protocol import ConnectionView
+    backend = FakeBackend([task("l", "leased", worker="w1", deadline=NOW + 60)])
+    backend.open_connections = [ConnectionView("fd=7 pid=41 client='<script>x</script>'", ("w1", "w\u202e2"),
+                                               1, 1503, 185.0)]
+    with client_for(backend) as client:
+        page = client.get("/workers").text
+    assert "<h2>Connections</h2>" in page and "<script>x" not in page and "&lt;script&gt;x" in page
+    row = page[page.index("fd=7"):]
+    assert "w1, w\\u202e2" in row and "1503" in row and "3 min 5 s ago" in row
+    with client_for(FakeBackend([], daemon=False)) as client:
+        assert "Connections" not in client.get("/workers").text
+
+
 def test_an_unexpected_host_header_is_refused():
     with client_for(FakeBackend()) as client:
         assert client.get("/", headers={"Host": "attacker.example:8765"}).status_code == 421
@@ -275,6 +289,24 @@ def test_the_history_gives_rates_and_compactions_and_no_spike_across_a_restart()
     assert [compaction.seconds for compaction in history.compactions] == [0.25]
     drawing = svg(rates, now=30)
     assert drawing.count("<polyline") == 2 and "expiries" not in drawing
+
+
+@pytest.mark.parametrize("daemon", [True, False], ids=["walqueued", "postgresql"])
+def test_the_plot_draws_expiries_per_second_from_either_backends_count(daemon):
+    backend = FakeBackend([task("a")], daemon=daemon)
+    clock = [NOW]
+    source = Source(backend, clock=lambda: clock[0])
+    try:
+        for expired in (0, 30, 40):   # sampled 10 s apart
+            backend.expired = expired
+            source.history.add(source.read_sample())
+            clock[0] += 10
+        assert [rate.expiries for rate in source.history.rates()] == [3.0, 1.0]
+        drawing = svg(source.history.rates(), now=clock[0])
+        assert drawing.count("<polyline") == 3 and 'class="series-expiries"' in drawing
+        assert "expiries/s" in drawing
+    finally:
+        source.close()
 
 
 def test_a_connection_that_sends_no_request_head_is_closed_at_the_deadline(monkeypatch):
@@ -376,7 +408,7 @@ def test_the_plot_draws_the_rates_the_sampler_saw():
             clock[0] += 10
         drawing = client.get("/plot.svg")
     assert drawing.headers["content-type"].startswith("image/svg+xml")
-    assert drawing.text.count("<polyline") == 2 and "no samples yet" not in drawing.text
+    assert drawing.text.count("<polyline") == 3 and "no samples yet" not in drawing.text  # expiries at 0
     assert [rate.puts for rate in source.history.rates()] == [1.0, 1.0]
 
 

@@ -108,6 +108,7 @@ requests = st.one_of(
     st.builds(p.ForceRelease, id=integers, task_ids=st.lists(texts, max_size=3)),
     st.builds(p.Cancel, id=integers, task_id=texts),
     st.builds(p.Workers, id=integers),
+    st.builds(p.Connections, id=integers),
     st.builds(p.TasksPage, id=integers, status=st.sampled_from([None, "ready", "completed", "bogus"]),
               after=st.none() | texts, limit=integers),
 )

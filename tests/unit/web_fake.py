@@ -35,6 +35,8 @@ class FakeBackend:
         self.calls: list[tuple] = []
         self.clock = clock
         self.closed = False
+        self.open_connections = []  # what connections() answers
+        self.expired = 0  # leases expired so far: daemon_stats().expired_total, or expired_total()
 
     def add(self, view):
         if view.task_id not in self.by_id:
@@ -72,7 +74,10 @@ class FakeBackend:
                            compactions_total=2, last_compaction_seconds=0.5, connections=3,
                            parked_reserves=0, paused=False, uptime_seconds=100.0,
                            start_time_seconds=1.0, last_recovery_seconds=0.0, directory="/q",
-                           slow_turns_total=7)
+                           slow_turns_total=7, expired_total=self.expired)
+
+    def expired_total(self):  # PostgreSQL's count (walqueue.pg.Client.expired_total)
+        return self.expired
 
     def revive(self, task_ids):
         task_ids = list(task_ids)
@@ -112,6 +117,11 @@ class FakeBackend:
             if view.worker is not None:
                 held[view.worker] = held.get(view.worker, 0) + 1
         return [WorkerRow(worker, count, 1) for worker, count in sorted(held.items())]
+
+    def connections(self):  # walqueued's (walqueue.protocol.ConnectionView); PostgreSQL has none
+        if DAEMON_STATS not in self.capabilities:
+            raise AttributeError("connections")
+        return list(self.open_connections)
 
     def close(self):
         self.closed = True

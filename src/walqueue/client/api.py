@@ -28,6 +28,7 @@ from walqueue.client import calls
 from walqueue.client.address import socket_path
 from walqueue.client.calls import HelloRefused, NoSocket
 from walqueue.metrics import DaemonStats
+from walqueue.protocol import ConnectionView
 from walqueue.retry import DEFAULT_RETRY_SECONDS, Retry, call_name, retry_for
 from walqueue.values import BackupManifest
 
@@ -191,6 +192,13 @@ class ClientApi:
     def workers(self) -> list[WorkerView]:
         """Every worker name holding a lease or used by an open connection, by name (SPEC §8b)."""
         return self._run(calls.workers_call)
+
+    def connections(self) -> list[ConnectionView]:
+        """Each open connection that sent a request: its worker names, the leases they hold, its
+        requests and its last request's age (walqueue.protocol.ConnectionView). Not SPEC's: the
+        daemon's own view beside `workers()`; a daemon older than it closes the connection
+        (UnknownRequest)."""
+        return self._run(calls.connections_call)
 
     def stats(self) -> QueueStats:
         return self._run(calls.stats_call)

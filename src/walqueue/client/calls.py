@@ -80,10 +80,10 @@ class HelloRefused(DaemonUnavailable):
 # connection; the client then connects again announcing the next one
 # (walqueued 0.1 speaks only version 1; the daemons before the slow-turn
 # figures, up to 4; those before error codes, up to 5; those before the
-# speedups field, up to 6). The newest brings the daemon's walqueue version,
-# its clock, its compaction figures, its slow loop turns, the errors' codes
-# and which path runs its hot loops (walqueue.protocol.messages).
-CLIENT_PROTOCOL_VERSIONS = (p.SPEEDUPS_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION,
+# expiry count, up to 6). The newest brings the daemon's walqueue version, its
+# clock, its compaction figures, its slow loop turns, the errors' codes, the
+# leases expired and which path runs its hot loops (walqueue.protocol.messages).
+CLIENT_PROTOCOL_VERSIONS = (p.EXPIRY_REPORTING_VERSION, p.ERROR_CODE_VERSION, p.TURN_REPORTING_VERSION,
                             p.COMPACTION_REPORTING_VERSION, p.PROTOCOL_VERSION)
 
 
@@ -366,6 +366,12 @@ def cancel_call(task_id: Any) -> Call:
 def workers_call() -> Call:
     return Call(p.Workers(id=0), lambda answer: [WorkerView(w.worker, w.leases, w.connected)
                                                  for w in answer.workers])
+
+
+def connections_call() -> Call:
+    return Call(p.Connections(id=0), lambda answer: [
+        p.ConnectionView(c.connection, tuple(c.workers), c.leases, c.requests, c.last_request_age_seconds)
+        for c in answer.connections])
 
 
 def stats_call() -> Call:

@@ -85,15 +85,8 @@ def figures(previous: DaemonStats | None, current: DaemonStats) -> dict[str, Any
 
 
 def duration_text(seconds: float) -> str:
-    """A duration as an operator reads it: 42 s, 3 min 5 s, 2 h 10 min, 3 d 4 h."""
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60),
-                                              ("min", 60, "s", 1)):
-        if whole >= size:
-            return f"{whole // size} {unit} {whole % size // smaller_size} {smaller}"
-    raise AssertionError("unreachable")
+    """A duration as an operator reads it (walqueue.display.duration), its zero remainder kept."""
+    return display.duration(seconds, zero_remainder=True)
 
 
 def due_text(available_at: int, now: int) -> str:

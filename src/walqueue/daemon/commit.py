@@ -118,6 +118,7 @@ class GroupCommit:
         """Drop the Engine and open it again from disk. Raises DaemonExit if that fails."""
         self.compaction.reset("the queue was reopened after a failed write")
         old = self.service.replace_queue(None)
+        self._recorder.expired_before_reopens += old.expired_total  # the counter outlives its Engine
         try:
             old.close()
         except WRITE_FAILURES as exc:  # the queue is being discarded either way

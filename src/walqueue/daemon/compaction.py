@@ -497,6 +497,8 @@ class Compactor:
         queue = self.service.queue
         if queue is None or self.in_flight is not None or self.service.backup_holder is not None:
             return
+        if not wrote and not self._waiting:
+            return  # the common case of a turn that wrote nothing: no compaction is due
         now = self._clock.monotonic_seconds()
         if not self.backoff.ready(now):
             return

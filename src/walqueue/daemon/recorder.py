@@ -115,6 +115,7 @@ class Recorder:
         self.fsync_seconds_total = 0.0
         self.requests_total = 0
         self.write_failures_total = 0
+        self.expired_before_reopens = 0  # leases the Engines before a reopen expired (Loop adds the live one's)
         self.compactions_total = 0
         self.last_compaction_seconds: float | None = None
         self.compaction_failures_total = 0
@@ -229,5 +230,6 @@ class Recorder:
             snapshot_bytes_written_total=self.snapshot_bytes_written_total,
             wal_bytes_written_total=max(0, stats.wal_bytes - self._wal_bytes_at_start
                                         + self._wal_bytes_compacted),
+            expired_total=self.expired_before_reopens + queue.expired_total,
             **compaction_fields,
         )

@@ -59,7 +59,7 @@ from walqueue import (
 from walqueue.engine import Engine, lease_of, view_of
 
 from .log import log, one_line
-from .steering import SteeringRequests, WorkerNames
+from .steering import Activity, SteeringRequests, WorkerNames
 
 # Errors a request can cause without the Engine writing anything; the batch
 # goes on. Anything else raised inside a batch propagates to the commit.
@@ -286,6 +286,7 @@ class QueueService(SteeringRequests):
         self._turn_requests: list[tuple[Peer, int]] = []
         self._turn_outbox_start = 0
         self.worker_names = WorkerNames()  # the worker names open connections used (SPEC §8b)
+        self.activity = Activity()  # each open connection's requests (the Connections view)
         self._handlers: dict[type, Callable] = {
             **self._steering_handlers(),
             protocol.Put: self._put,
@@ -325,6 +326,7 @@ class QueueService(SteeringRequests):
         Raises only what is not the request's own fault: a failed write, or a bug.
         """
         self._turn_requests.append((peer, request.id))
+        self.activity.note(peer, self.monotonic_seconds)
         try:
             self._handlers[type(request)](peer, request)
         except REQUEST_ERRORS as exc:
@@ -438,6 +440,7 @@ class QueueService(SteeringRequests):
         """Drop everything the service holds for a closed peer: its waits, its backup pin."""
         self.drop_waits(peer)
         self.worker_names.forget(peer)
+        self.activity.forget(peer)
         if self.backup_holder is peer:
             self.backup_holder = None
             log.warning("backup pin released: %s closed before ending its backup", peer.name)

@@ -12,6 +12,11 @@ connection used.
   ack, release, touch, ack_and_reserve), in name order. A connection counts
   at most MAX_WORKER_NAMES_PER_CONNECTION names (its most recent), so a
   client inventing names cannot make the daemon's memory grow.
+* Connections (not SPEC's; walqueue-web's Workers page and `walqueue-ctl
+  workers --connections`): each open connection that sent a request, in the
+  order of its first one, with its worker names, the leases they hold, its
+  requests and its last request's age. `Activity` keeps two numbers per
+  open connection, noted on every request (a dict lookup: the hot path).
 * Pages: ``TasksPage`` is answered at once, in the turn, with at most
   ``limit`` views (walqueue.listing.MAX_PAGE_TASKS): O(limit), never O(tasks).
 
@@ -65,6 +70,40 @@ class WorkerNames:
     def connected(self) -> set[str]:
         return set(self._peers_using)
 
+    def of(self, peer: Peer) -> list[str]:
+        """The names `peer` used (its most recent), by name."""
+        return sorted(self._by_peer.get(id(peer), ()))
+
+
+class Activity:
+    """Each open connection's requests and the monotonic time of its last one, in the order of
+    its first request."""
+
+    def __init__(self) -> None:
+        self._by_peer: dict[int, list] = {}   # id(peer) -> [peer, requests, last request's seconds]
+
+    def note(self, peer: Peer, monotonic_seconds: float) -> None:
+        entry = self._by_peer.get(id(peer))
+        if entry is None:
+            self._by_peer[id(peer)] = [peer, 1, monotonic_seconds]
+        else:
+            entry[1] += 1
+            entry[2] = monotonic_seconds
+
+    def forget(self, peer: Peer) -> None:
+        self._by_peer.pop(id(peer), None)
+
+    def view(self, names: WorkerNames, lease_holders: list[tuple[str, int]],
+             monotonic_seconds: float) -> list[protocol.ConnectionView]:
+        leases = dict(lease_holders)
+        views = []
+        for peer, requests, last_seconds in self._by_peer.values():
+            workers = names.of(peer)
+            views.append(protocol.ConnectionView(peer.name, tuple(workers),
+                                                 sum(leases.get(worker, 0) for worker in workers),
+                                                 requests, max(0.0, monotonic_seconds - last_seconds)))
+        return views
+
 
 def workers_view(lease_holders: list[tuple[str, int]], connected: set[str]) -> list[WorkerView]:
     """The daemon's answer: lease holders (worker, leases) and connected names merged, by name."""
@@ -78,7 +117,9 @@ class SteeringRequests:
 
     queue: Any  # the service's walqueue.engine.Engine
     now: int
+    monotonic_seconds: float
     worker_names: WorkerNames
+    activity: Activity
 
     _chunked: Callable[[int, list, type], list]  # walqueue.daemon.service.chunked
 
@@ -87,7 +128,7 @@ class SteeringRequests:
 
     def _steering_handlers(self) -> dict[type, Any]:
         return {protocol.Cancel: self._cancel, protocol.Workers: self._workers,
-                protocol.TasksPage: self._tasks_page}
+                protocol.TasksPage: self._tasks_page, protocol.Connections: self._connections}
 
     def _cancel(self, peer: Peer, request: protocol.Cancel) -> None:
         self.queue.cancel(request.task_id, now=self.now)
@@ -96,6 +137,10 @@ class SteeringRequests:
     def _workers(self, peer: Peer, request: protocol.Workers) -> None:
         views = workers_view(self.queue.lease_holders(), self.worker_names.connected())
         self._answer(peer, request.id, [protocol.WorkerList(id=request.id, workers=views)])
+
+    def _connections(self, peer: Peer, request: protocol.Connections) -> None:
+        views = self.activity.view(self.worker_names, self.queue.lease_holders(), self.monotonic_seconds)
+        self._answer(peer, request.id, [protocol.ConnectionList(id=request.id, connections=views)])
 
     def _tasks_page(self, peer: Peer, request: protocol.TasksPage) -> None:
         tasks = self.queue.page(request.status, after=request.after, limit=request.limit)

@@ -420,3 +420,9 @@ class ClientApi:
         """Counts by status; last_seq, snapshot_seq and wal_bytes are 0 (no WAL of ours)."""
         return self._run(self._one, calls.stats_call)
 
+    def expired_total(self) -> int:
+        """Leases of this queue that expired (reaped past their deadline, to ready or dead) since
+        the schema began counting them (version 3): for monitoring rates, as walqueued's
+        ``daemon_stats().expired_total`` (walqueue-web plots it)."""
+        return self._run(self._one, calls.expired_total_call)
+

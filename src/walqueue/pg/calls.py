@@ -458,6 +458,10 @@ def workers_call(statements: Queries, queue: str) -> Call:
                 name="workers")
 
 
+def expired_total_call(statements: Queries, queue: str) -> Call:
+    return Call(statements.expired_total, (queue,), lambda rows: int(rows[0][0]), name="expired_total")
+
+
 def stats_call(statements: Queries, queue: str) -> Call:
     def convert(rows: list[tuple]) -> QueueStats:
         ((ready, leased, completed, dead),) = rows

@@ -94,6 +94,8 @@ MIGRATION_FILES: tuple[tuple[int, int, str, str], ...] = (
      "0001_tables_and_functions.sql"),
     (2, 1, "index live_status_task: tasks of one live status in pages (SPEC §8b)",
      "0002_listing_index.sql"),
+    (3, 1, "table expiry_count and reap counting the leases it expires (the dashboard's rate)",
+     "0003_expiry_counts.sql"),
 )
 MIGRATIONS: tuple[Migration, ...] = tuple(
     Migration(version, description, compatibility, sql_text(MIGRATIONS_DIRECTORY, name))

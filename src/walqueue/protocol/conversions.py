@@ -21,7 +21,7 @@ from walqueue import InvalidRequest, Lease, QueueStats, TaskView
 from walqueue.protocol.messages import (
     CLOCK_REPORTING_VERSION,
     COMPACTION_REPORTING_VERSION,
-    SPEEDUPS_REPORTING_VERSION,
+    EXPIRY_REPORTING_VERSION,
     TURN_REPORTING_VERSION,
     VERSION_REPORTING_VERSION,
     BackupFile,
@@ -72,8 +72,8 @@ def manifest_from_wire(wire: Manifest) -> BackupManifest:
 def _since_version(name: str) -> int:
     """The protocol version that added DaemonStats field ``name`` (1 for the original ones)."""
     names = [field.name for field in dataclasses.fields(DaemonStats)]
-    if name == "speedups":
-        return SPEEDUPS_REPORTING_VERSION
+    if names.index(name) >= names.index("expired_total"):
+        return EXPIRY_REPORTING_VERSION
     if names.index(name) >= names.index("slow_turns_total"):
         return TURN_REPORTING_VERSION
     if names.index(name) >= names.index("compact_wal_ratio"):

@@ -20,8 +20,8 @@ version 1's bytes. The versions:
 5. the slow loop turns of ``DaemonStats`` (``slow_turns_total``,
    ``longest_turn_seconds``);
 6. ``Error.code``, the stable code of what went wrong (``ERROR_CODES``);
-7. which path runs the hot loops in ``DaemonStats`` (``speedups``: "compiled"
-   or "pure", walqueue.speedups).
+7. the leases expired since start in ``DaemonStats`` (``expired_total``), and
+   which path runs the hot loops (``speedups``: "compiled" or "pure", walqueue.speedups).
 
 A new request type needs no new version: a daemon that does not know it
 answers a fatal ``InvalidRequest`` (code ``unknown_request`` from version 6).
@@ -29,6 +29,8 @@ So SPEC §8b's calls came as new requests, not as new fields: ``Cancel``,
 ``Workers`` (answered ``WorkerList``) and ``TasksPage`` (``Tasks`` with a
 cursor and a limit, answered ``TaskList``); ``Tasks`` is unchanged, and a
 client lists through ``TasksPage`` only when given ``after`` or ``limit``.
+``Connections`` (answered ``ConnectionList``) came the same way, beside
+``Workers``, whose ``WorkerView`` SPEC fixes.
 
 This module does no I/O and keeps no state: it only declares.
 """
@@ -45,7 +47,7 @@ from walqueue import Lease, QueueStats, TaskView, WorkerView
 
 __all__ = [
     "CLOCK_REPORTING_VERSION", "COMPACTION_REPORTING_VERSION", "DAEMON_PROTOCOL_VERSIONS",
-    "ERROR_CODE_VERSION", "PROTOCOL_VERSION", "SPEEDUPS_REPORTING_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
+    "ERROR_CODE_VERSION", "EXPIRY_REPORTING_VERSION", "PROTOCOL_VERSION", "TURN_REPORTING_VERSION", "VERSION_REPORTING_VERSION",
     "COMPACTION_FAILED", "ERROR_CODES", "LISTING_INTERRUPTED", "PROTOCOL_ERROR", "REQUEST_REFUSED",
     "UNKNOWN_REQUEST", "UNSENDABLE_ANSWER", "UNSUPPORTED_VERSION", "WRITE_FAILED",
     "Raw", "Payload", "PutItem", "BackupFile", "DaemonStats", "WireLease", "WireTask", "WireStats",
@@ -53,6 +55,7 @@ __all__ = [
     "Hello", "Put", "PutMany", "Reserve", "Ack", "AckAndReserve", "Release", "Touch", "Revive", "Get",
     "Tasks", "Stats", "Compact", "DaemonStatsReq", "Pause", "Resume", "BackupBegin", "BackupEnd",
     "ForceRelease", "Cancel", "Workers", "TasksPage", "WireWorker", "WorkerList",
+    "Connections", "ConnectionView", "WireConnection", "ConnectionList",
     "HelloOk", "PutOk", "TaskIds", "Leases", "Done", "LeaseOk", "TaskOk", "TaskList", "StatsOk",
     "Compacted", "PauseState", "Manifest", "Error", "DaemonStatsOk",
 ]
@@ -64,7 +67,7 @@ CLOCK_REPORTING_VERSION = 3  # the first to carry the daemon's clock steps and o
 COMPACTION_REPORTING_VERSION = 4  # the first to carry the compaction figures of DaemonStats
 TURN_REPORTING_VERSION = 5  # the first to carry the slow loop turns of DaemonStats
 ERROR_CODE_VERSION = 6  # the first to carry Error.code
-SPEEDUPS_REPORTING_VERSION = 7  # the first to carry DaemonStats.speedups
+EXPIRY_REPORTING_VERSION = 7  # the first to carry DaemonStats.expired_total and .speedups
 
 # -- error codes --------------------------------------------------------------
 #
@@ -260,6 +263,13 @@ class Workers(_Message, tag="workers"):
     id: int
 
 
+class Connections(_Message, tag="connections"):
+    """Each open connection that sent a request: its worker names, leases, requests and the age
+    of its last request (``ConnectionList``). Not SPEC's; walqueue-web and walqueue-ctl show it."""
+
+    id: int
+
+
 class TasksPage(_Message, tag="tasks_page"):
     """``Tasks`` in pages (SPEC §8b): the tasks after the id ``after``, at most ``limit``
     (at most walqueue.listing.MAX_PAGE_TASKS), in task_id order; answered ``TaskList``.
@@ -274,7 +284,7 @@ class TasksPage(_Message, tag="tasks_page"):
 Request = (
     Hello | Put | PutMany | Reserve | Ack | Release | Touch | Revive | Get | Tasks | Stats | Compact
     | AckAndReserve | Pause | Resume | BackupBegin | BackupEnd | DaemonStatsReq | ForceRelease
-    | Cancel | Workers | TasksPage
+    | Cancel | Workers | TasksPage | Connections
 )
 # The tags a daemon of this version knows: a body of another "type" is a newer client's request.
 REQUEST_TAGS = frozenset(kind.__struct_config__.tag for kind in Request.__args__)
@@ -337,8 +347,29 @@ class DaemonStats:
     # Protocol version 5: loop turns that answered no one for over 100 ms (walqueue.daemon.turn_timer).
     slow_turns_total: int = 0
     longest_turn_seconds: float = 0.0
-    # Protocol version 7: "compiled" or "pure" (walqueue.speedups.PATH; "" for earlier versions).
+    # Protocol version 7: leases expired (reaped) since start, by reserve's reap or the timer's.
+    expired_total: int = 0
+    # Protocol version 7 too: "compiled" or "pure" (walqueue.speedups.PATH; "" for earlier versions).
     speedups: str = ""
+
+
+@dataclass(frozen=True)
+class ConnectionView:
+    """One open connection as walqueued sees it (the answer to ``Connections``).
+
+    ``connection`` is the daemon's label of it (as in its log: peer process and the hello's
+    client name); ``workers`` the worker names it used in requests that succeeded (its most
+    recent, at most walqueue.daemon.steering.MAX_WORKER_NAMES_PER_CONNECTION), by name;
+    ``leases`` the leases those names hold now (a name two connections use counts for both);
+    ``requests`` how many requests it sent; ``last_request_age_seconds`` how long ago its
+    last one arrived (by the daemon's monotonic clock).
+    """
+
+    connection: str
+    workers: tuple[str, ...]
+    leases: int
+    requests: int
+    last_request_age_seconds: float
 
 
 def _wire_twin(value_type: type, *, omit_defaults: bool = False, **types: Any) -> type[msgspec.Struct]:
@@ -367,6 +398,7 @@ WireLease = _wire_twin(Lease, payload=Payload)
 WireTask = _wire_twin(TaskView, payload=Payload | None)
 WireStats = _wire_twin(QueueStats)
 WireWorker = _wire_twin(WorkerView)
+WireConnection = _wire_twin(ConnectionView)
 # Unlike the other values, DaemonStats is sent through its twin: only a Struct
 # can leave out a field (``version``) that a version-1 peer does not know.
 WireDaemonStats = _wire_twin(DaemonStats, omit_defaults=True, queue=WireStats)
@@ -497,7 +529,14 @@ class WorkerList(_Message, tag="worker_list"):
     workers: list[WireWorker]
 
 
+class ConnectionList(_Message, tag="connection_list"):
+    """Answer to ``Connections``: in the order the connections sent their first request."""
+
+    id: int
+    connections: list[WireConnection]
+
+
 Response = (
     HelloOk | PutOk | TaskIds | Leases | Done | LeaseOk | TaskOk | TaskList | StatsOk | Compacted | Error
-    | PauseState | Manifest | DaemonStatsOk | WorkerList
+    | PauseState | Manifest | DaemonStatsOk | WorkerList | ConnectionList
 )

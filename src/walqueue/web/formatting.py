@@ -55,17 +55,7 @@ def payload_text(payload: dict | None) -> str:
     return "\n".join(display.json_text(line) for line in text.split("\n"))
 
 
-def duration(seconds: float) -> str:
-    """42 s, 3 min 5 s, 2 h 10 min, 3 d 4 h."""
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60),
-                                              ("min", 60, "s", 1)):
-        if whole >= size:
-            rest = whole % size // smaller_size
-            return f"{whole // size} {unit}" + (f" {rest} {smaller}" if rest else "")
-    raise AssertionError("unreachable")
+duration = display.duration  # 42 s, 3 min 5 s, 2 h 10 min, 3 d 4 h (shared with walqueue-ctl top)
 
 
 def relative(at: int | float | None, now: float) -> str:

@@ -169,7 +169,8 @@ async def task(request: Request) -> Response:
 
 async def workers(request: Request) -> Response:
     source = _source(request)
-    return _render(request, "workers.html", workers=await source.run(source.workers))
+    return _render(request, "workers.html", workers=await source.run(source.workers),
+                   connections=await source.run(source.connections))
 
 
 async def cancel_form(request: Request) -> Response:

@@ -51,8 +51,9 @@ def svg(rates: list[Rate], now: float) -> str:
         return TOP + plot_height - value / top * plot_height
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
-             f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="puts and acks per second, '
-             f'last hour" font-family="sans-serif" font-size="11">',
+             f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="'
+             f'{", ".join(label for _, _, label in series)}, last hour" font-family="sans-serif" '
+             f'font-size="11">',
              f'<rect x="{LEFT}" y="{TOP}" width="{plot_width}" height="{plot_height}" '
              f'fill="#fafafa" stroke="#ccc"/>']
     for fraction in (0.0, 0.5, 1.0):

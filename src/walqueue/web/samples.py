@@ -5,9 +5,9 @@ SAMPLE_SECONDS it takes a `Sample` (the counts, and the daemon's compaction
 figures where it has them), keeps the last hour of them (RING_SAMPLES), and
 derives the rates from neighbours: tasks are never deleted, so the growth of
 the total counts puts, and the growth of `completed` counts acks (a cancel
-completes a task too). Expiries are counted only where a backend's stats
-count them (`expired_total`); neither does today, so the plot has no such
-line then. A history starts when the dashboard starts, and a daemon restart
+completes a task too). Expiries are the growth of the backend's own count
+of expired leases (walqueued's `expired_total`, PostgreSQL's
+`expired_total()`); a backend without one has no such line. A history starts when the dashboard starts, and a daemon restart
 (its start time changes) leaves a gap rather than a spike.
 
 Pure: no clock, no I/O. The caller passes the time of each sample.

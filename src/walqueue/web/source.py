@@ -26,6 +26,7 @@ from typing import Any
 
 from walqueue import InvalidRequest, QueueStats, TaskView
 from walqueue.backend import DAEMON_STATS, FORCE_RELEASE
+from walqueue.protocol.errors import UnknownRequest
 
 from .samples import History, Sample
 
@@ -111,12 +112,20 @@ class Source:
             at=overview.at,
             total=stats.ready + stats.leased + stats.completed + stats.dead,
             completed=stats.completed,
-            expired=getattr(daemon if daemon is not None else stats, "expired_total", None),
+            expired=self._expired_total(daemon),
             started=getattr(daemon, "start_time_seconds", None),
             compactions=getattr(daemon, "compactions_total", None),
             last_compaction_seconds=getattr(daemon, "last_compaction_seconds", None),
             last_compaction_pause_seconds=getattr(daemon, "last_compaction_pause_seconds", None))
         return sample
+
+    def _expired_total(self, daemon: Any | None) -> int | None:
+        """Leases expired so far, where the backend counts them: walqueued's report (protocol
+        version 7), PostgreSQL's `expired_total()` (schema version 3); None elsewhere."""
+        if daemon is not None:
+            return getattr(daemon, "expired_total", None)
+        counted = getattr(self.client, "expired_total", None)
+        return counted() if callable(counted) else None
 
     def page(self, status: str | None, prefix: str, after: str | None, size: int) -> Page:
         """At most `size` tasks (of `status`, their id starting with `prefix`) after `after`.
@@ -156,6 +165,16 @@ class Source:
 
     def workers(self) -> list[Any]:
         return list(self.client.workers())
+
+    def connections(self) -> list[Any] | None:
+        """walqueued's open connections (walqueue.protocol.ConnectionView): [] where the backend
+        has none to show (PostgreSQL), None from a daemon too old to know the request."""
+        if not self.has_daemon_stats or not callable(getattr(self.client, "connections", None)):
+            return []
+        try:
+            return list(self.client.connections())
+        except UnknownRequest:
+            return None
 
     # -- writes (the app checks --allow-writes and the CSRF token first) ---------------
 

@@ -112,6 +112,10 @@ SELECT (SELECT count(*) FROM tombstone), args.now, l.status, l.attempts, l.max_a
        EXISTS (SELECT 1 FROM {schema}.completed AS c WHERE c.queue = args.queue AND c.task_id = args.id)
 FROM args LEFT JOIN {schema}.live AS l ON l.queue = args.queue AND l.task_id = args.id
 
+-- name: expired_total
+-- The leases the queue's reaps expired since schema version 3 counted them (migration 0003).
+SELECT {schema}.expired_total(%b)
+
 -- name: workers
 -- SPEC §8b on PostgreSQL: the workers seen in leases (a client's connections are not the
 -- database's to see), with how many each holds, by name (bytea order is the UTF-8 order).
