@@ -44,8 +44,9 @@ def test_every_call_of_every_client_has_one_rule():
 def test_the_reads_and_puts_are_retried_and_no_other_write_is():
     daemon, postgres = api_calls(Client), api_calls(PostgresClient)
     assert {name for name in daemon if retry.retried(name)} == {
-        "get", "tasks", "workers", "stats", "daemon_stats", "put", "put_many", "pause", "resume", "cancel"}
-    assert {name for name in postgres if retry.retried(name)} == {"get", "tasks", "workers", "stats", "put",
+        "get", "tasks", "workers", "connections", "stats", "daemon_stats", "put", "put_many", "pause", "resume",
+        "cancel"}
+    assert {name for name in postgres if retry.retried(name)} == {"get", "tasks", "workers", "stats", "expired_total", "put",
                                                                   "put_many", "cancel"}
     for name in ("reserve", "ack", "ack_and_reserve", "release", "touch", "revive", "force_release"):
         assert not retry.retried(name)
