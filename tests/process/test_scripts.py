@@ -98,4 +98,4 @@ def test_ctrl_c_on_scripts_test_stops_both_pytest_processes(workdir, to, pass_):
         if script.poll() is None:
             script.kill()
             script.communicate(timeout=30)
-    assert "interrupted; stopping both pytest processes" in output
+    assert "interrupted; stopping every pytest process" in output
