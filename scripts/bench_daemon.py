@@ -18,7 +18,6 @@ import argparse
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -30,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
+import bench_processes  # noqa: E402 - beside this script
 
 from walqueue import protocol as p  # noqa: E402
 from walqueue.client import Client  # noqa: E402
@@ -160,12 +160,7 @@ class DaemonRun:
             return client.daemon_stats().fsyncs_total
 
     def __exit__(self, *exc_info) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        bench_processes.stop(self.proc)
         self.log.close()
 
 

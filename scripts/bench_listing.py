@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+import bench_processes  # noqa: E402 - beside this script
 
 from walqueue import Queue  # noqa: E402
 from walqueue.client import Client  # noqa: E402
@@ -111,13 +111,7 @@ class Daemon:
             notify.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
+        bench_processes.stop(self.proc)
         self.log.close()
 
 

@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+import bench_processes  # noqa: E402 - beside this script
 
 FILL_BATCH = 1000
 ROUND_SECONDS = 1.05
@@ -104,13 +104,7 @@ class Process:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        bench_processes.stop(self.proc)
 
 
 def daemon_answers(socket_path: str) -> bool:
