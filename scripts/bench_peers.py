@@ -461,12 +461,13 @@ def _cycle_loop(factory, address, warmup: float, seconds: float, barrier, result
         cycle()
     barrier.wait()
     latencies = []
+    cpu_started = time.process_time()
     started = time.monotonic()
     while time.monotonic() - started < seconds:
         t0 = time.perf_counter()
         cycle()
         latencies.append(time.perf_counter() - t0)
-    results.put((len(latencies), time.monotonic() - started, latencies))
+    results.put((len(latencies), time.monotonic() - started, latencies, time.process_time() - cpu_started))
 
 
 def _worker_loop(_factory, address, warmup: float, seconds: float, barrier, results) -> None:
@@ -487,7 +488,7 @@ def _worker_loop(_factory, address, warmup: float, seconds: float, barrier, resu
     def handler(_lease) -> None:
         if not state["measuring"] and time.monotonic() - state["started"] >= warmup:
             barrier.wait()
-            state.update(measuring=True, started=time.monotonic(), last=None)
+            state.update(measuring=True, started=time.monotonic(), last=None, cpu=time.process_time())
             threading.Timer(seconds, worker.stop).start()
         now = time.perf_counter()
         if state["measuring"] and state["last"] is not None:
@@ -502,8 +503,9 @@ def _worker_loop(_factory, address, warmup: float, seconds: float, barrier, resu
     client.put(f"{name}-seed", payload)
     worker.run()
     elapsed = min(time.monotonic() - state["started"], seconds)
+    cpu = time.process_time() - state["cpu"]  # the whole process: the lease toucher thread too
     client.close()
-    results.put((len(latencies), elapsed, latencies))
+    results.put((len(latencies), elapsed, latencies, cpu))
 
 
 SYSTEMS: dict[str, tuple[Callable, Callable, Callable]] = {
@@ -521,6 +523,10 @@ SYSTEMS: dict[str, tuple[Callable, Callable, Callable]] = {
 # (the Worker acks with ack_and_reserve too).
 REQUESTS_PER_CYCLE = {"WALQueue (Client)": 3, "WALQueue (Worker)": 2, "WALQueue (ack+next)": 2}
 OURS = tuple(REQUESTS_PER_CYCLE)
+# The peers' commands per cycle (put, reserve, delete; LPUSH, LMOVE, LREM; three
+# transactions): the divisor of CPU per request.
+PEER_REQUESTS_PER_CYCLE = {"beanstalkd -f 0": 3, "Redis appendfsync always": 3,
+                           "SQLite WAL synchronous=FULL": 3}
 
 # The PostgreSQL rows: scripts/bench_pg.py's systems, under its labels.
 PG_SYSTEMS = tuple(bench_pg.SYSTEMS)
@@ -554,7 +560,8 @@ def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
             window_start = time.monotonic()
             gathered = [results.get(timeout=seconds + 120) for _ in processes]
             window = time.monotonic() - window_start
-            cpu = (cpu_seconds(pid) - cpu_before) / window if pid else None
+            server_cpu_seconds = cpu_seconds(pid) - cpu_before if pid else None
+            cpu = server_cpu_seconds / window if pid else None
             syncs = daemon.syncs() - syncs_before if daemon is not None else None
             for process in processes:
                 process.join(30)
@@ -567,7 +574,11 @@ def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
     cycles = sum(item[0] for item in gathered)
     elapsed = max(item[1] for item in gathered)
     latencies = [value for item in gathered for value in item[2]]
+    requests = cycles * {**REQUESTS_PER_CYCLE, **PEER_REQUESTS_PER_CYCLE}[system]
     return {"rate": cycles / elapsed, "latencies": latencies, "cpu": cpu,
+            # CPU per request in microseconds: the server's over the window, the clients' over theirs
+            "server_us": None if server_cpu_seconds is None else server_cpu_seconds / requests * 1e6,
+            "client_us": sum(item[3] for item in gathered) / requests * 1e6,
             "requests_per_fsync": None if syncs is None else
             REQUESTS_PER_CYCLE[system] * cycles / max(1, syncs)}
 
@@ -689,6 +700,46 @@ def target_lines(cells: dict, limits: dict, clients_list: list[int]) -> list[str
             share = ours["median"] / (limits["echo"][top] / 3)
             lines.append(f"- {top} clients, >= {MIN_SHARE_OF_SOCKET_CEILING:.0%} of the socket ceiling: "
                          f"{share:.0%} ({system}), {verdict(share, MIN_SHARE_OF_SOCKET_CEILING)}")
+    return lines or ["- no WALQueue and peer cells to compare"]
+
+
+CORE_RATIO_TARGETS = (
+    # (clients, WALQueue variant, peer, minimum ratio of cycles/s)
+    (16, "WALQueue (Client)", "beanstalkd -f 0", 2.0),
+    (16, "WALQueue (Client)", "Redis appendfsync always", 1.0),
+    (16, "WALQueue (ack+next)", "Redis appendfsync always", 1.5),
+    (1, "WALQueue (Client)", "Redis appendfsync always", 1.0),
+)
+# walqueued's CPU per request, microseconds, by client count (plain Client)
+CORE_SERVER_US = {16: 60.0, 1: 100.0}
+CORE_CLIENT_OVER_REDIS = 1.5  # the plain Client's CPU per request over redis-py's
+
+
+def core_target_lines(cells: dict) -> list[str]:
+    """Issue 22's targets: named variants against the peers, and CPU per request."""
+    def verdict(met: bool, how: str) -> str:
+        return "met" if met else f"**missed** ({how})"
+
+    lines = []
+    for clients, system, peer, needed in CORE_RATIO_TARGETS:
+        ours, theirs = cells.get((system, clients)), cells.get((peer, clients))
+        if ours and theirs:
+            value = ours["median"] / theirs["median"]
+            lines.append(f"- {clients} client(s), {system} >= {needed:.1f}x {peer}: {value:.2f}x, "
+                         f"{verdict(value >= needed, f'{needed / value:.2f}x short')}")
+    for clients, limit in CORE_SERVER_US.items():
+        ours = cells.get(("WALQueue (Client)", clients))
+        if ours and ours.get("server_us") is not None:
+            value = ours["server_us"]
+            lines.append(f"- {clients} client(s), walqueued CPU per request <= {limit:.0f} us: {value:.0f} us, "
+                         f"{verdict(value <= limit, f'{value / limit:.2f}x the limit')}")
+    for clients in (1, 16):
+        ours, redis = cells.get(("WALQueue (Client)", clients)), cells.get(("Redis appendfsync always", clients))
+        if ours and redis and "client_us" in ours and "client_us" in redis:
+            value = ours["client_us"] / redis["client_us"]
+            lines.append(f"- {clients} client(s), Client CPU per request <= {CORE_CLIENT_OVER_REDIS:.1f}x "
+                         f"redis-py's: {ours['client_us']:.0f} us against {redis['client_us']:.0f} us, "
+                         f"{value:.2f}x, {verdict(value <= CORE_CLIENT_OVER_REDIS, f'{value / CORE_CLIENT_OVER_REDIS:.2f}x the limit')}")
     return lines or ["- no WALQueue and peer cells to compare"]
 
 
@@ -892,9 +943,33 @@ def write_report(out: Path, plot: Path | None, args, command: str, limits: dict,
                   f"{best[0]} reaches {best[1]['median'] / ceiling:.0%} of it (target >= 30 %)."]
     lines += [
         "",
+        "## CPU per request",
+        "",
+        "Server CPU (utime+stime of the server process over the window) and client CPU (each client "
+        "process's own, over its window, summed) divided by the requests answered: a cycle is three "
+        "requests for beanstalkd, Redis, SQLite (transactions) and WALQueue (Client), two for "
+        "(ack+next) and (Worker). Medians of the runs.",
+        "",
+        "| system | clients | requests/cycle | server CPU us/request | client CPU us/request |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for system in (system for system in systems if system in SYSTEMS):  # PostgreSQL's: below
+        for clients in clients_list:
+            cell = cells.get((system, clients))
+            if cell is None:
+                continue
+            per_cycle = {**REQUESTS_PER_CYCLE, **PEER_REQUESTS_PER_CYCLE}[system]
+            server = "-" if cell["server_us"] is None else f"{cell['server_us']:.0f}"
+            lines.append(f"| {system} | {clients} | {per_cycle} | {server} | {cell['client_us']:.0f} |")
+    lines += [
+        "",
         "## Targets for walqueued beside its peers, checked against this run",
         "",
         *target_lines(cells, limits, clients_list),
+        "",
+        "The targets of the compiled core (issue 22), same run:",
+        "",
+        *core_target_lines(cells),
         *pg_lines(cells, systems, clients_list),
         "",
         "## The machine",
@@ -1017,10 +1092,13 @@ def main() -> None:
             latencies = [value for run in runs for value in run["latencies"]]
             cpus = [run["cpu"] for run in runs if run["cpu"] is not None]
             per_fsync = [run["requests_per_fsync"] for run in runs if run["requests_per_fsync"] is not None]
+            server_us = [run["server_us"] for run in runs if run["server_us"] is not None]
             cell = {"median": statistics.median(rates), "min": min(rates), "max": max(rates),
                     "p50": percentile(latencies, 0.5) * 1e3, "p99": percentile(latencies, 0.99) * 1e3,
                     "slowest": max(latencies) * 1e3, "cpu": statistics.median(cpus) if cpus else None,
-                    "requests_per_fsync": statistics.median(per_fsync) if per_fsync else None}
+                    "requests_per_fsync": statistics.median(per_fsync) if per_fsync else None,
+                    "server_us": statistics.median(server_us) if server_us else None,
+                    "client_us": statistics.median(run["client_us"] for run in runs)}
             cells[(system, clients)] = cell
             print(f"{system:<28} x{clients:<3} {cell['median']:>9,.0f} cycles/s "
                   f"({cell['min']:,.0f}-{cell['max']:,.0f}) p50 {cell['p50']:.2f} ms p99 {cell['p99']:.2f} ms",

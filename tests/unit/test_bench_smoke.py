@@ -130,6 +130,10 @@ def test_bench_peers_tiny_run_writes_walqueued_and_postgres_rows_and_cleans_up(t
     # No procrastinate and no 16-client cell here: each of issue 13's targets says so.
     assert report.count(": not measured in this run") == 3
     assert "0.3 s measured" in report and ".png" not in report
+    # walqueued's CPU per request, server and client, for issue 22's targets.
+    cpu_rows = [line for line in report.split("## CPU per request")[1].split("##")[0].splitlines()
+                if line.startswith("| WALQueue (ack+next) | 1 | 2 | ")]
+    assert len(cpu_rows) == 1 and all(cell.strip().isdigit() for cell in cpu_rows[0].split("|")[4:6])
     assert sorted(p.name for p in out.parent.iterdir()) == ["bp.md"]
     # The servers' directories under var/ are gone (the PostgreSQL cluster's too).
     assert set(var.iterdir()) == before
