@@ -388,7 +388,7 @@ class Loop:
         # requests must not pile up deleted files (walqueue.daemon.freeing).
         self.filesystem.free_step(clock.monotonic_seconds())
         timer.part("freeing a deleted file")
-        if self.service.parked:
+        if self.service.parked.live:
             self.service.expire_waits(clock.monotonic_seconds())
         self._queue_answers()
         if self.input_budget.waiting:
@@ -558,11 +558,11 @@ class Loop:
         service = self.service
         now = self.now()
         reap = service.reap_due(now) and self.reap_backoff.ready(self.clock.monotonic_seconds())
-        if not requests and not service.parked and not reap:
+        if not requests and not service.parked.live and not reap:
             return False
         service.begin_turn(now, self.clock.monotonic_seconds())
         # Expiry and serving parked reserves may write too (expire and reserve frames).
-        writing = reap or bool(service.parked) or any(
+        writing = reap or service.parked.live > 0 or any(
             isinstance(request, protocol.WRITING_REQUESTS) for _, request in requests)
         self.recorder.turn_started(now, service.queue)
         turn = self.turn
@@ -571,7 +571,7 @@ class Loop:
         def apply() -> None:
             if reap:
                 service.reap()
-            if service.parked:
+            if service.parked.live:
                 service.serve_parked()
             apply_until = monotonic_seconds() + TURN_WORK_SECONDS
             applied = 0

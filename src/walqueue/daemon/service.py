@@ -388,13 +388,13 @@ class QueueService(SteeringRequests):
     def next_due_time(self) -> int | None:
         """The wall second at which the service has work: a lease to expire, or a
         task due while reserves wait (and leasing is not paused)."""
-        if self.parked and not self.paused:
+        if self.parked.live and not self.paused:
             return self.queue.next_due_time()  # ready due times and lease deadlines
         return self.queue.next_lease_deadline()
 
     def next_wait_deadline(self) -> float | None:
         """The monotonic second at which the earliest wait ends."""
-        return self.parked.next_deadline() if self.parked else None
+        return self.parked.next_deadline() if self.parked.live else None
 
     def expire_waits(self, monotonic_seconds: float) -> None:
         """Answer the waits that ended by ``monotonic_seconds`` with no leases."""
@@ -532,13 +532,13 @@ class QueueService(SteeringRequests):
     def _put(self, peer: Peer, request: protocol.Put) -> None:
         task_id, = self.queue.put([wire_put(request)])
         self._answer(peer, request.id, [protocol.PutOk(id=request.id, task_id=task_id)])
-        if self.parked:
+        if self.parked.live:
             self.serve_parked()
 
     def _put_many(self, peer: Peer, request: protocol.PutMany) -> None:
         task_ids = self.queue.put(wire_puts(request.requests))
         self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
-        if self.parked:
+        if self.parked.live:
             self.serve_parked()
 
     def _check_lease_bound(self, lease_seconds: object) -> None:
@@ -574,7 +574,7 @@ class QueueService(SteeringRequests):
         self.queue.release(request.task_id, request.worker, request.generation, now=self.now,
                            delay=request.delay)
         self._answer(peer, request.id, [protocol.Done(id=request.id)])
-        if self.parked:
+        if self.parked.live:
             self.serve_parked()
 
     def _touch(self, peer: Peer, request: protocol.Touch) -> None:
@@ -586,7 +586,7 @@ class QueueService(SteeringRequests):
     def _revive(self, peer: Peer, request: protocol.Revive) -> None:
         task_ids = self.queue.revive(request.task_ids, now=self.now)
         self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
-        if self.parked:
+        if self.parked.live:
             self.serve_parked()
 
     def _get(self, peer: Peer, request: protocol.Get) -> None:
@@ -665,7 +665,7 @@ class QueueService(SteeringRequests):
             log.warning("lease of task %s (worker %s, generation %d, deadline %d) released by force by %s",
                         one_line(repr(task_id)), one_line(repr(worker)), generation, deadline, peer.name)
         self._answer(peer, request.id, [protocol.TaskIds(id=request.id, task_ids=task_ids)])
-        if self.parked:
+        if self.parked.live:
             self.serve_parked()
 
     def _refused(self, peer: Peer, request: Refused) -> None:
