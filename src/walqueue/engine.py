@@ -69,7 +69,6 @@ class Engine:
         self.directory = os.fspath(directory)
         self._closed = True
         self._batch_depth = 0
-        self._batch = _Batch(self)  # holds no state of its own: one serves every batch
         self._compaction: Compaction | None = None
         self.expired_total = 0  # leases this Engine expired (reserve's reap and expire_due): a metric
         # The directory's files (walqueue.store), recovered: the state they hold.
@@ -300,7 +299,9 @@ class Engine:
         the operations inside only after the block has exited without error.
         """
         self.check_open()
-        return self._batch
+        # A new one each time: one kept on the Engine would be a reference cycle, and a
+        # discarded, unclosed Engine would keep its lock until the garbage collector ran.
+        return _Batch(self)
 
     def compact(self) -> int:
         """Publish a snapshot of the whole state and drop the WAL it covers.
