@@ -519,14 +519,13 @@ SYSTEMS: dict[str, tuple[Callable, Callable, Callable]] = {
 }
 
 
-# Requests a WALQueue cycle sends: put, reserve, ack; or put and ack_and_reserve
-# (the Worker acks with ack_and_reserve too).
-REQUESTS_PER_CYCLE = {"WALQueue (Client)": 3, "WALQueue (Worker)": 2, "WALQueue (ack+next)": 2}
-OURS = tuple(REQUESTS_PER_CYCLE)
-# The peers' commands per cycle (put, reserve, delete; LPUSH, LMOVE, LREM; three
-# transactions): the divisor of CPU per request.
-PEER_REQUESTS_PER_CYCLE = {"beanstalkd -f 0": 3, "Redis appendfsync always": 3,
-                           "SQLite WAL synchronous=FULL": 3}
+# Requests a cycle sends, the divisor of CPU per request: WALQueue put, reserve, ack; or put
+# and ack_and_reserve (the Worker acks with ack_and_reserve too); the peers' three commands
+# (put, reserve, delete; LPUSH, LMOVE, LREM; three transactions).
+REQUESTS_PER_CYCLE = {"beanstalkd -f 0": 3, "Redis appendfsync always": 3, "SQLite WAL synchronous=FULL": 3,
+                      "WALQueue (Client)": 3, "WALQueue (Worker)": 2, "WALQueue (ack+next)": 2}
+assert set(REQUESTS_PER_CYCLE) == set(SYSTEMS)
+OURS = ("WALQueue (Client)", "WALQueue (Worker)", "WALQueue (ack+next)")
 
 # The PostgreSQL rows: scripts/bench_pg.py's systems, under its labels.
 PG_SYSTEMS = tuple(bench_pg.SYSTEMS)
@@ -574,13 +573,13 @@ def one_run(system: str, clients: int, warmup: float, seconds: float) -> dict:
     cycles = sum(item[0] for item in gathered)
     elapsed = max(item[1] for item in gathered)
     latencies = [value for item in gathered for value in item[2]]
-    requests = cycles * {**REQUESTS_PER_CYCLE, **PEER_REQUESTS_PER_CYCLE}[system]
+    requests = cycles * REQUESTS_PER_CYCLE[system]
     return {"rate": cycles / elapsed, "latencies": latencies, "cpu": cpu,
             # CPU per request in microseconds: the server's over the window, the clients' over theirs
             "server_us": None if server_cpu_seconds is None else server_cpu_seconds / requests * 1e6,
             "client_us": sum(item[3] for item in gathered) / requests * 1e6,
             "requests_per_fsync": None if syncs is None else
-            REQUESTS_PER_CYCLE[system] * cycles / max(1, syncs)}
+            requests / max(1, syncs)}
 
 
 @contextmanager
@@ -658,6 +657,18 @@ def ratio(cells: dict, system: str, clients: int, peer: str) -> str:
     return f"{ours['median'] / theirs['median']:.2f}x"
 
 
+def verdict(value: float, needed: float) -> str:
+    """A target that `value` must reach: met, or missed by how much."""
+    if value >= needed:
+        return "met"
+    return f"**missed** ({value / needed:.0%} of the target; {needed / value:.2f}x short)"
+
+
+def verdict_at_most(value: float, limit: float) -> str:
+    """A limit that `value` must stay under: met, or missed by how much."""
+    return "met" if value <= limit else f"**missed** ({value / limit:.2f}x the limit)"
+
+
 TARGETS = (
     # (clients, peer, minimum ratio of WALQueue's cycles/s to the peer's)
     (16, "beanstalkd -f 0", 2.0),
@@ -673,11 +684,6 @@ MIN_SHARE_OF_SOCKET_CEILING = 0.30
 
 def target_lines(cells: dict, limits: dict, clients_list: list[int]) -> list[str]:
     """One line per target, judged on the fastest WALQueue variant: met, or missed by how much."""
-    def verdict(value: float, needed: float) -> str:
-        if value >= needed:
-            return "met"
-        return f"**missed** ({value / needed:.0%} of the target; {needed / value:.2f}x short)"
-
     lines = []
     for clients, peer, needed in TARGETS:
         best = best_ours(cells, clients)
@@ -717,29 +723,26 @@ CORE_CLIENT_OVER_REDIS = 1.5  # the plain Client's CPU per request over redis-py
 
 def core_target_lines(cells: dict) -> list[str]:
     """Issue 22's targets: named variants against the peers, and CPU per request."""
-    def verdict(met: bool, how: str) -> str:
-        return "met" if met else f"**missed** ({how})"
-
     lines = []
     for clients, system, peer, needed in CORE_RATIO_TARGETS:
         ours, theirs = cells.get((system, clients)), cells.get((peer, clients))
         if ours and theirs:
             value = ours["median"] / theirs["median"]
             lines.append(f"- {clients} client(s), {system} >= {needed:.1f}x {peer}: {value:.2f}x, "
-                         f"{verdict(value >= needed, f'{needed / value:.2f}x short')}")
+                         f"{verdict(value, needed)}")
     for clients, limit in CORE_SERVER_US.items():
         ours = cells.get(("WALQueue (Client)", clients))
         if ours and ours.get("server_us") is not None:
             value = ours["server_us"]
             lines.append(f"- {clients} client(s), walqueued CPU per request <= {limit:.0f} us: {value:.0f} us, "
-                         f"{verdict(value <= limit, f'{value / limit:.2f}x the limit')}")
+                         f"{verdict_at_most(value, limit)}")
     for clients in (1, 16):
         ours, redis = cells.get(("WALQueue (Client)", clients)), cells.get(("Redis appendfsync always", clients))
-        if ours and redis and "client_us" in ours and "client_us" in redis:
+        if ours and redis:
             value = ours["client_us"] / redis["client_us"]
             lines.append(f"- {clients} client(s), Client CPU per request <= {CORE_CLIENT_OVER_REDIS:.1f}x "
                          f"redis-py's: {ours['client_us']:.0f} us against {redis['client_us']:.0f} us, "
-                         f"{value:.2f}x, {verdict(value <= CORE_CLIENT_OVER_REDIS, f'{value / CORE_CLIENT_OVER_REDIS:.2f}x the limit')}")
+                         f"{value:.2f}x, {verdict_at_most(value, CORE_CLIENT_OVER_REDIS)}")
     return lines or ["- no WALQueue and peer cells to compare"]
 
 
@@ -758,11 +761,6 @@ def best_pg(cells: dict, clients: int) -> tuple[str, dict] | None:
 def pg_target_lines(cells: dict) -> list[str]:
     """Issue 13's targets, judged on the fastest single-task walqueue.pg variant (limit=10
     moves ten tasks per call, procrastinate one); a target with no cell says so."""
-    def verdict(value: float, needed: float) -> str:
-        if value >= needed:
-            return "met"
-        return f"**missed** ({value / needed:.0%} of the target; {needed / value:.2f}x short)"
-
     lines = []
     for clients in PG_RATIO_CLIENTS:
         best, theirs = best_pg(cells, clients), cells.get((PG_PEER, clients))
@@ -958,9 +956,9 @@ def write_report(out: Path, plot: Path | None, args, command: str, limits: dict,
             cell = cells.get((system, clients))
             if cell is None:
                 continue
-            per_cycle = {**REQUESTS_PER_CYCLE, **PEER_REQUESTS_PER_CYCLE}[system]
             server = "-" if cell["server_us"] is None else f"{cell['server_us']:.0f}"
-            lines.append(f"| {system} | {clients} | {per_cycle} | {server} | {cell['client_us']:.0f} |")
+            lines.append(f"| {system} | {clients} | {REQUESTS_PER_CYCLE[system]} | {server} | "
+                         f"{cell['client_us']:.0f} |")
     lines += [
         "",
         "## Targets for walqueued beside its peers, checked against this run",
