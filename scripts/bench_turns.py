@@ -126,9 +126,12 @@ def child(src: str, clients: int, mode: str, warmup_cycles: int, cycles: int) ->
             data = buffers[index]
             while True:
                 try:
-                    data += socks[index].recv(1 << 16)
+                    chunk = socks[index].recv(1 << 16)
                 except BlockingIOError:
                     break
+                if not chunk:
+                    raise SystemExit(f"the daemon closed connection {index}")
+                data += chunk
             buffers[index] = data
             if len(data) < 4 or len(data) < 4 + length.unpack_from(data)[0]:
                 return None
