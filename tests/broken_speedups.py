@@ -17,6 +17,9 @@ from collections.abc import Iterator
 from unittest import mock
 
 from walqueue import speedups
+from walqueue.codec import canonical_json
+from walqueue.errors import KeyConflict, WalQueueError
+from walqueue.state import LEASED, RECORD_FIELDS
 
 _LENGTH, _DIGEST = 4, 32
 
@@ -99,11 +102,135 @@ class DropsABlocksLastFrame(_Wrapped):
                                            numbers, order, max(count - 1, 1))
 
 
+# -- the compiled twin of State.apply (Applier, _apply.c) ------------------------------------
+
+
+class _SlippedApplier(_Wrapped):
+    """The real Applier, except where `slip(state, record, body_bytes)` says it does otherwise
+    (it returns True when it took the record itself)."""
+
+    def Applier(self, *, state, **kwargs):   # noqa: N802 -- the extension's type name
+        real = self._real.Applier(state=state, **kwargs)
+
+        def apply(record, body_bytes=None):
+            if not self.slip(state, record, body_bytes):
+                real(record, body_bytes)
+        return apply
+
+    @staticmethod
+    def slip(state, record, body_bytes) -> bool:
+        raise NotImplementedError
+
+
+def _well_formed(record, op: str) -> bool:
+    return type(record) is dict and record.get("op") == op and record.keys() == RECORD_FIELDS[op]
+
+
+def _commit_unchecked(state, record, targets, body_bytes) -> bool:
+    state.commit((record["op"], record, targets), body_bytes)
+    return True
+
+
+class AckIgnoresTheWorker(_SlippedApplier):
+    """The ack's lease check forgets to compare the worker: another worker's ack of a current
+    lease completes the task (the reference raises StaleLease)."""
+
+    @staticmethod
+    def slip(state, record, body_bytes) -> bool:
+        if not _well_formed(record, "ack") or record["seq"] != state.last_seq + 1:
+            return False
+        task = state.tasks.get(record["task_id"])
+        if (task is None or task.status != LEASED or task.worker == record["worker"]
+                or task.generation != record["generation"] or not record["now"] < task.deadline):
+            return False
+        return _commit_unchecked(state, record, [task], body_bytes)
+
+
+class AckAtTheDeadline(_SlippedApplier):
+    """An off-by-one in the ack's lease check: now == deadline still counts as leased."""
+
+    @staticmethod
+    def slip(state, record, body_bytes) -> bool:
+        if not _well_formed(record, "ack") or record["seq"] != state.last_seq + 1:
+            return False
+        task = state.tasks.get(record["task_id"])
+        if (task is None or task.status != LEASED or task.worker != record["worker"]
+                or task.generation != record["generation"] or record["now"] != task.deadline):
+            return False
+        return _commit_unchecked(state, record, [task], body_bytes)
+
+
+class PutChecksOnlyItsFirstTask(_SlippedApplier):
+    """The put's conflict loop stops after the first task: a later task whose id or key is
+    taken (by the task before it, here) is put anyway (the reference raises KeyConflict)."""
+
+    @staticmethod
+    def slip(state, record, body_bytes) -> bool:
+        if not _well_formed(record, "put") or record["seq"] != state.last_seq + 1:
+            return False
+        tasks = record["tasks"]
+        if type(tasks) is not list or len(tasks) < 2:
+            return False
+        try:
+            state.check(record)
+            return False
+        except KeyConflict:
+            pass
+        except WalQueueError:
+            return False
+        try:
+            state.check({**record, "tasks": tasks[:1]})
+        except WalQueueError:
+            return False
+        if any(type(task) is not dict or task.keys() != tasks[0].keys() for task in tasks):
+            return False
+        return _commit_unchecked(state, record, tasks, body_bytes)
+
+
+class ReserveGrowthUnescaped(_SlippedApplier):
+    """The reserve's snapshot bound counts its worker as len + 2 characters, forgetting JSON's
+    escapes: a worker with a quote or a newline makes the bound too small."""
+
+    @staticmethod
+    def slip(state, record, body_bytes) -> bool:
+        if not _well_formed(record, "reserve") or type(record["worker"]) is not str:
+            return False
+        before = state.snapshot_growth
+        try:
+            state.apply(record, body_bytes)
+        finally:
+            if state.snapshot_growth != before:
+                worker = record["worker"]
+                state.snapshot_growth -= len(record["task_ids"]) * (
+                    len(canonical_json(worker)) - len(worker) - 2)
+        return True
+
+
+class ReserveForgetsTheMonitoring(_Wrapped):
+    """The reserve forgets to tell the monitoring a lease started (the figures of leases past
+    half their time then miss it)."""
+
+    def Applier(self, *, state, **kwargs):   # noqa: N802 -- the extension's type name
+        state.monitoring.lease_started = lambda task: None
+        try:
+            return self._real.Applier(state=state, **kwargs)
+        finally:
+            del state.monitoring.lease_started
+
+
 VARIANTS = {
     "accepts_bad_digest": AcceptsBadDigest,
     "defers_past_the_frame": DefersPastTheFrame,
     "ignores_task_id_order": IgnoresTaskIdOrder,
     "drops_a_blocks_last_frame": DropsABlocksLastFrame,
+}
+# The twin's, found by tests/replay_cases.py's differential (tests/unit/test_replay_twin.py).
+TWIN_VARIANTS = {
+    "ack_ignores_the_worker": AckIgnoresTheWorker,
+    "ack_at_the_deadline": AckAtTheDeadline,
+    "put_checks_only_its_first_task": PutChecksOnlyItsFirstTask,
+    "reserve_growth_unescaped": ReserveGrowthUnescaped,
+    "reserve_forgets_the_monitoring": ReserveForgetsTheMonitoring,
 }
 
 
@@ -111,5 +238,6 @@ VARIANTS = {
 def installed(name: str) -> Iterator[None]:
     """The variant `name` as the extension every caller of walqueue.speedups uses."""
     assert speedups.COMPILED, "the broken variants wrap the compiled extension"
-    with mock.patch.object(speedups, "speedups", VARIANTS[name](speedups.speedups)):
+    variant = VARIANTS.get(name) or TWIN_VARIANTS[name]
+    with mock.patch.object(speedups, "speedups", variant(speedups.speedups)):
         yield

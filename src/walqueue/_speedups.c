@@ -16,6 +16,7 @@
  *                                              snapshot tombstone entries, as one block's columns
  *   tombstone_frames(names, name_bounds, values, value_bounds, identities, numbers, order, count)
  *       -> bytes                               the snapshot frames of one tombstone block
+ *   Applier(state, ...)(record, body_bytes)    State.apply, put/reserve/ack in C (_apply.c)
  *
  * Standard C99 plus CPython's API; the SHA extensions path only on x86-64 with GCC or clang.
  */
@@ -24,6 +25,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+int add_applier(PyObject *module);   /* _apply.c: adds the Applier type; -1 with an error */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_SHA_NI 1
@@ -981,7 +984,8 @@ PyMODINIT_FUNC PyInit__speedups(void)
         || PyModule_AddIntConstant(m, "SCAN_LIMIT", SCAN_LIMIT) < 0
         || PyModule_AddIntConstant(m, "SCAN_END", SCAN_END) < 0
         || PyModule_AddIntConstant(m, "SCAN_ENTRY", SCAN_ENTRY) < 0
-        || PyModule_AddIntConstant(m, "SCAN_DEFER", SCAN_DEFER) < 0) {
+        || PyModule_AddIntConstant(m, "SCAN_DEFER", SCAN_DEFER) < 0
+        || add_applier(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
+from . import replay
 from .codec import Problems, report_or_raise
 from .errors import CorruptStore, WalQueueError
 from .fs import Directory, OsFileSystem
@@ -144,6 +145,8 @@ def _plan(fs: OsFileSystem, directory: Directory, problems: Problems | None, pro
     advance = None if progress is None else _Progress(fs, directory, snapshot_file, live, progress)
 
     state = _load_state(fs, directory, snapshot_seq, snapshot_file, problems, advance)
+    # Keeping going reads the pure way throughout (as codec.scan_frames does).
+    apply = None if state is None else state.apply if problems is not None else replay.applier(state)
     last_applied = None
     # Keeping going without CURRENT's seq, no record counts as covered.
     covered_through = -1 if snapshot_seq is None else snapshot_seq
@@ -175,7 +178,7 @@ def _plan(fs: OsFileSystem, directory: Directory, problems: Problems | None, pro
                         last_applied, state = state.last_seq, None
                     continue
                 try:
-                    state.apply(record, body_bytes)
+                    apply(record, body_bytes)
                 except WalQueueError as error:
                     report_or_raise(problems, CorruptStore(
                         f"{filename}: frame at offset {offset} (seq {seq}): invalid "

@@ -109,3 +109,14 @@ def growth(op: str, record: dict, targets: list, body_bytes: int | None) -> int:
         return sum(ready - _STATUS_BYTES[DEAD] + _digits(0) - _digits(task.attempts)
                    + now - _digits(task.available_at) for task in targets)
     raise AssertionError(f"no snapshot growth for op {op!r}")
+
+
+def compiled_terms() -> tuple[int, int, int]:
+    """The constant parts of `growth` for put, reserve and ack, for the compiled twin of
+    State.apply (walqueue.replay): a put adds its body and this much per task; a reserve this
+    plus its deadline's digits and its worker's JSON per task; an ack this minus its deadline's
+    digits and its worker's characters."""
+    leased, ready = _STATUS_BYTES[LEASED], _STATUS_BYTES[READY]
+    return (PUT_ENTRY_EXTRA_BYTES,
+            leased - ready + 2 - 2 * _NULL_BYTES,
+            _STATUS_BYTES[COMPLETED] - leased + 3 * _NULL_BYTES - _EMPTY_PAYLOAD_BYTES - _QUOTES_BYTES)
