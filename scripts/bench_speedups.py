@@ -69,23 +69,21 @@ def write_snapshot_directory(directory: Path, count: int) -> str:
 
 
 def write_wal_directory(directory: Path, cycles: int) -> int:
-    """A queue directory whose WAL holds `cycles` put+reserve+ack cycles; returns its frames."""
+    """A queue directory whose WAL holds `cycles` put+reserve+ack cycles, each its own frame
+    (a reserve of one task, as a worker makes it); returns its frames."""
     from walqueue import Queue
 
     queue = Queue(directory)
     try:
-        done = 0
-        while done < cycles:
-            step = min(1000, cycles - done)
-            with queue.batch():
-                for index in range(done, done + step):
-                    queue.put(f"task-{index:012d}", {"data": "x" * 100})
-                for lease in queue.reserve("w", now=1, lease_seconds=60, limit=step):
+        with queue.batch():
+            for index in range(cycles):
+                queue.put(f"task-{index:012d}", {"data": "x" * 100})
+                for lease in queue.reserve("w", now=1, lease_seconds=60):
                     queue.ack(lease, now=1)
-            done += step
+        frames = queue.stats().last_seq
     finally:
         queue.close()
-    return 3 * cycles
+    return frames
 
 
 def floor_seconds(path: Path) -> tuple[float, float]:

@@ -9,6 +9,12 @@ difference is printed with its case number (rerun one: --seed S --start N
 the suite. Exit 1 if any case differs, 2 if the extension is not built.
 
     .venv/bin/python scripts/speedups_differential.py --count 1000000 --seed 22
+
+With --replay, a case is instead one run of 120 records of random WAL traffic
+applied by State.apply and by its compiled twin (tests/replay_cases.py,
+compared after every record); case N of seed S is random.Random(S * 1000003 + N):
+
+    .venv/bin/python scripts/speedups_differential.py --replay --count 10000 --seed 22
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.replay_cases import replay_differs  # noqa: E402
 from tests.speedups_cases import LONG_RUN_MIX, check_case  # noqa: E402
 from walqueue import speedups  # noqa: E402
+
+REPLAY_RECORDS = 120
 
 
 def main() -> int:
@@ -32,10 +41,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--start", type=int, default=0, help="skip this many cases first")
     parser.add_argument("--report-every", type=int, default=100_000)
+    parser.add_argument("--replay", action="store_true",
+                        help="compare State.apply with its compiled twin instead")
     args = parser.parse_args()
     if not speedups.COMPILED:
         print(f"nothing to compare: {speedups.describe()}", file=sys.stderr)
         return 2
+    if args.replay:
+        return replay_run(args)
     rng = random.Random(args.seed)
     kinds, differences = Counter(), 0
     started = time.perf_counter()
@@ -54,6 +67,23 @@ def main() -> int:
     elapsed = time.perf_counter() - started
     print(f"seed {args.seed}: {args.count} cases ({dict(kinds)}), {differences} differences, "
           f"{elapsed:.0f} s; {speedups.describe()}")
+    return 1 if differences else 0
+
+
+def replay_run(args) -> int:
+    differences = 0
+    started = time.perf_counter()
+    for index in range(args.start, args.start + args.count):
+        difference = replay_differs(random.Random(args.seed * 1_000_003 + index), REPLAY_RECORDS)
+        if difference is not None:
+            differences += 1
+            print(f"case {index}: {difference}", flush=True)
+        done = index + 1 - args.start
+        if done % args.report_every == 0:
+            print(f"{done} cases, {differences} differences, {time.perf_counter() - started:.0f} s",
+                  flush=True)
+    print(f"seed {args.seed}: {args.count} replay cases ({args.count * REPLAY_RECORDS} records), "
+          f"{differences} differences, {time.perf_counter() - started:.0f} s; {speedups.describe()}")
     return 1 if differences else 0
 
 
