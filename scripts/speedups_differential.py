@@ -48,43 +48,44 @@ def main() -> int:
         print(f"nothing to compare: {speedups.describe()}", file=sys.stderr)
         return 2
     if args.replay:
-        return replay_run(args)
+        differences, elapsed = compare(replay_cases(args), args.report_every)
+        what = f"{args.count} replay cases ({args.count * REPLAY_RECORDS} records)"
+    else:
+        kinds = Counter()
+        differences, elapsed = compare(frame_cases(args, kinds), args.report_every)
+        what = f"{args.count} cases ({dict(kinds)})"
+    print(f"seed {args.seed}: {what}, {differences} differences, {elapsed:.0f} s; "
+          f"{speedups.describe()}")
+    return 1 if differences else 0
+
+
+def frame_cases(args, kinds: Counter):
+    """(case number, label, difference) of the frame-walk, snapshot and write cases."""
     rng = random.Random(args.seed)
-    kinds, differences = Counter(), 0
-    started = time.perf_counter()
     for index in range(args.start + args.count):
         kind, difference = check_case(rng, LONG_RUN_MIX)
-        if index < args.start:
-            continue
-        kinds[kind] += 1
-        if difference is not None:
-            differences += 1
-            print(f"case {index} ({kind}): {difference}", flush=True)
-        done = index + 1 - args.start
-        if done % args.report_every == 0:
-            print(f"{done} cases, {differences} differences, {time.perf_counter() - started:.0f} s",
-                  flush=True)
-    elapsed = time.perf_counter() - started
-    print(f"seed {args.seed}: {args.count} cases ({dict(kinds)}), {differences} differences, "
-          f"{elapsed:.0f} s; {speedups.describe()}")
-    return 1 if differences else 0
+        if index >= args.start:
+            kinds[kind] += 1
+            yield index, f" ({kind})", difference
 
 
-def replay_run(args) -> int:
-    differences = 0
-    started = time.perf_counter()
+def replay_cases(args):
+    """(case number, label, difference) of the replay cases: each has its own seed."""
     for index in range(args.start, args.start + args.count):
-        difference = replay_differs(random.Random(args.seed * 1_000_003 + index), REPLAY_RECORDS)
+        yield index, "", replay_differs(random.Random(args.seed * 1_000_003 + index), REPLAY_RECORDS)
+
+
+def compare(cases, report_every: int) -> tuple[int, float]:
+    """Print each difference and the progress; (differences, seconds)."""
+    differences, started = 0, time.perf_counter()
+    for done, (index, label, difference) in enumerate(cases, 1):
         if difference is not None:
             differences += 1
-            print(f"case {index}: {difference}", flush=True)
-        done = index + 1 - args.start
-        if done % args.report_every == 0:
+            print(f"case {index}{label}: {difference}", flush=True)
+        if done % report_every == 0:
             print(f"{done} cases, {differences} differences, {time.perf_counter() - started:.0f} s",
                   flush=True)
-    print(f"seed {args.seed}: {args.count} replay cases ({args.count * REPLAY_RECORDS} records), "
-          f"{differences} differences, {time.perf_counter() - started:.0f} s; {speedups.describe()}")
-    return 1 if differences else 0
+    return differences, time.perf_counter() - started
 
 
 if __name__ == "__main__":
