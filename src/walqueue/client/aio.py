@@ -367,8 +367,7 @@ class Client(ClientApi):
         if call.request is None:
             return call.convert(None)
         timeout = self._call_timeout(call)
-        # walqueue.retry decides which calls are sent again (rule 1): no Retry for the others.
-        retry = self._retry(build)
+        started, retry = time.monotonic(), None
         while True:
             try:
                 connection = await self._connected()
@@ -376,7 +375,7 @@ class Client(ClientApi):
             except (DaemonUnavailable, QueueClosed) as exc:
                 # A DaemonUnavailable has already dropped the broken connection
                 # (it is never closed here: other coroutines may be using it).
-                if retry is None:
+                if (retry := retry or self._retry(build, started)) is None:
                     raise
                 pause = retry.pause_after(exc, now=time.monotonic(), client_closed=self._closed)
                 if pause is None:

@@ -80,9 +80,13 @@ class ClientApi:
     def _call_timeout(self, call: calls.Call) -> float | None:
         return None if self.timeout is None else self.timeout + call.wait
 
-    def _retry(self, build: Callable[..., calls.Call]) -> Retry | None:
-        """The retries of one call of ``build`` (walqueue.retry), or None if it is never retried."""
-        return retry_for(call_name(build), retry_seconds=self.retry_seconds, now=time.monotonic(),
+    def _retry(self, build: Callable[..., calls.Call], started: float) -> Retry | None:
+        """The retries of one call of ``build`` begun at ``started`` (time.monotonic()), or None
+        if it is never retried (walqueue.retry, rule 1).
+
+        Asked only once an attempt failed: most calls never need it.
+        """
+        return retry_for(call_name(build), retry_seconds=self.retry_seconds, now=started,
                          incurable=(NoSocket, HelloRefused))
 
     def put(

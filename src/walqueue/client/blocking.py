@@ -148,24 +148,30 @@ class Connection:
         Raises InvalidRequest (nothing sent) if a request cannot be encoded or
         is too large, DaemonUnavailable if the connection is broken.
         """
-        if self._broken is not None:
-            raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
         ids = []
         frames = []
         for request in requests:
-            request.id = self._next_id
-            self._next_id += 1
+            ids.append(self._number(request))
             frames.append(encode_request(request))
-            ids.append(request.id)
+        self._send_bytes(b"".join(frames))
+        return ids
+
+    def _number(self, request: p.Request) -> int:
+        if self._broken is not None:
+            raise DaemonUnavailable(f"connection to {self.path} is broken: {self._broken}")
+        request.id = request_id = self._next_id
+        self._next_id += 1
+        return request_id
+
+    def _send_bytes(self, data: bytes) -> None:
         try:
-            self._sock.sendall(b"".join(frames))
+            self._sock.sendall(data)
         except OSError as exc:
             said = self._last_words()
             message = f"sending to walqueued at {self.path} failed: {exc}"
             if said:
                 message += f"; it said: {said}"
             raise self._fail(message, exc) from exc
-        return ids
 
     def _settimeout(self, seconds: float | None) -> None:
         """Bound every later send and recv by ``seconds`` (None: no bound).
@@ -264,9 +270,9 @@ class Connection:
 
     def call(self, request: p.Request, *, timeout: float | None = None) -> Any:
         """Send one request and return its answer, raising the error it carries."""
-        (request_id,) = self.send(request)
-        messages = self.receive(request_id, timeout=timeout)
-        return result(messages)
+        request_id = self._number(request)  # send() without its lists: one request is the common call
+        self._send_bytes(encode_request(request))
+        return result(self.receive(request_id, timeout=timeout))
 
 
 @dataclass
@@ -354,13 +360,12 @@ class Client(ClientApi):
         timeout = self._call_timeout(call)
         line = self._line()
         with line.lock:
-            # walqueue.retry decides which calls are sent again (rule 1): no Retry for the others.
-            retry = self._retry(build)
+            started, retry = time.monotonic(), None
             while True:
                 try:
                     return call.convert(self._connected(line).call(call.request, timeout=timeout))
                 except (DaemonUnavailable, QueueClosed) as exc:
-                    if retry is None:
+                    if (retry := retry or self._retry(build, started)) is None:
                         raise
                     pause = retry.pause_after(exc, now=time.monotonic(), client_closed=self._closed)
                     if pause is None:
