@@ -254,6 +254,11 @@ class Engine:
                           last_seq=self._state.last_seq, snapshot_seq=self._store.snapshot_seq,
                           wal_bytes=self._store.wal_bytes)
 
+    @property
+    def wal_bytes(self) -> int:
+        """``stats().wal_bytes`` without building the stats: walqueued asks after every write."""
+        return self._store.wal_bytes
+
     def next_due_time(self) -> int | None:
         """The earliest time at which `reserve` could lease or expire something.
 

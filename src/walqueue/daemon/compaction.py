@@ -502,10 +502,9 @@ class Compactor:
         now = self._clock.monotonic_seconds()
         if not self.backoff.ready(now):
             return
-        stats = queue.stats()
-        if any(waiter.seq > stats.snapshot_seq for waiter in self._waiting):
+        if self._waiting and any(waiter.seq > queue.stats().snapshot_seq for waiter in self._waiting):
             reason = "on request"
-        elif wrote and not freeing and compaction_due(stats.wal_bytes, self.snapshot_bytes,
+        elif wrote and not freeing and compaction_due(queue.wal_bytes, self.snapshot_bytes,
                                                       floor_bytes=self.floor_bytes, ratio=self.ratio):
             reason = "automatically"
         else:
