@@ -18,7 +18,9 @@ proportions between groups, and (1) for absolute microseconds.
 ``--mode client`` runs the plain Client cycle (put, reserve, ack) instead;
 ``--src`` runs the daemon and the clients from another tree's ``src`` (an A/B
 on a busy machine: alternate the trees and compare medians); ``--no-profile``
-skips (2).
+skips (2). (1) also splits the daemon's CPU into user and system time, and
+times a bare 200-byte append + fsync on the same file system: the kernel's
+share of one WAL write, which no daemon code can remove.
 """
 
 from __future__ import annotations
@@ -57,10 +59,29 @@ GROUPS = (
 )
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process: utime and stime of /proc/PID/stat."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def fsync_floor(directory: Path, writes: int = 2000) -> tuple[float, float]:
+    """(system CPU, wall) seconds of one 200-byte append plus its fsync on a bare file in
+    `directory`: the kernel's share of a WAL write that no daemon code can remove."""
+    path = directory / "fsync-floor.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    try:
+        before, started = os.times(), time.monotonic()
+        for _ in range(writes):
+            os.write(fd, b"x" * 200)
+            os.fsync(fd)
+        after, ended = os.times(), time.monotonic()
+    finally:
+        os.close(fd)
+        path.unlink()
+    return (after.system - before.system) / writes, (ended - started) / writes
 
 
 def client(socket_path: str, seconds: float, mode: str, results) -> None:
@@ -101,7 +122,7 @@ def load(daemon_args: list[str], clients: int, seconds: float, mode: str = "ack_
         for worker in workers:
             worker.start()
         gathered = [results.get(timeout=seconds + 60) for _ in workers]
-        daemon_cpu = cpu_seconds(daemon.pid) - before
+        user, system = (end - start for end, start in zip(cpu_seconds(daemon.pid), before, strict=True))
         for worker in workers:
             worker.join(30)
     finally:
@@ -111,7 +132,8 @@ def load(daemon_args: list[str], clients: int, seconds: float, mode: str = "ack_
     cycles = sum(count for count, _ in gathered)
     requests = (3 if mode == "client" else 2) * cycles
     return {"cycles_per_second": cycles / seconds, "requests": requests,
-            "daemon_us": daemon_cpu / requests * 1e6,
+            "daemon_us": (user + system) / requests * 1e6, "daemon_user_us": user / requests * 1e6,
+            "daemon_system_us": system / requests * 1e6,
             "client_us": sum(cpu for _, cpu in gathered) / requests * 1e6}
 
 
@@ -136,6 +158,10 @@ def main() -> None:
     print(f"{args.clients} clients, {cycle} cycles, {args.seconds:g} s, no profiler:")
     print(f"  {plain['cycles_per_second']:,.0f} cycles/s; daemon CPU {plain['daemon_us']:.0f} us per request; "
           f"client CPU {plain['client_us']:.0f} us per request (each client its own process)")
+    floor_system, floor_wall = fsync_floor(REPO / "var")
+    print(f"  the daemon's CPU: user {plain['daemon_user_us']:.0f} us, system {plain['daemon_system_us']:.0f} us "
+          f"per request; a bare 200-byte append + fsync in var/ costs {floor_system * 1e6:.0f} us of system "
+          f"CPU ({floor_wall * 1e6:.0f} us wall)")
     if args.no_profile:
         return
 
