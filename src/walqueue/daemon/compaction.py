@@ -502,7 +502,7 @@ class Compactor:
         now = self._clock.monotonic_seconds()
         if not self.backoff.ready(now):
             return
-        if self._waiting and any(waiter.seq > queue.stats().snapshot_seq for waiter in self._waiting):
+        if self._waiting and max(waiter.seq for waiter in self._waiting) > queue.stats().snapshot_seq:
             reason = "on request"
         elif wrote and not freeing and compaction_due(queue.wal_bytes, self.snapshot_bytes,
                                                       floor_bytes=self.floor_bytes, ratio=self.ratio):
