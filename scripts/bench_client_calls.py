@@ -19,12 +19,12 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from profile_daemon import start_daemon, stop_daemon  # scripts/ is this script's own directory
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT_CYCLES = 100
@@ -47,14 +47,8 @@ def instructions(src: str, cycles: int) -> float:
     directory = tempfile.mkdtemp(prefix="bench-client-calls-", dir="/dev/shm")
     queue = os.path.join(directory, "q")
     socket_path = os.path.join(queue, "walqueued.sock")
-    daemon = subprocess.Popen([sys.executable, "-m", "walqueue.daemon.cli", "serve", queue,
-                               "--log-level", "warning"], env=env)
+    daemon = start_daemon(queue, ["-m", "walqueue.daemon.cli"], env)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(socket_path):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("walqueued did not start")
-            time.sleep(0.05)
         counts = []
         for run, run_cycles in enumerate((SHORT_CYCLES, SHORT_CYCLES + cycles)):
             done = subprocess.run(
@@ -66,12 +60,7 @@ def instructions(src: str, cycles: int) -> float:
                 raise SystemExit(f"the client under callgrind failed:\n{done.stderr[-2000:]}")
             counts.append(int(found.group(1)))
     finally:
-        daemon.send_signal(signal.SIGINT)
-        try:
-            daemon.wait(60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(10)
+        stop_daemon(daemon)
         shutil.rmtree(directory, ignore_errors=True)
     return (counts[1] - counts[0]) / (3 * cycles)
 

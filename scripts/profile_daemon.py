@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pstats
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -104,17 +105,33 @@ def client(socket_path: str, seconds: float, mode: str, results) -> None:
         results.put((count, time.process_time() - started_cpu))
 
 
+def start_daemon(queue: str, daemon_args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """Start walqueued serving `queue` and wait, 30 s at most, until its socket is there."""
+    daemon = subprocess.Popen([sys.executable, *daemon_args, "serve", queue, "--log-level", "warning"], env=env)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(queue, "walqueued.sock")):
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            stop_daemon(daemon)
+            raise SystemExit("walqueued did not start")
+        time.sleep(0.05)
+    return daemon
+
+
+def stop_daemon(daemon: subprocess.Popen) -> None:
+    """SIGINT (a clean stop, so cProfile writes its file), then SIGKILL if it is still there after 60 s."""
+    daemon.send_signal(signal.SIGINT)
+    try:
+        daemon.wait(60)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait(10)
+
+
 def load(daemon_args: list[str], clients: int, seconds: float, mode: str = "ack_and_reserve") -> dict:
     directory = tempfile.mkdtemp(prefix="profile-daemon-", dir=REPO / "var")
     socket_path = os.path.join(directory, "q", "walqueued.sock")
-    daemon = subprocess.Popen([sys.executable, *daemon_args, "serve", os.path.join(directory, "q"),
-                               "--log-level", "warning"])
+    daemon = start_daemon(os.path.join(directory, "q"), daemon_args)
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(socket_path):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("walqueued did not start")
-            time.sleep(0.05)
         results = multiprocessing.Queue()
         workers = [multiprocessing.Process(target=client, args=(socket_path, seconds, mode, results))
                    for _ in range(clients)]
@@ -126,8 +143,7 @@ def load(daemon_args: list[str], clients: int, seconds: float, mode: str = "ack_
         for worker in workers:
             worker.join(30)
     finally:
-        daemon.send_signal(2)  # SIGINT: a clean stop, so cProfile writes its file
-        daemon.wait(60)
+        stop_daemon(daemon)
         shutil.rmtree(directory, ignore_errors=True)
     cycles = sum(count for count, _ in gathered)
     requests = (3 if mode == "client" else 2) * cycles
