@@ -12,7 +12,9 @@ the suite. Exit 1 if any case differs, 2 if the extension is not built.
 
 With --replay, a case is instead one run of 120 records of random WAL traffic
 applied by State.apply and by its compiled twin (tests/replay_cases.py,
-compared after every record); case N of seed S is random.Random(S * 1000003 + N):
+compared after every record), then the same records through the writer's
+pair, State.check and State.commit against the twin's (the Engine's path);
+case N of seed S is random.Random(S * 1000003 + N) for each:
 
     .venv/bin/python scripts/speedups_differential.py --replay --count 10000 --seed 22
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.replay_cases import replay_differs  # noqa: E402
+from tests.replay_cases import replay_differs, writer_differs  # noqa: E402
 from tests.speedups_cases import LONG_RUN_MIX, check_case  # noqa: E402
 from walqueue import speedups  # noqa: E402
 
@@ -49,7 +51,7 @@ def main() -> int:
         return 2
     if args.replay:
         differences, elapsed = compare(replay_cases(args), args.report_every)
-        what = f"{args.count} replay cases ({args.count * REPLAY_RECORDS} records)"
+        what = f"{args.count} replay cases ({args.count * REPLAY_RECORDS} records, applied and written)"
     else:
         kinds = Counter()
         differences, elapsed = compare(frame_cases(args, kinds), args.report_every)
@@ -72,7 +74,11 @@ def frame_cases(args, kinds: Counter):
 def replay_cases(args):
     """(case number, label, difference) of the replay cases: each has its own seed."""
     for index in range(args.start, args.start + args.count):
-        yield index, "", replay_differs(random.Random(args.seed * 1_000_003 + index), REPLAY_RECORDS)
+        seed = args.seed * 1_000_003 + index
+        if (difference := replay_differs(random.Random(seed), REPLAY_RECORDS)) is not None:
+            yield index, " (applied)", difference
+        else:
+            yield index, " (written)", writer_differs(random.Random(seed), REPLAY_RECORDS)
 
 
 def compare(cases, report_every: int) -> tuple[int, float]:

@@ -218,6 +218,74 @@ class ReserveForgetsTheMonitoring(_Wrapped):
             del state.monitoring.lease_started
 
 
+class _SlippedWriter(_Wrapped):
+    """The real Applier, whose writer's pair (check, commit) slips where `check_slip` or
+    `commit_slip` says: each returns True when it took the call itself."""
+
+    def Applier(self, *, state, **kwargs):   # noqa: N802 -- the extension's type name
+        real = self._real.Applier(state=state, **kwargs)
+        variant = self
+
+        class Twin:
+            def __call__(self, record, body_bytes=None):
+                return real(record, body_bytes)
+
+            def check(self, record):
+                return variant.check_slip(state, record) or real.check(record)
+
+            def commit(self, change, body_bytes):
+                if not variant.commit_slip(state, real, change, body_bytes):
+                    real.commit(change, body_bytes)
+        return Twin()
+
+    @staticmethod
+    def check_slip(state, record):
+        return None
+
+    @staticmethod
+    def commit_slip(state, real, change, body_bytes) -> bool:
+        return False
+
+
+class WriterPutChecksOnlyItsFirstTask(_SlippedWriter):
+    """The writer's check of a put looks at its first task only (its COMMIT, trusting the check,
+    runs no conflict check again): a later task whose id or key is taken is put anyway."""
+
+    @staticmethod
+    def check_slip(state, record):
+        tasks = record.get("tasks") if type(record) is dict else None
+        if type(tasks) is not list or len(tasks) < 2:
+            return None
+        try:
+            state.check(record)
+            return None
+        except KeyConflict:
+            pass
+        except WalQueueError:
+            return None
+        try:
+            state.check({**record, "tasks": tasks[:1]})
+        except WalQueueError:
+            return None
+        if any(type(task) is not dict or task.keys() != tasks[0].keys() for task in tasks):
+            return None
+        return ("put", record, tasks)
+
+
+class WriterPutCommitSkipsTheGrowth(_SlippedWriter):
+    """A put committed after its check jumps past the snapshot bound's growth (a label one line
+    too low): the bound of the snapshot to come is too small."""
+
+    @staticmethod
+    def commit_slip(state, real, change, body_bytes) -> bool:
+        if type(change) is not dict or change.get("op") != "put":
+            return False
+        before = state.snapshot_growth
+        real.commit(change, body_bytes)
+        state.snapshot_growth = before
+        return True
+
+
 VARIANTS = {
     "accepts_bad_digest": AcceptsBadDigest,
     "defers_past_the_frame": DefersPastTheFrame,
@@ -234,10 +302,18 @@ TWIN_VARIANTS = {
 }
 
 
+# The writer's pair (check before the frame, commit after), found by tests/replay_cases.py's
+# writer_differs (tests/unit/test_replay_twin.py).
+WRITER_VARIANTS = {
+    "writer_put_checks_only_its_first_task": WriterPutChecksOnlyItsFirstTask,
+    "writer_put_commit_skips_the_growth": WriterPutCommitSkipsTheGrowth,
+}
+
+
 @contextlib.contextmanager
 def installed(name: str) -> Iterator[None]:
     """The variant `name` as the extension every caller of walqueue.speedups uses."""
     assert speedups.COMPILED, "the broken variants wrap the compiled extension"
-    variant = VARIANTS.get(name) or TWIN_VARIANTS[name]
+    variant = VARIANTS.get(name) or TWIN_VARIANTS.get(name) or WRITER_VARIANTS[name]
     with mock.patch.object(speedups, "speedups", variant(speedups.speedups)):
         yield

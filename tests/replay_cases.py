@@ -9,8 +9,10 @@ ones), and a share of records broken in one field, the way a damaged or
 hostile WAL would be: every check the twin makes has a record here that
 fails it. After every record both must have said the same (nothing, or the
 same error class and message) and hold the same state, down to the heaps,
-the listing index and the monitoring figures. tests/unit/test_replay_twin.py
-runs these; scripts/speedups_differential.py --replay runs many more.
+the listing index and the monitoring figures. `writer_differs` does the same
+for the Engine's pair, check before the frame is written and commit after
+(`replay.writer_steps`). tests/unit/test_replay_twin.py runs these;
+scripts/speedups_differential.py --replay runs many more.
 """
 
 from __future__ import annotations
@@ -242,8 +244,41 @@ def replay_differs(rng: random.Random, records: int = 120) -> str | None:
     return None
 
 
+def _written(check, commit, record):
+    """What the Engine does with a record: check it, then (after its frame is written) commit it."""
+    try:
+        change = check(record)
+    except WalQueueError as error:
+        return type(error).__name__, str(error)
+    commit(change, len(canonical_json(record)))
+    return None
+
+
+def writer_differs(rng: random.Random, records: int = 120) -> str | None:
+    """One case of the writer's pair: State.check then State.commit against `replay.writer_steps`."""
+    reference, twin_state = State(), State()
+    check, commit = replay.writer_steps(twin_state)
+    if check == twin_state.check:
+        return "replay.writer_steps gave the reference's check: the twin is not what runs"
+    traffic = Traffic(rng)
+    for number in range(records):
+        record = traffic.record()
+        expected = _written(reference.check, reference.commit, copy.deepcopy(record))
+        got = _written(check, commit, copy.deepcopy(record))
+        if expected != got:
+            return f"record {number} {_show(record)}: reference {expected!r}, twin {got!r}"
+        traffic.follow(record)
+        left, right = fingerprint(reference), fingerprint(twin_state)
+        if left != right:
+            part = next(name for name, a, b in zip(_PARTS, left, right, strict=True) if a != b)
+            return (f"record {number} {_show(record)}: the states' {part} differ after it "
+                    f"({expected!r}): reference {left[_PARTS.index(part)]!r:.200}, "
+                    f"twin {right[_PARTS.index(part)]!r:.200}")
+    return None
+
+
 def _show(record) -> str:
     return json.dumps(record, default=repr)[:300]
 
 
-__all__ = ["Traffic", "fingerprint", "replay_differs"]
+__all__ = ["Traffic", "fingerprint", "replay_differs", "writer_differs"]

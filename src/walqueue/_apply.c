@@ -23,7 +23,7 @@ int add_applier(PyObject *module);
 
 typedef struct {
     PyObject_HEAD
-    PyObject *state, *fallback, *task_type, *identity_digest, *fromhex, *heappush;
+    PyObject *state, *fallback, *fallback_check, *fallback_commit, *checked, *task_type, *identity_digest, *fromhex, *heappush;
     PyObject *tasks, *task_id_by_key, *counts, *ready_heap, *lease_heap;
     PyObject *tomb_contains, *tomb_has_key, *tomb_add;
     PyObject *ready_add, *ready_discard, *leased_add, *leased_discard;
@@ -43,6 +43,14 @@ static PyObject *s_op, *s_seq, *s_tasks, *s_task_id, *s_key, *s_available_at, *s
 #define DECLINE 0
 #define DONE 1
 #define FAILED -1
+
+/* What a call does with a record. APPLY is State.apply (replay). A writer (the Engine) checks
+ * before it writes the record's frame and commits after: CHECK runs every check and changes
+ * nothing, COMMIT makes the changes of the record CHECK passed last (a put's conflict checks,
+ * which call into the tombstone store, are not run again; the others are, and must pass). */
+#define APPLY 0
+#define CHECK 1
+#define COMMIT 2
 
 /* An int (never a bool) with low <= value <= LLONG_MAX: validation.integer's accepted case. */
 static int small_int(PyObject *value, long long low, long long *out)
@@ -222,15 +230,16 @@ static int tidy(Applier *self, PyObject *heap, PyObject *status, int ready)
 static PyObject **put_task_fields[5] = {&s_available_at, &s_key, &s_max_attempts, &s_payload,
                                         &s_task_id};
 
-static int put(Applier *self, PyObject *record, PyObject *seq, PyObject *body_bytes)
+static int put(Applier *self, PyObject *record, PyObject *seq, PyObject *body_bytes, int mode)
 {
     PyObject *tasks = PyDict_GetItemWithError(record, s_tasks);
-    long long body;
+    long long body = 0;
     if (tasks == NULL || !PyList_CheckExact(tasks) || PyList_GET_SIZE(tasks) == 0
-        || !small_int(body_bytes, 0, &body))
+        || (mode != CHECK && !small_int(body_bytes, 0, &body)))
         return PyErr_Occurred() ? FAILED : DECLINE;
     Py_ssize_t count = PyList_GET_SIZE(tasks);
     PyObject *new_ids = NULL, *new_keys = NULL;
+    if (mode == COMMIT) goto commit;
     if (count > 1 && ((new_ids = PySet_New(NULL)) == NULL || (new_keys = PySet_New(NULL)) == NULL))
         goto failed;
     for (Py_ssize_t i = 0; i < count; i++) {   /* State._check_put, _put_task_names */
@@ -260,7 +269,9 @@ static int put(Applier *self, PyObject *record, PyObject *seq, PyObject *body_by
     Py_XDECREF(new_ids);
     Py_XDECREF(new_keys);
     new_ids = new_keys = NULL;
+    if (mode == CHECK) return DONE;
 
+commit:
     if (add_growth(self, body + count * self->put_extra) < 0) return FAILED;
     PyObject *zero = PyLong_FromLong(0);   /* immortal small int */
     for (Py_ssize_t i = 0; i < count; i++) {   /* State._commit_put */
@@ -302,7 +313,7 @@ failed:
 static PyObject **reserve_fields[6] = {&s_lease_seconds, &s_now, &s_op, &s_seq, &s_task_ids,
                                        &s_worker};
 
-static int reserve(Applier *self, PyObject *record)
+static int reserve(Applier *self, PyObject *record, int mode)
 {
     PyObject *values[6], *names[6];
     for (int i = 0; i < 6; i++) names[i] = *reserve_fields[i];
@@ -344,6 +355,7 @@ static int reserve(Applier *self, PyObject *record)
         targets[i] = task;
     }
     /* (time, task_id) strictly ascending: no id is listed twice, as _listed_tasks requires. */
+    if (mode == CHECK) return DONE;
     long long deadline = now + lease_seconds;
     long long per_task = self->reserve_base + digits(deadline) + json_name_bytes(worker);
     if (add_growth(self, count * per_task) < 0) return FAILED;
@@ -393,7 +405,7 @@ done:
 
 static PyObject **ack_fields[6] = {&s_generation, &s_now, &s_op, &s_seq, &s_task_id, &s_worker};
 
-static int ack(Applier *self, PyObject *record)
+static int ack(Applier *self, PyObject *record, int mode)
 {
     PyObject *values[6], *names[6];
     for (int i = 0; i < 6; i++) names[i] = *ack_fields[i];
@@ -424,6 +436,10 @@ static int ack(Applier *self, PyObject *record)
     if (!same) goto declined;
     if (task_int(task, s_deadline, &deadline) < 0) goto done;
     if (!(now < deadline)) goto declined;
+    if (mode == CHECK) {
+        result = DONE;
+        goto done;
+    }
 
     if (add_growth(self, self->ack_base - digits(deadline) - PyUnicode_GET_LENGTH(leaser)) < 0)
         goto done;
@@ -478,7 +494,7 @@ done:
 /* ---------------------------------------------------------------- the type */
 
 /* State.check's record-level test, then the op's own; DECLINE leaves all to the reference. */
-static int apply_fast(Applier *self, PyObject *record, PyObject *body_bytes)
+static int apply_fast(Applier *self, PyObject *record, PyObject *body_bytes, int mode)
 {
     if (!PyDict_CheckExact(record)) return DECLINE;
     PyObject *op = PyDict_GetItemWithError(record, s_op);
@@ -494,15 +510,15 @@ static int apply_fast(Applier *self, PyObject *record, PyObject *body_bytes)
     if (is_put < 0) return FAILED;
     if (is_put) {
         if (PyDict_GET_SIZE(record) != 3) return DECLINE;   /* op, seq, tasks */
-        result = put(self, record, seq, body_bytes);
+        result = put(self, record, seq, body_bytes, mode);
     } else if ((is_reserve = same_str(op, s_reserve)) > 0) {
-        result = reserve(self, record);
+        result = reserve(self, record, mode);
     } else if (is_reserve == 0 && (is_ack = same_str(op, s_ack)) > 0) {
-        result = ack(self, record);
+        result = ack(self, record, mode);
     } else {
         return (is_reserve < 0 || is_ack < 0) ? FAILED : DECLINE;
     }
-    if (result != DONE) return result;
+    if (result != DONE || mode == CHECK) return result;
     return PyObject_SetAttr(self->state, s_last_seq, seq) < 0 ? FAILED : DONE;
 }
 
@@ -512,7 +528,7 @@ static PyObject *applier_call(Applier *self, PyObject *args, PyObject *kwargs)
     static char *keywords[] = {"record", "body_bytes", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:Applier", keywords, &record, &body_bytes))
         return NULL;
-    int result = apply_fast(self, record, body_bytes);
+    int result = apply_fast(self, record, body_bytes, APPLY);
     if (result == FAILED) return NULL;
     if (result == DONE) {
         self->applied++;
@@ -523,10 +539,58 @@ static PyObject *applier_call(Applier *self, PyObject *args, PyObject *kwargs)
     return PyObject_Vectorcall(self->fallback, call_args, 2, NULL);
 }
 
+/* The writer's pair, State.check and State.commit: check(record) returns the change to commit,
+ * which is the record itself when the twin decides it (remembered until the next check), or
+ * else whatever state.check returns (it raises the reference's error for a rejected record);
+ * commit(change, body_bytes) commits either. */
+static PyObject *applier_check(Applier *self, PyObject *record)
+{
+    int result = apply_fast(self, record, Py_None, CHECK);
+    if (result == FAILED) return NULL;
+    Py_CLEAR(self->checked);
+    if (result == DECLINE) return PyObject_CallOneArg(self->fallback_check, record);
+    self->checked = Py_NewRef(record);
+    return Py_NewRef(record);
+}
+
+static PyObject *applier_commit(Applier *self, PyObject *const *args, Py_ssize_t count)
+{
+    if (count != 2) {
+        PyErr_SetString(PyExc_TypeError, "Applier.commit(change, body_bytes) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *change = args[0];
+    if (self->checked == NULL || change != self->checked) {
+        self->declined++;
+        return PyObject_Vectorcall(self->fallback_commit, args, 2, NULL);
+    }
+    PyObject *record = self->checked;
+    self->checked = NULL;
+    int result = apply_fast(self, record, args[1], COMMIT);
+    Py_DECREF(record);
+    if (result == FAILED) return NULL;
+    if (result == DECLINE) {   /* a bug: nothing may change between check and commit */
+        PyErr_SetString(PyExc_SystemError, "Applier.commit: the record no longer passes the "
+                                           "checks it passed in Applier.check");
+        return NULL;
+    }
+    self->applied++;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef applier_methods[] = {
+    {"check", (PyCFunction)applier_check, METH_O,
+     "check(record): State.check; the change is the record itself when decided here."},
+    {"commit", (PyCFunction)(void (*)(void))applier_commit, METH_FASTCALL,
+     "commit(change, body_bytes): State.commit of a change check returned."},
+    {NULL},
+};
+
 static void applier_dealloc(Applier *self)
 {
     PyObject **fields[] = {
-        &self->state, &self->fallback, &self->task_type, &self->identity_digest, &self->fromhex,
+        &self->state, &self->fallback, &self->fallback_check, &self->fallback_commit,
+        &self->checked, &self->task_type, &self->identity_digest, &self->fromhex,
         &self->heappush, &self->tasks, &self->task_id_by_key, &self->counts, &self->ready_heap,
         &self->lease_heap, &self->tomb_contains, &self->tomb_has_key, &self->tomb_add,
         &self->ready_add, &self->ready_discard, &self->leased_add, &self->leased_discard,
@@ -592,7 +656,8 @@ static PyObject *applier_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->ack_base = ack_base;
     self->max_name = max_name;
     struct { PyObject **slot; const char *path; } bound[] = {
-        {&self->fallback, "apply"}, {&self->tasks, "tasks"},
+        {&self->fallback, "apply"}, {&self->fallback_check, "check"},
+        {&self->fallback_commit, "commit"}, {&self->tasks, "tasks"},
         {&self->task_id_by_key, "task_id_by_key"}, {&self->counts, "counts"},
         {&self->ready_heap, "_ready"}, {&self->lease_heap, "_leases"},
         {&self->tomb_contains, "tombstones.__contains__"}, {&self->tomb_has_key, "tombstones.has_key"},
@@ -640,6 +705,7 @@ static PyTypeObject ApplierType = {
     .tp_dealloc = (destructor)applier_dealloc,
     .tp_call = (ternaryfunc)applier_call,
     .tp_members = applier_members,
+    .tp_methods = applier_methods,
 };
 
 int add_applier(PyObject *module)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cancel as cancelling
-from . import listing, validation
+from . import listing, replay, validation
 from .codec import FRAME_OVERHEAD_BYTES, encode_frame
 from .errors import QueueClosed
 from .fs import Directory, OsFileSystem
@@ -75,6 +75,8 @@ class Engine:
         self._store, self._state = Store.open(self.directory, hook=hook, filesystem=filesystem,
                                               preallocate_bytes=preallocate_bytes, opened=opened,
                                               stacklevel=stacklevel + 1)
+        # State.check and State.commit, or their compiled twin (walqueue.replay).
+        self._check, self._commit = replay.writer_steps(self._state)
         self._closed = False
 
     # -- writes -----------------------------------------------------------
@@ -521,14 +523,14 @@ class Engine:
 
     def _append(self, record: dict) -> None:
         """Check, write and apply one record. Must run inside a batch."""
-        change = self._state.check(record)
+        change = self._check(record)
         frame = encode_frame(record)
         try:
             self._store.append(frame)
         except BaseException:
             self._die()
             raise
-        self._state.commit(change, len(frame) - FRAME_OVERHEAD_BYTES)
+        self._commit(change, len(frame) - FRAME_OVERHEAD_BYTES)
 
     def _sync(self) -> None:
         try:
