@@ -44,7 +44,8 @@ class OptionalBuildExt(build_ext):
 
 extensions = []
 if os.environ.get("WALQUEUE_NO_EXTENSIONS") != "1":
-    extensions.append(Extension("walqueue._speedups", ["src/walqueue/_speedups.c", "src/walqueue/_apply.c"],
+    extensions.append(Extension("walqueue._speedups", ["src/walqueue/_speedups.c", "src/walqueue/_apply.c",
+                                                      "src/walqueue/_tombstones.c"],
                                 extra_compile_args=["-O3", "-std=c99", "-Wall"]))
 
 setup(ext_modules=extensions, cmdclass={"build_ext": OptionalBuildExt})

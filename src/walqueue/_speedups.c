@@ -27,6 +27,7 @@
 #include <string.h>
 
 int add_applier(PyObject *module);   /* _apply.c: adds the Applier type; -1 with an error */
+int add_tombstone_lookups(PyObject *module);   /* _tombstones.c: block_find, block_search */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_SHA_NI 1
@@ -985,7 +986,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
         || PyModule_AddIntConstant(m, "SCAN_END", SCAN_END) < 0
         || PyModule_AddIntConstant(m, "SCAN_ENTRY", SCAN_ENTRY) < 0
         || PyModule_AddIntConstant(m, "SCAN_DEFER", SCAN_DEFER) < 0
-        || add_applier(m) < 0) {
+        || add_applier(m) < 0 || add_tombstone_lookups(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

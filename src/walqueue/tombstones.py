@@ -70,6 +70,7 @@ from itertools import accumulate, repeat
 from operator import and_
 from typing import NamedTuple
 
+from . import speedups
 from .plain_entry import ENTRY as ENTRY  # re-exported: snapshot reads it from here
 
 BLOCK_TOMBSTONES = 512
@@ -296,7 +297,7 @@ class _Index:
         if name > self.last or not self.blocks:
             return None
         block = self.blocks[max(bisect_right(self.firsts, name) - 1, 0)]
-        index = block.find(name)
+        index = _find(block, name)
         return None if index < 0 else (block, index)
 
     def add(self, name: bytes, value: bytes, identity: bytes = b"", numbers=()) -> None:
@@ -313,7 +314,7 @@ class _Index:
         else:
             position = max(bisect_right(firsts, name) - 1, 0)
             block = blocks[position]
-            rank, index = block.search(name)
+            rank, index = _search(block, name)
             assert index < 0, f"{name!r} is already in the index"
         if len(block) >= BLOCK_TOMBSTONES:
             if position == len(blocks) - 1 and rank == len(block):
@@ -329,7 +330,7 @@ class _Index:
                 if name >= firsts[position + 1]:
                     position += 1
                 block = blocks[position]
-            rank = block.search(name)[0]
+            rank = _search(block, name)[0]
         block.insert(rank, name, value, identity, numbers)
         if rank == 0:
             firsts[position] = name
@@ -364,6 +365,12 @@ class _Index:
         self.count += len(names)
         if names:
             self.last = names[-1]
+
+
+# A block's two lookups, as every index calls them: _Block's methods (the reference), or their
+# compiled twins (_tombstones.c), which take the block and the name and answer the same.
+_find = _Block.find if not speedups.COMPILED else speedups.speedups.block_find
+_search = _Block.search if not speedups.COMPILED else speedups.speedups.block_search
 
 
 # -- the store --------------------------------------------------------------------
@@ -463,7 +470,7 @@ class TombstoneStore:
             position = max(bisect_right(index.firsts, name) - 1, 0)
             if not blocks:
                 return
-            rank, found = blocks[position].search(name)
+            rank, found = _search(blocks[position], name)
             if found >= 0:
                 rank += 1
         for block in blocks[position:]:

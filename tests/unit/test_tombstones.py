@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from walqueue import CorruptStore, Queue
+from walqueue import CorruptStore, Queue, speedups
 from walqueue import tombstones as tombstones_module
 from walqueue.codec import canonical_json
 from walqueue.state import State
@@ -103,6 +103,51 @@ def test_the_store_agrees_with_a_dict_whatever_the_arrival_order(small_blocks, a
         bodies = list(store.frozen().bodies())
         assert bodies == [(tombstone.task_id.encode(), canonical_json(entry_of(tombstone)))
                           for tombstone in walked], where
+
+
+def lookup_differences(seed: int) -> list[str]:
+    """A block filled in a random arrival order, then both lookups asked, compiled and pure, of
+    every name it holds and of names around them; every disagreement, described."""
+    rng = random.Random(seed)
+    block = tombstones_module._Block()
+    names = sorted({random_name(rng, plain=seed % 2 == 0).encode() for _ in range(rng.randint(0, 40))})
+    arrival = names[:]
+    if seed % 3:
+        rng.shuffle(arrival)
+    for name in arrival:   # as _Index.add inserts: at the rank the pure search gives
+        block.insert(block.search(name)[0], name, b"", bytes(32), (1, 3, 1, 0))
+    if seed % 5 == 0 and len(block):   # every name hashed alike: the find's compare loop decides
+        block.hashes = tombstones_module.array("I", [hash(names[0]) & 0xFFFFFFFF] * len(block))
+    probes = names + [name + b"\x00" for name in names] + [name[:-1] for name in names] + [
+        b"", b"\xff", b"a", b"zzzz", "é".encode(), "😀".encode()]
+    real = speedups.speedups
+    differences = []
+    for probe in probes:
+        for name, compiled, pure in (("find", real.block_find, tombstones_module._Block.find),
+                                     ("search", real.block_search, tombstones_module._Block.search)):
+            if compiled(block, probe) != pure(block, probe):
+                differences.append(f"seed {seed}: {name}({probe!r}) compiled {compiled(block, probe)} "
+                                   f"pure {pure(block, probe)}")
+    return differences
+
+
+@pytest.mark.skipif(not speedups.COMPILED, reason=speedups.describe())
+def test_the_compiled_block_lookups_answer_as_the_pure_ones() -> None:
+    differences = [difference for seed in range(400) for difference in lookup_differences(seed)]
+    assert differences == []
+    assert tombstones_module._find is speedups.speedups.block_find   # and the store uses them
+
+
+@pytest.mark.skipif(not speedups.COMPILED, reason=speedups.describe())
+def test_the_lookup_differential_finds_a_search_that_stops_one_short(monkeypatch) -> None:
+    real = speedups.speedups.block_search
+
+    def one_short(block, name):   # the deliberately broken twin: a rank one too small
+        rank, index = real(block, name)
+        return (max(rank - 1, 0), index) if index < 0 else (rank, index)
+
+    monkeypatch.setattr(speedups.speedups, "block_search", one_short, raising=False)
+    assert any(lookup_differences(seed) for seed in range(50))
 
 
 def test_a_tombstone_entry_is_formatted_exactly_as_canonical_json() -> None:
