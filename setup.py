@@ -2,7 +2,8 @@
 
 A failed build (no compiler, no Python headers) warns and installs the
 pure-Python package, which is complete on its own: the extension only makes
-recovery and snapshot writing faster (walqueue/speedups.py, docs/performance.md).
+recovery, snapshot writing and each write's checks and changes faster
+(walqueue/speedups.py, docs/performance.md).
 WALQUEUE_NO_EXTENSIONS=1 at build time skips it.
 """
 
@@ -39,7 +40,7 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _warn(error):
         print(f"WARNING: walqueue._speedups was not built ({error}); walqueue works without it, "
-              f"on its pure-Python path (slower recovery and snapshots)", file=sys.stderr)
+              f"on its pure-Python path (slower recovery, snapshots and writes)", file=sys.stderr)
 
 
 extensions = []
