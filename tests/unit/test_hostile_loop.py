@@ -449,3 +449,13 @@ def test_unread_listings_cost_each_turn_a_bounded_share_and_a_bystander_is_answe
         listed += encoded
     # Not vacuous: the listings went on meanwhile, a turn's share at a time.
     assert listed > 10 * LISTING_BYTES_PER_TURN
+
+
+@pytest.mark.parametrize("requests, expected", [
+    ([("a", 1), ("b", 1), ("c", 1)], [("a", 1), ("b", 1), ("c", 1)]),   # one each: as they came
+    ([("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1), ("b", 2)],
+     [("a", 1), ("b", 1), ("c", 1), ("a", 2), ("b", 2), ("a", 3)]),   # a backlog: in rounds
+    ([], []),
+])
+def test_a_turns_requests_are_applied_one_connection_at_a_time_in_rounds(requests, expected):
+    assert list(loop_module._in_rounds(requests)) == expected

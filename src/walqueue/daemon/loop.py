@@ -131,6 +131,12 @@ def _in_rounds(requests: list[tuple[PeerConnection, protocol.Request]]):
     let one connection's backlog, resumed first every turn, fill every turn
     while another connection's single request waited behind all of it.
     """
+    if len({conn for conn, _ in requests}) == len(requests):
+        return requests  # one request per connection (closed-loop clients): already one round
+    return _rounds(requests)
+
+
+def _rounds(requests: list[tuple[PeerConnection, protocol.Request]]):
     queues: dict[PeerConnection, deque[protocol.Request]] = {}
     for conn, request in requests:
         queues.setdefault(conn, deque()).append(request)
