@@ -26,7 +26,7 @@ import random
 from contextlib import contextmanager
 from unittest import mock
 
-from walqueue import bulk, codec, speedups
+from walqueue import bulk, codec, speedups, tombstones
 from walqueue.codec import Frame, canonical_json, encode_frame, frame_of_body
 from walqueue.errors import CorruptStore, WalQueueError
 from walqueue.snapshot import FORMAT, _parse_snapshot
@@ -63,7 +63,9 @@ def _typed(value):
 @contextmanager
 def pure_path():
     """The reference path, in this process (what WALQUEUE_NO_EXTENSIONS=1 selects at import)."""
-    with mock.patch.object(speedups, "COMPILED", False):
+    with mock.patch.object(speedups, "COMPILED", False), \
+            mock.patch.object(tombstones, "_find", tombstones._Block.find), \
+            mock.patch.object(tombstones, "_search", tombstones._Block.search):
         yield
 
 
