@@ -8,8 +8,9 @@ frame walk of recovery (codec.scan_frames), the bulk load of snapshot
 tombstones (snapshot, tombstones) and their encoding when a snapshot is
 written, and the replay of put, reserve and ack records (replay: the twin
 of State.apply, which the Engine also checks and commits those records
-through), and it accepts exactly what the reference accepts: whatever it
-cannot decide it leaves to the reference, which then raises its own error.
+through) and the tombstone store's two lookups in a block, and it accepts
+exactly what the reference accepts: whatever it cannot decide it leaves to
+the reference, which then raises its own error.
 
 WALQUEUE_NO_EXTENSIONS=1 in the environment forces the pure path (read once,
 at import). `COMPILED` says which path runs, `PATH` says it in a word

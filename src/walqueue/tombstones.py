@@ -41,9 +41,10 @@ Invariants:
 
 Costs: a lookup is a bisect over the blocks' first names and one over the
 block's hashes (both in C), and a comparison of the name found, if any. An
-insertion adds a binary search of at most log2(BLOCK_TOMBSTONES) steps in
-Python for the name's rank (none for a name after every other: ids that grow
-with time) and O(BLOCK_TOMBSTONES) memmoves of `order` and the hashes. The
+insertion adds a binary search of at most log2(BLOCK_TOMBSTONES) steps for
+the name's rank (none for a name after every other: ids that grow with time)
+and O(BLOCK_TOMBSTONES) memmoves of `order` and the hashes. A block's two
+lookups run in C on the compiled path (walqueue.speedups). The
 hashes are Python's, seeded per process, and never leave it.
 
 For a snapshot written by a fork()ed child from the copy-on-write image:
