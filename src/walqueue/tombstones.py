@@ -197,8 +197,10 @@ class _Block:
         return low, -1
 
     def insert(self, rank: int, name: bytes, value: bytes, identity: bytes, numbers) -> None:
-        index = len(self)
-        self._make_room((value,), numbers)
+        index = len(self.name_bounds) - 1
+        if (value and self.value_bounds is None) or (
+                numbers and self.numbers.typecode == "I" and max(numbers) > _MAX_SMALL_NUMBER):
+            self._make_room((value,), numbers)   # (rare: every insert before needed neither)
         self.names += name
         self.name_bounds.append(len(self.names))
         if self.values is not None:
@@ -271,15 +273,17 @@ class _Block:
 
     def columns(self, indexes) -> tuple[list[bytes], list[bytes], bytes, array]:
         """The columns of the given arrivals, in that order (to build a new block)."""
-        names = [self.name(index) for index in indexes]
-        values = [self.value(index) for index in indexes]
-        identities = b"".join(bytes(self.identities[IDENTITY_BYTES * index:
-                                                    IDENTITY_BYTES * (index + 1)])
-                              for index in indexes)
-        numbers = array(self.numbers.typecode)
-        for index in indexes:
-            numbers.extend(self.numbers[NUMBERS * index:NUMBERS * (index + 1)])
-        return names, values, identities, numbers
+        buffer, bounds = self.names, self.name_bounds
+        names = [bytes(buffer[bounds[index]:bounds[index + 1]]) for index in indexes]
+        values = [self.value(index) for index in indexes] if self.value_bounds is not None else (
+            [b""] * len(indexes))
+        column = memoryview(self.identities)
+        identities = b"".join([column[IDENTITY_BYTES * index:IDENTITY_BYTES * (index + 1)]
+                               for index in indexes])
+        column.release()
+        numbers = self.numbers
+        return names, values, identities, array(numbers.typecode, [
+            number for index in indexes for number in numbers[NUMBERS * index:NUMBERS * (index + 1)]])
 
 
 class _Index:
