@@ -104,11 +104,12 @@ static long long json_name_bytes(PyObject *name)
 }
 
 /* The exact field set of State.RECORD_FIELDS[op]: `count` fields, all of them present. */
-static int has_fields(PyObject *record, PyObject **names, Py_ssize_t count, PyObject **values)
+static int has_fields(PyObject *record, PyObject **const *names, Py_ssize_t count,
+                      PyObject **values)
 {
     if (PyDict_GET_SIZE(record) != count) return 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        values[i] = PyDict_GetItemWithError(record, names[i]);
+        values[i] = PyDict_GetItemWithError(record, *names[i]);
         if (values[i] == NULL) return PyErr_Occurred() ? FAILED : 0;
     }
     return 1;
@@ -315,9 +316,8 @@ static PyObject **reserve_fields[6] = {&s_lease_seconds, &s_now, &s_op, &s_seq, 
 
 static int reserve(Applier *self, PyObject *record, int mode)
 {
-    PyObject *values[6], *names[6];
-    for (int i = 0; i < 6; i++) names[i] = *reserve_fields[i];
-    int shape = has_fields(record, names, 6, values);
+    PyObject *values[6];
+    int shape = has_fields(record, reserve_fields, 6, values);
     if (shape <= 0) return shape;
     PyObject *now_object = values[1], *task_ids = values[4], *worker = values[5];
     long long now, lease_seconds;
@@ -407,9 +407,8 @@ static PyObject **ack_fields[6] = {&s_generation, &s_now, &s_op, &s_seq, &s_task
 
 static int ack(Applier *self, PyObject *record, int mode)
 {
-    PyObject *values[6], *names[6];
-    for (int i = 0; i < 6; i++) names[i] = *ack_fields[i];
-    int shape = has_fields(record, names, 6, values);
+    PyObject *values[6];
+    int shape = has_fields(record, ack_fields, 6, values);
     if (shape <= 0) return shape;
     PyObject *task_id = values[4], *worker = values[5];
     long long generation, now;
