@@ -1,6 +1,6 @@
 /* walqueue._speedups: the compiled twin of the per-item hot paths (issue 22).
  *
- * The pure-Python modules (codec, snapshot, tombstones) are the reference;
+ * The pure-Python modules (codec, snapshot, tombstones, state) are the reference;
  * walqueue.speedups decides which path runs. Every function here either
  * gives exactly the result the reference gives, or declines ("defer") and
  * leaves that item to the reference, which then raises its own error: this
@@ -16,7 +16,10 @@
  *                                              snapshot tombstone entries, as one block's columns
  *   tombstone_frames(names, name_bounds, values, value_bounds, identities, numbers, order, count)
  *       -> bytes                               the snapshot frames of one tombstone block
- *   Applier(state, ...)(record, body_bytes)    State.apply, put/reserve/ack in C (_apply.c)
+ *   Applier(state, ...)(record, body_bytes)    State.apply, put/reserve/ack in C (_apply.c),
+ *       .check(record), .commit(change, body_bytes)   and State.check/commit, for the writer
+ *   block_find(block, name), block_search(block, name)
+ *                                              tombstones._Block's lookups (_tombstones.c)
  *
  * Standard C99 plus CPython's API; the SHA extensions path only on x86-64 with GCC or clang.
  */

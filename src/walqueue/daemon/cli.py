@@ -115,7 +115,7 @@ Exit codes:
     epilog=EXIT_CODES_HELP,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-# The one --version line of every tool, then which path runs recovery's hot loops (issue 22).
+# The one --version line of every tool, then which path runs the hot loops (issue 22).
 @click.version_option(walqueue.__version__, "--version", prog_name="walqueued",
                       message="%(prog)s %(version)s\n" + speedups.describe().replace("%", "%%"),
                       help="Print the version and which path runs the hot loops (compiled or pure), "
