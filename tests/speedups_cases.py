@@ -65,7 +65,8 @@ def pure_path():
     """The reference path, in this process (what WALQUEUE_NO_EXTENSIONS=1 selects at import)."""
     with mock.patch.object(speedups, "COMPILED", False), \
             mock.patch.object(tombstones, "_find", tombstones._Block.find), \
-            mock.patch.object(tombstones, "_search", tombstones._Block.search):
+            mock.patch.object(tombstones, "_search", tombstones._Block.search), \
+            mock.patch.object(tombstones, "_index_find", tombstones._Index.find):
         yield
 
 

@@ -1,5 +1,5 @@
-/* walqueue._speedups.block_find and block_search: the two lookups of a tombstone block
- * (walqueue/tombstones.py, _Block.find and _Block.search) in C.
+/* walqueue._speedups.block_find, block_search and index_find: the lookups of the tombstone
+ * store (walqueue/tombstones.py, _Block.find, _Block.search and _Index.find) in C.
  *
  * Every put asks the tombstone store whether its id and key are taken, and every ack adds a
  * tombstone at its rank in name order, so these run on the request path and in replay, once
@@ -15,7 +15,8 @@
 
 int add_tombstone_lookups(PyObject *module);
 
-static PyObject *s_names, *s_name_bounds, *s_hashes, *s_hashed, *s_order;
+static PyObject *s_names, *s_name_bounds, *s_hashes, *s_hashed, *s_order, *s_blocks, *s_firsts,
+    *s_last;
 
 typedef struct {
     const unsigned char *names;
@@ -73,19 +74,15 @@ static int compare(const Names *block, Py_ssize_t index, const char *name, Py_ss
     return length < size ? -1 : length > size;
 }
 
-static PyObject *block_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The arrival index of `name` in `block`, -1 if it is not there, -2 with an error. */
+static long find_in_block(PyObject *block, PyObject *name)
 {
-    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "block_find(block, name: bytes)");
-        return NULL;
-    }
-    PyObject *block = args[0], *name = args[1];
     Py_hash_t full = PyObject_Hash(name);   /* hash(name) & 0xFFFFFFFF, as _Block.find */
-    if (full == -1 && PyErr_Occurred()) return NULL;
+    if (full == -1 && PyErr_Occurred()) return -2;
     uint32_t key = (uint32_t)((uint64_t)full & 0xFFFFFFFFu);
     Py_buffer names, bounds, hashes, hashed;
     Names view;
-    if (open_names(block, &names, &bounds, &view) < 0) return NULL;
+    if (open_names(block, &names, &bounds, &view) < 0) return -2;
     long found = -1;
     int failed = column(block, s_hashes, &hashes, 0) < 0;
     if (!failed && column(block, s_hashed, &hashed, 0) < 0) {
@@ -112,7 +109,70 @@ static PyObject *block_find(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     PyBuffer_Release(&names);
     PyBuffer_Release(&bounds);
-    return failed ? NULL : PyLong_FromLong(found);
+    return failed ? -2 : found;
+}
+
+static PyObject *block_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_find(block, name: bytes)");
+        return NULL;
+    }
+    long found = find_in_block(args[0], args[1]);
+    return found == -2 ? NULL : PyLong_FromLong(found);
+}
+
+/* bytes a against bytes b: <0, 0, >0, as Python compares them. */
+static int compare_bytes(PyObject *a, PyObject *b)
+{
+    Py_ssize_t left = PyBytes_GET_SIZE(a), right = PyBytes_GET_SIZE(b);
+    int order = memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b),
+                       (size_t)(left < right ? left : right));
+    if (order != 0) return order;
+    return left < right ? -1 : left > right;
+}
+
+static PyObject *index_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "index_find(index, name: bytes)");
+        return NULL;
+    }
+    PyObject *index = args[0], *name = args[1];
+    PyObject *blocks = PyObject_GetAttr(index, s_blocks), *firsts = NULL, *last = NULL;
+    PyObject *result = NULL;
+    if (blocks == NULL) return NULL;
+    if ((firsts = PyObject_GetAttr(index, s_firsts)) == NULL
+        || (last = PyObject_GetAttr(index, s_last)) == NULL)
+        goto done;
+    if (!PyList_CheckExact(blocks) || !PyList_CheckExact(firsts) || !PyBytes_CheckExact(last)
+        || PyList_GET_SIZE(firsts) != PyList_GET_SIZE(blocks)) {
+        PyErr_SetString(PyExc_TypeError, "index_find: an _Index's blocks, firsts and last");
+        goto done;
+    }
+    if (PyList_GET_SIZE(blocks) == 0 || compare_bytes(name, last) > 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t low = 0, high = PyList_GET_SIZE(firsts);
+    while (low < high) {   /* bisect_right(firsts, name) */
+        Py_ssize_t middle = (low + high) / 2;
+        PyObject *first = PyList_GET_ITEM(firsts, middle);
+        if (!PyBytes_CheckExact(first)) {
+            PyErr_SetString(PyExc_TypeError, "index_find: a first name that is not bytes");
+            goto done;
+        }
+        if (compare_bytes(name, first) < 0) high = middle; else low = middle + 1;
+    }
+    PyObject *block = PyList_GET_ITEM(blocks, low > 0 ? low - 1 : 0);
+    long found = find_in_block(block, name);
+    if (found == -2) goto done;
+    result = found < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(Ol)", block, found);
+done:
+    Py_DECREF(blocks);
+    Py_XDECREF(firsts);
+    Py_XDECREF(last);
+    return result;
 }
 
 static PyObject *block_search(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -152,6 +212,8 @@ static PyObject *block_search(PyObject *module, PyObject *const *args, Py_ssize_
 static PyMethodDef lookups[] = {
     {"block_find", (PyCFunction)(void (*)(void))block_find, METH_FASTCALL,
      "block_find(block, name): tombstones._Block.find, the arrival index of name or -1."},
+    {"index_find", (PyCFunction)(void (*)(void))index_find, METH_FASTCALL,
+     "index_find(index, name): tombstones._Index.find, (block, arrival index) or None."},
     {"block_search", (PyCFunction)(void (*)(void))block_search, METH_FASTCALL,
      "block_search(block, name): tombstones._Block.search, (rank, arrival index or -1)."},
     {NULL},
@@ -161,7 +223,8 @@ int add_tombstone_lookups(PyObject *module)
 {
     struct { PyObject **slot; const char *text; } names[] = {
         {&s_names, "names"}, {&s_name_bounds, "name_bounds"}, {&s_hashes, "hashes"},
-        {&s_hashed, "hashed"}, {&s_order, "order"}};
+        {&s_hashed, "hashed"}, {&s_order, "order"}, {&s_blocks, "blocks"}, {&s_firsts, "firsts"},
+        {&s_last, "last"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;
     return PyModule_AddFunctions(module, lookups);

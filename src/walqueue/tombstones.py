@@ -372,10 +372,12 @@ class _Index:
             self.last = names[-1]
 
 
-# A block's two lookups, as every index calls them: _Block's methods (the reference), or their
-# compiled twins (_tombstones.c), which take the block and the name and answer the same.
+# The lookups, as the indexes and the store call them: _Block's and _Index's methods (the
+# reference), or their compiled twins (_tombstones.c), which take the block or the index and the
+# name and answer the same.
 _find = _Block.find if not speedups.COMPILED else speedups.speedups.block_find
 _search = _Block.search if not speedups.COMPILED else speedups.speedups.block_search
+_index_find = _Index.find if not speedups.COMPILED else speedups.speedups.index_find
 
 
 # -- the store --------------------------------------------------------------------
@@ -391,20 +393,20 @@ class TombstoneStore:
         return self._by_id.count
 
     def __contains__(self, task_id: str) -> bool:
-        return self._by_id.find(_utf8(task_id)) is not None
+        return _index_find(self._by_id, _utf8(task_id)) is not None
 
     def get(self, task_id: str) -> Tombstone | None:
-        found = self._by_id.find(_utf8(task_id))
+        found = _index_find(self._by_id, _utf8(task_id))
         return None if found is None else _tombstone(*found)
 
     def get_by_key(self, key: str) -> Tombstone | None:
         """The tombstone whose key is `key`, or None."""
         name = _utf8(key)
-        found = self._by_id.find(name)
+        found = _index_find(self._by_id, name)
         if found is not None and not found[0].value(found[1]):
             return _tombstone(*found)   # its key is its id
         if self._by_key.count:
-            found = self._by_key.find(name)
+            found = _index_find(self._by_key, name)
             if found is not None:
                 return self.get(found[0].value(found[1]).decode())
         return None

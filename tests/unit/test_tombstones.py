@@ -131,11 +131,44 @@ def lookup_differences(seed: int) -> list[str]:
     return differences
 
 
+def index_differences(seed: int) -> list[str]:
+    """An index of small blocks filled in a random order, asked by `_Index.find` and its
+    compiled twin for every name it holds and names around them; every disagreement."""
+    rng = random.Random(seed)
+    index = tombstones_module._Index()
+    names = sorted({random_name(rng, plain=seed % 2 == 0).encode() for _ in range(rng.randint(0, 60))})
+    arrival = names[:]
+    if seed % 3:
+        rng.shuffle(arrival)
+    for name in arrival:
+        index.add(name, b"", bytes(32), (1, 3, 1, 0))
+    probes = names + [name + b"\x00" for name in names] + [name[:-1] for name in names] + [
+        b"", b"\xff", b"a", b"zzzz", "é".encode()]
+    compiled, pure = speedups.speedups.index_find, tombstones_module._Index.find
+    return [f"seed {seed}: find({probe!r}) compiled {compiled(index, probe)} pure {pure(index, probe)}"
+            for probe in probes if compiled(index, probe) != pure(index, probe)]
+
+
 @pytest.mark.skipif(not speedups.COMPILED, reason=speedups.describe())
 def test_the_compiled_block_lookups_answer_as_the_pure_ones() -> None:
     differences = [difference for seed in range(400) for difference in lookup_differences(seed)]
     assert differences == []
     assert tombstones_module._find is speedups.speedups.block_find   # and the store uses them
+
+
+@pytest.mark.skipif(not speedups.COMPILED, reason=speedups.describe())
+def test_the_compiled_index_lookup_answers_as_the_pure_one(monkeypatch) -> None:
+    monkeypatch.setattr(tombstones_module, "BLOCK_TOMBSTONES", 4)   # many blocks, splits among them
+    assert [difference for seed in range(300) for difference in index_differences(seed)] == []
+    assert tombstones_module._index_find is speedups.speedups.index_find
+    real = speedups.speedups.index_find
+
+    def first_block_only(index, name):   # the deliberately broken twin: bisects nothing
+        found = real(index, name)
+        return found if found is None or found[0] is index.blocks[0] else None
+
+    monkeypatch.setattr(speedups.speedups, "index_find", first_block_only, raising=False)
+    assert any(index_differences(seed) for seed in range(50))
 
 
 @pytest.mark.skipif(not speedups.COMPILED, reason=speedups.describe())
