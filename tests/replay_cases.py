@@ -232,16 +232,23 @@ def replay_differs(rng: random.Random, records: int = 120) -> str | None:
                 pass
         expected = _outcome(reference.apply, copy.deepcopy(record), body)
         got = _outcome(twin, copy.deepcopy(record), body)
-        if expected != got:
-            return f"record {number} {_show(record)}: reference {expected!r}, twin {got!r}"
         traffic.follow(record)
-        left, right = fingerprint(reference), fingerprint(twin_state)
-        if left != right:
-            part = next(name for name, a, b in zip(_PARTS, left, right, strict=True) if a != b)
-            return (f"record {number} {_show(record)}: the states' {part} differ after it "
-                    f"({expected!r}): reference {left[_PARTS.index(part)]!r:.200}, "
-                    f"twin {right[_PARTS.index(part)]!r:.200}")
+        if (difference := _difference(number, record, expected, got, reference, twin_state)):
+            return difference
     return None
+
+
+def _difference(number, record, expected, got, reference: State, twin_state: State) -> str | None:
+    """What tells the two paths apart after `record`: what they said, or a part of their states."""
+    if expected != got:
+        return f"record {number} {_show(record)}: reference {expected!r}, twin {got!r}"
+    left, right = fingerprint(reference), fingerprint(twin_state)
+    if left == right:
+        return None
+    part = next(name for name, a, b in zip(_PARTS, left, right, strict=True) if a != b)
+    return (f"record {number} {_show(record)}: the states' {part} differ after it "
+            f"({expected!r}): reference {left[_PARTS.index(part)]!r:.200}, "
+            f"twin {right[_PARTS.index(part)]!r:.200}")
 
 
 def _written(check, commit, record):
@@ -265,15 +272,9 @@ def writer_differs(rng: random.Random, records: int = 120) -> str | None:
         record = traffic.record()
         expected = _written(reference.check, reference.commit, copy.deepcopy(record))
         got = _written(check, commit, copy.deepcopy(record))
-        if expected != got:
-            return f"record {number} {_show(record)}: reference {expected!r}, twin {got!r}"
         traffic.follow(record)
-        left, right = fingerprint(reference), fingerprint(twin_state)
-        if left != right:
-            part = next(name for name, a, b in zip(_PARTS, left, right, strict=True) if a != b)
-            return (f"record {number} {_show(record)}: the states' {part} differ after it "
-                    f"({expected!r}): reference {left[_PARTS.index(part)]!r:.200}, "
-                    f"twin {right[_PARTS.index(part)]!r:.200}")
+        if (difference := _difference(number, record, expected, got, reference, twin_state)):
+            return difference
     return None
 
 

@@ -105,21 +105,28 @@ def test_the_store_agrees_with_a_dict_whatever_the_arrival_order(small_blocks, a
                           for tombstone in walked], where
 
 
-def lookup_differences(seed: int) -> list[str]:
-    """A block filled in a random arrival order, then both lookups asked, compiled and pure, of
-    every name it holds and of names around them; every disagreement, described."""
+def names_to_look_up(seed: int, most: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """(names in order, the same in a random arrival order for two seeds in three, probes: the
+    names and names around them) of a lookup differential's case."""
     rng = random.Random(seed)
-    block = tombstones_module._Block()
-    names = sorted({random_name(rng, plain=seed % 2 == 0).encode() for _ in range(rng.randint(0, 40))})
+    names = sorted({random_name(rng, plain=seed % 2 == 0).encode() for _ in range(rng.randint(0, most))})
     arrival = names[:]
     if seed % 3:
         rng.shuffle(arrival)
+    probes = names + [name + b"\x00" for name in names] + [name[:-1] for name in names] + [
+        b"", b"\xff", b"a", b"zzzz", "é".encode(), "😀".encode()]
+    return names, arrival, probes
+
+
+def lookup_differences(seed: int) -> list[str]:
+    """A block filled in a random arrival order, then both lookups asked, compiled and pure, of
+    every name it holds and of names around them; every disagreement, described."""
+    names, arrival, probes = names_to_look_up(seed, 40)
+    block = tombstones_module._Block()
     for name in arrival:   # as _Index.add inserts: at the rank the pure search gives
         block.insert(block.search(name)[0], name, b"", bytes(32), (1, 3, 1, 0))
     if seed % 5 == 0 and len(block):   # every name hashed alike: the find's compare loop decides
         block.hashes = tombstones_module.array("I", [hash(names[0]) & 0xFFFFFFFF] * len(block))
-    probes = names + [name + b"\x00" for name in names] + [name[:-1] for name in names] + [
-        b"", b"\xff", b"a", b"zzzz", "é".encode(), "😀".encode()]
     real = speedups.speedups
     differences = []
     for probe in probes:
@@ -134,16 +141,10 @@ def lookup_differences(seed: int) -> list[str]:
 def index_differences(seed: int) -> list[str]:
     """An index of small blocks filled in a random order, asked by `_Index.find` and its
     compiled twin for every name it holds and names around them; every disagreement."""
-    rng = random.Random(seed)
+    _, arrival, probes = names_to_look_up(seed, 60)
     index = tombstones_module._Index()
-    names = sorted({random_name(rng, plain=seed % 2 == 0).encode() for _ in range(rng.randint(0, 60))})
-    arrival = names[:]
-    if seed % 3:
-        rng.shuffle(arrival)
     for name in arrival:
         index.add(name, b"", bytes(32), (1, 3, 1, 0))
-    probes = names + [name + b"\x00" for name in names] + [name[:-1] for name in names] + [
-        b"", b"\xff", b"a", b"zzzz", "é".encode()]
     compiled, pure = speedups.speedups.index_find, tombstones_module._Index.find
     return [f"seed {seed}: find({probe!r}) compiled {compiled(index, probe)} pure {pure(index, probe)}"
             for probe in probes if compiled(index, probe) != pure(index, probe)]
